@@ -1,0 +1,85 @@
+# nightshift — one Makefile for everything.
+#   make                          build/nightshift (CPU backend)
+#   make test                     build and run the whole suite (tests/run)
+#   make SANITIZE=address,undefined [test]   same under ASan/UBSan, in build/san
+#   make CUDA=1                   add the CUDA backend (nvcc), in build/cuda
+#   make bench                    build the benchmark binaries
+CC      ?= cc
+NVCC    ?= nvcc
+OPT     ?= -O2
+WERROR  ?=
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+
+ifdef SANITIZE
+BUILD   ?= build/san
+SANFLAGS = -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT      = -O1
+else ifdef CUDA
+BUILD   ?= build/cuda
+else
+BUILD   ?= build
+endif
+
+WARN    = -Wall -Wextra -Wshadow -Wpointer-arith -Wstrict-prototypes -Wmissing-prototypes \
+          -Wformat=2 -Wno-unused-parameter -Wvla $(if $(WERROR),-Werror,)
+CFLAGS  += -std=c11 $(OPT) -g -pthread -D_GNU_SOURCE -Isrc -MMD -MP $(WARN) $(SANFLAGS) -march=native
+LDFLAGS += -pthread $(SANFLAGS)
+LDLIBS  += -ljansson -lpcre2-8 -lutf8proc -lxxhash -lmicrohttpd -lsqlite3 -lm
+
+LIB_SRC := $(shell find src -name '*.c' ! -name main.c | sort)
+CU_SRC  :=
+ifdef CUDA
+CUDA_HOME ?= /usr/local/cuda
+CFLAGS  += -DNS_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+CU_SRC  := $(shell find src/backend/cuda -name '*.cu' | sort)
+LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++
+NVFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Isrc -Xcompiler -fPIC,-Wall --expt-relaxed-constexpr
+endif
+
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
+TEST_SRC := $(sort $(wildcard tests/unit/test_*.c tests/golden/test_*.c))
+TEST_BIN := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRC)))
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+
+.PHONY: all test tests bench clean
+all: $(BUILD)/nightshift
+
+$(BUILD)/libnightshift.a: $(LIB_OBJ)
+	@mkdir -p $(@D)
+	$(AR) rcs $@ $^
+
+$(BUILD)/nightshift: $(BUILD)/obj/src/main.o $(BUILD)/libnightshift.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libnightshift.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libnightshift.a $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/tests/%: tests/golden/%.c $(BUILD)/libnightshift.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libnightshift.a $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libnightshift.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libnightshift.a $(LDFLAGS) $(LDLIBS)
+
+tests: $(BUILD)/nightshift $(TEST_BIN)
+
+test: tests
+	tests/run $(BUILD)
+
+bench: $(BUILD)/nightshift $(BENCH_BIN)
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,3 @@
+/* main.c — placeholder CLI entry (replaced as subcommands land). */
+#include <stdio.h>
+int main(void) { puts("nightshift"); return 0; }
