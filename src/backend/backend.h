@@ -1,0 +1,183 @@
+/* backend.h — the op layer every compute backend (CPU, CUDA) implements.
+ *
+ * The engine's forward pass (src/engine/forward.c) is written once against
+ * this vtable; a backend only provides memory, the per-step batch upload and
+ * the ops. All ops are *enqueued* in call order on the backend's single
+ * stream (the CPU backend simply runs them, spreading each op over its
+ * thread pool); nothing is visible to the host until a sync point:
+ * tensor_download, sample, kv_page_read, or sync.
+ *
+ * Invariants
+ * - Tensors are 2-D, row-major, rows x cols with cols contiguous. A tensor
+ *   struct is a *view*: copying the struct and changing rows/cols/data
+ *   (e.g. to see q [T, H*D] as [T*H, D]) is allowed as long as the bytes
+ *   stay inside the allocation. Only tensor_alloc'd views are freed.
+ * - Activations are always NS_DT_F32. Weights may be F32, BF16 or F16; a
+ *   backend may store them converted (the CUDA backend keeps BF16).
+ * - Every op reads its per-token metadata (ids, positions, page slots,
+ *   sequence spans, logit rows) from the batch given to set_batch; the
+ *   batch must be set before the first op of a step and stays valid until
+ *   the next set_batch. Keeping metadata in one upload is what lets the
+ *   CUDA backend capture a step in a graph and replay it.
+ * - KV lives in a page pool (ns_kv_layout): page p holds P tokens of all
+ *   layers, K and V, as one contiguous block of page_size_bytes, laid out
+ *   [layer][k|v][kv_head][slot][head_dim]. Ops index layers inside a page,
+ *   so demotion/promotion/SSD writes of a page are one contiguous copy.
+ * - Ops never fail at run time except through backend errors, which are
+ *   sticky: the next sync point reports them.
+ */
+#ifndef NS_BACKEND_H
+#define NS_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/status.h"
+
+typedef enum { NS_DT_F32 = 0, NS_DT_BF16 = 1, NS_DT_F16 = 2 } ns_dtype;
+
+size_t ns_dtype_size(ns_dtype dt);
+const char *ns_dtype_name(ns_dtype dt);
+
+typedef struct ns_tensor {
+    ns_dtype dtype;
+    int64_t rows;
+    int64_t cols;
+    void *data;  /* backend memory: host pointer (cpu) or device pointer (cuda) */
+} ns_tensor;
+
+static inline size_t ns_tensor_bytes(const ns_tensor *t) {
+    return (size_t)t->rows * (size_t)t->cols * ns_dtype_size(t->dtype);
+}
+
+/* Geometry of the KV page pool. page_size_bytes covers all layers, K and V. */
+typedef struct ns_kv_layout {
+    int32_t n_pages;
+    int32_t page_tokens;  /* P: tokens per page */
+    int32_t n_layers;
+    int32_t n_kv_heads;
+    int32_t head_dim;
+    ns_dtype dtype;       /* F32 on CPU (exact reference); BF16 on CUDA */
+    size_t page_size_bytes;
+} ns_kv_layout;
+
+/* Byte offset of (layer, k_or_v, kv_head, slot) inside one page. */
+static inline size_t ns_kv_offset(const ns_kv_layout *l, int layer, int kv, int head, int slot) {
+    size_t idx = ((((size_t)layer * 2 + (size_t)kv) * (size_t)l->n_kv_heads + (size_t)head) *
+                      (size_t)l->page_tokens + (size_t)slot) * (size_t)l->head_dim;
+    return idx * ns_dtype_size(l->dtype);
+}
+
+/* One step's ragged batch, as host arrays (borrowed; set_batch copies).
+ * Sequence s contributes tokens [seq_start[s], seq_start[s+1]) whose
+ * positions are consecutive and end at seq_len[s]-1: it attends to
+ * positions [0, seq_len[s]) through its page table
+ * page_table[s*max_pages + i] (page of positions [i*P, (i+1)*P)).
+ * KV for the new tokens is written at their positions before attention. */
+typedef struct ns_batch {
+    int32_t n_tokens;
+    int32_t n_seqs;
+    const int32_t *tokens;     /* [n_tokens] */
+    const int32_t *positions;  /* [n_tokens] */
+    const int32_t *seq_start;  /* [n_seqs+1], seq_start[0]=0, seq_start[n_seqs]=n_tokens */
+    const int32_t *seq_len;    /* [n_seqs] context length after this step */
+    const int32_t *page_table; /* [n_seqs * max_pages] */
+    int32_t max_pages;
+    const int32_t *logit_rows; /* [n_logits] token rows whose logits are wanted, ascending */
+    int32_t n_logits;
+} ns_batch;
+
+/* Parameters a sampler op needs for one logits row. Defined by the engine
+ * (src/engine/sample.h); opaque here. */
+struct ns_sampler;
+
+typedef struct ns_backend ns_backend;
+
+typedef struct ns_backend_ops {
+    const char *name;
+    void (*destroy)(ns_backend *be);
+
+    /* ---- memory ---- */
+    ns_status (*tensor_alloc)(ns_backend *be, ns_tensor *t, ns_dtype dt, int64_t rows, int64_t cols,
+                              ns_error *err);
+    void (*tensor_free)(ns_backend *be, ns_tensor *t);
+    /* Makes a weight tensor from host data of dtype src_dt (rows x cols).
+     * The backend decides the stored dtype (t->dtype on return) and may
+     * borrow src when it can use it in place (CPU + mmap): src must then
+     * outlive the tensor. */
+    ns_status (*weight_from_host)(ns_backend *be, ns_tensor *t, const void *src, ns_dtype src_dt,
+                                  int64_t rows, int64_t cols, ns_error *err);
+    /* Host f32 -> tensor (t must be F32) and back. Download is a sync point. */
+    ns_status (*tensor_upload)(ns_backend *be, ns_tensor *t, const float *src, ns_error *err);
+    ns_status (*tensor_download)(ns_backend *be, const ns_tensor *t, float *dst, ns_error *err);
+
+    /* ---- KV page pool ---- */
+    ns_status (*kv_alloc)(ns_backend *be, const ns_kv_layout *layout, ns_error *err);
+    void (*kv_free)(ns_backend *be);
+    /* Whole-page transfers (sync points): host buffers are page_size_bytes. */
+    ns_status (*kv_page_read)(ns_backend *be, int32_t page, void *dst, ns_error *err);
+    ns_status (*kv_page_write)(ns_backend *be, int32_t page, const void *src, ns_error *err);
+    /* dst <- src for the first n_slots slots of every layer/K/V/head
+     * (copy-on-write of a partial page). Enqueued, not a sync point. */
+    void (*kv_page_copy)(ns_backend *be, int32_t dst_page, int32_t src_page, int32_t n_slots);
+
+    /* ---- per-step ---- */
+    ns_status (*set_batch)(ns_backend *be, const ns_batch *b, ns_error *err);
+
+    /* ---- ops (enqueued) ---- */
+    /* out[T, d] = table[tokens[t], :] */
+    void (*embed)(ns_backend *be, ns_tensor *out, const ns_tensor *table);
+    /* out[r, :] = in[r, :] / rms(in[r, :]) * w  (w is [1, cols]); out may alias in */
+    void (*rmsnorm)(ns_backend *be, ns_tensor *out, const ns_tensor *in, const ns_tensor *w, float eps);
+    /* out[n, m] = in[n, k] @ w[m, k]^T */
+    void (*matmul)(ns_backend *be, ns_tensor *out, const ns_tensor *in, const ns_tensor *w);
+    /* Rotary embedding in place, "rotate half" (HF) pairing: dims i and
+     * i + rot_dim/2 of each head, angle = positions[t] * inv_freq[i].
+     * x is [T, n_heads*head_dim]; inv_freq is F32 [1, head_dim/2]. */
+    void (*rope)(ns_backend *be, ns_tensor *x, int n_heads, int head_dim, const ns_tensor *inv_freq);
+    /* out = silu(gate) * up, elementwise over [T, ff] */
+    void (*swiglu)(ns_backend *be, ns_tensor *out, const ns_tensor *gate, const ns_tensor *up);
+    /* out += x */
+    void (*add)(ns_backend *be, ns_tensor *out, const ns_tensor *x);
+    /* Writes k, v ([T, n_kv_heads*head_dim]) of this layer into the pool at
+     * each token's position through its sequence's page table. */
+    void (*kv_store)(ns_backend *be, int layer, const ns_tensor *k, const ns_tensor *v);
+    /* Causal paged attention for every sequence of the batch:
+     * out[T, n_heads*head_dim]; query token t of sequence s attends to
+     * positions [0, positions[t]] of s. GQA: head h uses kv head
+     * h / (n_heads / n_kv_heads). scale = 1/sqrt(head_dim) typically. */
+    void (*attention)(ns_backend *be, ns_tensor *out, const ns_tensor *q, int layer, int n_heads,
+                      float scale);
+    /* out[i, :] = in[logit_rows[i], :] for i < n_logits */
+    void (*gather_rows)(ns_backend *be, ns_tensor *out, const ns_tensor *in);
+
+    /* ---- sampling (sync point) ----
+     * Samples one token per row of logits (F32 [n_rows, vocab]) with
+     * samplers[i]; writes out_tokens[i]. Samplers carry their RNG and
+     * penalty state and are updated (the engine's reference semantics live
+     * in src/engine/sample.c; a backend must match them). */
+    ns_status (*sample)(ns_backend *be, const ns_tensor *logits, int n_rows, struct ns_sampler *const *samplers,
+                        int32_t *out_tokens, ns_error *err);
+
+    /* Waits for all enqueued work; reports a sticky error if any. */
+    ns_status (*sync)(ns_backend *be, ns_error *err);
+} ns_backend_ops;
+
+struct ns_backend {
+    const ns_backend_ops *ops;
+    ns_kv_layout kv;    /* valid after kv_alloc */
+    int n_threads;      /* CPU worker threads (cpu backend) */
+    void *impl;         /* backend private state */
+};
+
+/* Constructors. Each returns a backend the caller owns (ops->destroy). */
+ns_status ns_backend_cpu_create(int n_threads, ns_backend **out, ns_error *err);
+#ifdef NS_HAVE_CUDA
+/* gpu_memory_bytes: budget the KV pool may use (0 = decide from free memory). */
+ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_error *err);
+#endif
+/* Creates "cpu" or "cuda" by name; NS_ERR_UNSUPPORTED if not built in. */
+ns_status ns_backend_create(const char *name, int n_threads, ns_backend **out, ns_error *err);
+
+#endif
