@@ -108,6 +108,13 @@ typedef struct ns_backend_ops {
      * outlive the tensor. */
     ns_status (*weight_from_host)(ns_backend *be, ns_tensor *t, const void *src, ns_dtype src_dt,
                                   int64_t rows, int64_t cols, ns_error *err);
+    /* Fills a new weight tensor with deterministic pseudo-random values,
+     * uniform in [-scale, scale), generated where the backend computes
+     * (so --dummy-weights needs no host copy of a full-size model).
+     * Same (seed, rows, cols) gives the same values on every backend
+     * up to the stored dtype's rounding. */
+    ns_status (*weight_random)(ns_backend *be, ns_tensor *t, ns_dtype dt, int64_t rows, int64_t cols,
+                               uint64_t seed, float scale, ns_error *err);
     /* Host f32 -> tensor (t must be F32) and back. Download is a sync point. */
     ns_status (*tensor_upload)(ns_backend *be, ns_tensor *t, const float *src, ns_error *err);
     ns_status (*tensor_download)(ns_backend *be, const ns_tensor *t, float *dst, ns_error *err);
