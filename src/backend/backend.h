@@ -45,6 +45,8 @@ typedef struct ns_tensor {
     int64_t rows;
     int64_t cols;
     void *data;  /* backend memory: host pointer (cpu) or device pointer (cuda) */
+    void *alloc; /* what tensor_free releases; NULL for views and for weights
+                  * the CPU backend borrows from a memory map */
 } ns_tensor;
 
 static inline size_t ns_tensor_bytes(const ns_tensor *t) {

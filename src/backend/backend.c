@@ -1,0 +1,27 @@
+#include "backend/backend.h"
+
+#include <string.h>
+
+size_t ns_dtype_size(ns_dtype dt) { return dt == NS_DT_F32 ? 4 : 2; }
+
+const char *ns_dtype_name(ns_dtype dt) {
+    switch (dt) {
+    case NS_DT_F32: return "f32";
+    case NS_DT_BF16: return "bf16";
+    case NS_DT_F16: return "f16";
+    }
+    return "?";
+}
+
+ns_status ns_backend_create(const char *name, int n_threads, ns_backend **out, ns_error *err) {
+    *out = NULL;
+    if (!name || strcmp(name, "cpu") == 0) return ns_backend_cpu_create(n_threads, out, err);
+    if (strcmp(name, "cuda") == 0) {
+#ifdef NS_HAVE_CUDA
+        return ns_backend_cuda_create(0, out, err);
+#else
+        return ns_fail(err, NS_ERR_UNSUPPORTED, "this build has no CUDA backend (rebuild with make CUDA=1)");
+#endif
+    }
+    return ns_fail(err, NS_ERR_INVALID, "unknown device \"%s\" (cpu or cuda)", name);
+}

@@ -1,0 +1,246 @@
+/* cpu_ops.c — the compute ops of the CPU backend (see backend.h for the
+ * contract of each). Each op splits its rows over the thread pool; per
+ * thread scratch (cpu_impl.scratch) holds dequantized weight rows and the
+ * attention accumulator, so no op allocates on the hot path. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_internal.h"
+
+/* ---------------------------------------------------------------- embed */
+
+typedef struct {
+    cpu_impl *c;
+    ns_tensor *out;
+    const ns_tensor *table;
+} embed_ctx;
+
+static void embed_task(void *p, int64_t b, int64_t e, int tid) {
+    embed_ctx *x = p;
+    for (int64_t t = b; t < e; t++) {
+        float *dst = (float *)x->out->data + t * x->out->cols;
+        const float *src = row_f32(x->table, x->c->tokens[t], dst);
+        if (src != dst) memcpy(dst, src, (size_t)x->out->cols * sizeof(float));
+    }
+}
+
+void cpu_embed(ns_backend *be, ns_tensor *out, const ns_tensor *table) {
+    cpu_impl *c = be->impl;
+    embed_ctx x = {c, out, table};
+    ns_pool_run(c->pool, c->n_tokens, 16, embed_task, &x);
+}
+
+/* -------------------------------------------------------------- rmsnorm */
+
+typedef struct {
+    ns_tensor *out;
+    const ns_tensor *in, *w;
+    float eps;
+} norm_ctx;
+
+static void norm_task(void *p, int64_t b, int64_t e, int tid) {
+    norm_ctx *x = p;
+    const int64_t n = x->in->cols;
+    const float *w = x->w->data;
+    for (int64_t r = b; r < e; r++) {
+        const float *src = (const float *)x->in->data + r * n;
+        float *dst = (float *)x->out->data + r * n;
+        float ss = dot(src, src, n);
+        float inv = 1.0f / sqrtf(ss / (float)n + x->eps);
+        for (int64_t i = 0; i < n; i++) dst[i] = w[i] * (src[i] * inv);
+    }
+}
+
+void cpu_rmsnorm(ns_backend *be, ns_tensor *out, const ns_tensor *in, const ns_tensor *w, float eps) {
+    cpu_impl *c = be->impl;
+    norm_ctx x = {out, in, w, eps};
+    ns_pool_run(c->pool, in->rows, 8, norm_task, &x);
+}
+
+/* --------------------------------------------------------------- matmul */
+
+typedef struct {
+    cpu_impl *c;
+    ns_tensor *out;
+    const ns_tensor *in, *w;
+} mm_ctx;
+
+/* Task = a block of weight rows. Each weight row is dequantized once into
+ * the thread's scratch and then dotted with every input row, so BF16
+ * weights cost one conversion per step, not one per token. */
+static void mm_task(void *p, int64_t b, int64_t e, int tid) {
+    mm_ctx *x = p;
+    const int64_t n = x->in->rows, k = x->in->cols, m = x->out->cols;
+    float *scratch = x->c->scratch[tid];
+    const float *in = x->in->data;
+    float *out = x->out->data;
+    for (int64_t j = b; j < e; j++) {
+        const float *wr = row_f32(x->w, j, scratch);
+        for (int64_t i = 0; i < n; i++) out[i * m + j] = dot(in + i * k, wr, k);
+    }
+}
+
+void cpu_matmul(ns_backend *be, ns_tensor *out, const ns_tensor *in, const ns_tensor *w) {
+    cpu_impl *c = be->impl;
+    if (ns_cpu_scratch_reserve(c, (size_t)w->cols) != 0) {
+        /* No memory for scratch: poison the output so the step's result
+         * is visibly wrong (NaN logits are caught by the engine). */
+        for (int64_t i = 0; i < out->rows * out->cols; i++) ((float *)out->data)[i] = NAN;
+        return;
+    }
+    mm_ctx x = {c, out, in, w};
+    ns_pool_run(c->pool, w->rows, 4, mm_task, &x);
+}
+
+/* ----------------------------------------------------------------- rope */
+
+typedef struct {
+    cpu_impl *c;
+    ns_tensor *x;
+    int n_heads, head_dim;
+    const float *inv_freq;
+} rope_ctx;
+
+static void rope_task(void *p, int64_t b, int64_t e, int tid) {
+    rope_ctx *r = p;
+    const int half = r->head_dim / 2;
+    for (int64_t t = b; t < e; t++) {
+        const float pos = (float)r->c->positions[t];
+        float *row = (float *)r->x->data + t * r->x->cols;
+        for (int i = 0; i < half; i++) {
+            /* float32 angle, as HF computes inv_freq @ position_ids */
+            const float ang = pos * r->inv_freq[i];
+            const float cs = cosf(ang), sn = sinf(ang);
+            for (int h = 0; h < r->n_heads; h++) {
+                float *v = row + (size_t)h * (size_t)r->head_dim;
+                const float x1 = v[i], x2 = v[i + half];
+                v[i] = x1 * cs - x2 * sn;
+                v[i + half] = x2 * cs + x1 * sn;
+            }
+        }
+    }
+}
+
+void cpu_rope(ns_backend *be, ns_tensor *x, int n_heads, int head_dim, const ns_tensor *inv_freq) {
+    cpu_impl *c = be->impl;
+    rope_ctx r = {c, x, n_heads, head_dim, inv_freq->data};
+    ns_pool_run(c->pool, c->n_tokens, 8, rope_task, &r);
+}
+
+/* ------------------------------------------------------- swiglu and add */
+
+typedef struct {
+    ns_tensor *out;
+    const ns_tensor *a, *b;
+} ew_ctx;
+
+static void swiglu_task(void *p, int64_t b, int64_t e, int tid) {
+    ew_ctx *x = p;
+    float *o = x->out->data;
+    const float *g = x->a->data, *u = x->b->data;
+    for (int64_t i = b; i < e; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void cpu_swiglu(ns_backend *be, ns_tensor *out, const ns_tensor *gate, const ns_tensor *up) {
+    cpu_impl *c = be->impl;
+    ew_ctx x = {out, gate, up};
+    ns_pool_run(c->pool, gate->rows * gate->cols, 4096, swiglu_task, &x);
+}
+
+static void add_task(void *p, int64_t b, int64_t e, int tid) {
+    ew_ctx *x = p;
+    float *o = x->out->data;
+    const float *a = x->a->data;
+    for (int64_t i = b; i < e; i++) o[i] += a[i];
+}
+
+void cpu_add(ns_backend *be, ns_tensor *out, const ns_tensor *x) {
+    cpu_impl *c = be->impl;
+    ew_ctx a = {out, x, NULL};
+    ns_pool_run(c->pool, out->rows * out->cols, 4096, add_task, &a);
+}
+
+/* ------------------------------------------------------------- KV store */
+
+static inline float *kv_ptr(cpu_impl *c, const ns_kv_layout *l, int32_t seq, int32_t pos, int layer, int kv, int head) {
+    int32_t page = c->page_table[(size_t)seq * (size_t)c->max_pages + (size_t)(pos / l->page_tokens)];
+    return (float *)(c->kv + (size_t)page * l->page_size_bytes +
+                     ns_kv_offset(l, layer, kv, head, pos % l->page_tokens));
+}
+
+void cpu_kv_store(ns_backend *be, int layer, const ns_tensor *k, const ns_tensor *v) {
+    cpu_impl *c = be->impl;
+    const ns_kv_layout *l = &be->kv;
+    const size_t d = (size_t)l->head_dim * sizeof(float);
+    for (int32_t t = 0; t < c->n_tokens; t++) {
+        const int32_t s = c->tok_seq[t], pos = c->positions[t];
+        for (int h = 0; h < l->n_kv_heads; h++) {
+            memcpy(kv_ptr(c, l, s, pos, layer, 0, h), (const float *)k->data + t * k->cols + h * l->head_dim, d);
+            memcpy(kv_ptr(c, l, s, pos, layer, 1, h), (const float *)v->data + t * v->cols + h * l->head_dim, d);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ attention */
+
+typedef struct {
+    ns_backend *be;
+    cpu_impl *c;
+    ns_tensor *out;
+    const ns_tensor *q;
+    int layer, n_heads;
+    float scale;
+} att_ctx;
+
+/* Task index = token * n_heads + head. Online softmax over the token's
+ * causal window, walking the sequence's pages. */
+static void att_task(void *p, int64_t b, int64_t e, int tid) {
+    att_ctx *a = p;
+    cpu_impl *c = a->c;
+    const ns_kv_layout *l = &a->be->kv;
+    const int D = l->head_dim, group = a->n_heads / l->n_kv_heads, P = l->page_tokens;
+    float *acc = c->scratch[tid];
+    for (int64_t task = b; task < e; task++) {
+        const int32_t t = (int32_t)(task / a->n_heads);
+        const int h = (int)(task % a->n_heads), kvh = h / group;
+        const int32_t s = c->tok_seq[t], pos = c->positions[t];
+        const float *q = (const float *)a->q->data + (size_t)t * (size_t)a->q->cols + (size_t)h * (size_t)D;
+        const int32_t *pt = c->page_table + (size_t)s * (size_t)c->max_pages;
+        float mx = -INFINITY, sum = 0.0f;
+        memset(acc, 0, (size_t)D * sizeof(float));
+        for (int32_t j = 0; j <= pos; j++) {
+            const uint8_t *page = c->kv + (size_t)pt[j / P] * l->page_size_bytes;
+            const float *kr = (const float *)(page + ns_kv_offset(l, a->layer, 0, kvh, j % P));
+            const float *vr = (const float *)(page + ns_kv_offset(l, a->layer, 1, kvh, j % P));
+            const float sc = dot(q, kr, D) * a->scale;
+            if (sc > mx) {
+                const float corr = expf(mx - sc);
+                sum *= corr;
+                for (int i = 0; i < D; i++) acc[i] *= corr;
+                mx = sc;
+            }
+            const float w = expf(sc - mx);
+            sum += w;
+            axpy(acc, w, vr, D);
+        }
+        float *o = (float *)a->out->data + (size_t)t * (size_t)a->out->cols + (size_t)h * (size_t)D;
+        const float inv = 1.0f / sum;
+        for (int i = 0; i < D; i++) o[i] = acc[i] * inv;
+    }
+}
+
+void cpu_attention(ns_backend *be, ns_tensor *out, const ns_tensor *q, int layer, int n_heads, float scale) {
+    cpu_impl *c = be->impl;
+    att_ctx a = {be, c, out, q, layer, n_heads, scale};
+    ns_pool_run(c->pool, (int64_t)c->n_tokens * n_heads, 1, att_task, &a);
+}
+
+/* ---------------------------------------------------------- gather rows */
+
+void cpu_gather_rows(ns_backend *be, ns_tensor *out, const ns_tensor *in) {
+    cpu_impl *c = be->impl;
+    for (int32_t i = 0; i < c->n_logits; i++)
+        memmove((float *)out->data + (size_t)i * (size_t)in->cols,
+                (const float *)in->data + (size_t)c->logit_rows[i] * (size_t)in->cols, (size_t)in->cols * sizeof(float));
+}
