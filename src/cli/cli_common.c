@@ -1,0 +1,140 @@
+#include "cli/cli_common.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/demo.h"
+
+void ns_cli_engine_opts_default(ns_cli_engine_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->device = "cpu";
+    o->page_tokens = 16;
+    o->max_batch_tokens = 512;
+    o->max_logits = 1;
+}
+
+int ns_cli_default_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 64 ? 64 : (int)n;
+}
+
+static int parse_int(const char *s, long long lo, long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    const char *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    long long v;
+#define NEED_VAL                                                   \
+    do {                                                           \
+        if (!val) {                                                \
+            fprintf(stderr, "nightshift: %s needs a value\n", a);  \
+            return -1;                                             \
+        }                                                          \
+        (*i)++;                                                    \
+    } while (0)
+#define INT_FLAG(name, lo, hi, field)                                              \
+    if (strcmp(a, name) == 0) {                                                    \
+        NEED_VAL;                                                                  \
+        if (parse_int(val, lo, hi, &v) != 0) {                                     \
+            fprintf(stderr, "nightshift: %s must be an integer in [%lld, %lld]\n", a, (long long)(lo), (long long)(hi)); \
+            return -1;                                                             \
+        }                                                                          \
+        o->field = v;                                                              \
+        return 1;                                                                  \
+    }
+    if (strcmp(a, "--model") == 0) {
+        NEED_VAL;
+        o->model_dir = val;
+        return 1;
+    }
+    if (strcmp(a, "--device") == 0) {
+        NEED_VAL;
+        o->device = val;
+        return 1;
+    }
+    INT_FLAG("--threads", 1, 256, threads)
+    INT_FLAG("--page-size", 1, 4096, page_tokens)
+    INT_FLAG("--max-batch-tokens", 1, 1 << 20, max_batch_tokens)
+    INT_FLAG("--kv-tokens", 1, (long long)1 << 32, kv_tokens)
+#undef INT_FLAG
+#undef NEED_VAL
+    return 0;
+}
+
+ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_error *err) {
+    memset(ce, 0, sizeof *ce);
+    ns_status rc = ns_backend_create(o->device, o->threads ? o->threads : ns_cli_default_threads(), &ce->be, err);
+    if (rc != NS_OK) return rc;
+    if (o->model_dir) {
+        rc = ns_model_load(o->model_dir, ce->be, &ce->model, err);
+    } else {
+        ns_model_config cfg;
+        ns_demo_config(&cfg);
+        rc = ns_model_create_random(&cfg, ce->be, NS_DT_F32, NS_DEMO_SEED, &ce->model, err);
+    }
+    if (rc != NS_OK) goto fail;
+    ns_engine_opts eo = {
+        .max_batch_tokens = o->max_batch_tokens,
+        .max_logits = o->max_logits > o->max_batch_tokens ? o->max_batch_tokens : o->max_logits,
+        .page_tokens = o->page_tokens,
+        .kv_dtype = strcmp(ce->be->ops->name, "cpu") == 0 ? NS_DT_F32 : NS_DT_BF16,
+    };
+    int64_t kv_tokens = o->kv_tokens ? o->kv_tokens : ce->model->cfg.max_position_embeddings;
+    int64_t pages = (kv_tokens + o->page_tokens - 1) / o->page_tokens;
+    if (pages > INT32_MAX) pages = INT32_MAX;
+    eo.n_pages = (int32_t)pages;
+    rc = ns_engine_create(ce->model, &eo, &ce->engine, err);
+    if (rc != NS_OK) goto fail;
+    return NS_OK;
+fail:
+    ns_cli_engine_close(ce);
+    return rc;
+}
+
+void ns_cli_engine_close(ns_cli_engine *ce) {
+    ns_engine_free(ce->engine);
+    ns_model_free(ce->model);
+    if (ce->be) ce->be->ops->destroy(ce->be);
+    memset(ce, 0, sizeof *ce);
+}
+
+ns_status ns_cli_parse_tokens(const char *s, int32_t **out, int32_t *n_out, ns_error *err) {
+    *out = NULL;
+    *n_out = 0;
+    size_t cap = 1;
+    for (const char *p = s; *p; p++) cap += *p == ',';
+    if (cap > (1u << 24)) return ns_fail(err, NS_ERR_RANGE, "--tokens: too many tokens");
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+    int32_t n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+            free(ids);
+            return ns_fail(err, NS_ERR_INVALID, "--tokens: expected comma-separated non-negative integers");
+        }
+        ids[n++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 0) {
+        free(ids);
+        return ns_fail(err, NS_ERR_INVALID, "--tokens: empty list");
+    }
+    *out = ids;
+    *n_out = n;
+    return NS_OK;
+}
