@@ -24,7 +24,7 @@ WARN    = -Wall -Wextra -Wshadow -Wpointer-arith -Wstrict-prototypes -Wmissing-p
           -Wformat=2 -Wno-unused-parameter -Wvla $(if $(WERROR),-Werror,)
 CFLAGS  += -std=c11 $(OPT) -g -pthread -D_GNU_SOURCE -Isrc -MMD -MP $(WARN) $(SANFLAGS) -march=native
 LDFLAGS += -pthread $(SANFLAGS)
-LDLIBS  += -ljansson -lpcre2-8 -lutf8proc -lxxhash -lmicrohttpd -lsqlite3 -lm
+LDLIBS  += -lopenblas -ljansson -lpcre2-8 -lutf8proc -lxxhash -lmicrohttpd -lsqlite3 -lm
 
 LIB_SRC := $(shell find src -name '*.c' ! -name main.c | sort)
 CU_SRC  :=

@@ -8,6 +8,7 @@
  * Ops run synchronously, spread over the thread pool.
  */
 #include <math.h>
+#include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -320,6 +321,9 @@ ns_status ns_backend_cpu_create(int n_threads, ns_backend **out, ns_error *err) 
         return rc;
     }
     be->n_threads = ns_pool_threads(c->pool);
+    /* Our pool already splits each product across cores; BLAS threads on
+     * top would oversubscribe them. */
+    openblas_set_num_threads(1);
     c->scratch = calloc((size_t)be->n_threads, sizeof *c->scratch);
     if (!c->scratch) {
         cpu_destroy(be);

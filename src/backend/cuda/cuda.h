@@ -1,0 +1,49 @@
+/* cuda.h — C-callable extras of the CUDA backend beyond the ns_backend_ops
+ * vtable: device facts, ceilings measured on the device (copy bandwidth,
+ * bf16 GEMM rate), per-op profiling and graph statistics for the
+ * benchmarks. Only declared when the build has CUDA (NS_HAVE_CUDA); every
+ * function takes a backend made by ns_backend_cuda_create.
+ *
+ * Invariant: none of these is called while a step is half enqueued (they
+ * may synchronize the stream).
+ */
+#ifndef NS_BACKEND_CUDA_H
+#define NS_BACKEND_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend/backend.h"
+
+/* Free and total device memory, bytes. */
+ns_status ns_cuda_mem_info(ns_backend *be, size_t *free_bytes, size_t *total_bytes, ns_error *err);
+/* Device name and multiprocessor count (name: at least 64 bytes). */
+void ns_cuda_device_desc(ns_backend *be, char *name, size_t name_len, int *n_sm);
+
+/* Device-to-device copy of `bytes`, median over iters; GB/s counting bytes
+ * read plus bytes written (2 * bytes per copy). */
+ns_status ns_cuda_measure_copy_bw(ns_backend *be, size_t bytes, int iters, double *gbps, ns_error *err);
+/* Square bf16 GEMM n x n x n through cuBLASLt (bf16 in/out, fp32
+ * accumulate) on random data, median over iters; TFLOP/s. */
+ns_status ns_cuda_measure_gemm(ns_backend *be, int n, int iters, double *tflops, ns_error *err);
+/* Times the matmul op (out[n,m] = in[n,k] @ w[m,k]^T) with a fresh random
+ * bf16 weight; path: 0 = backend's choice, 1 = force cuBLASLt, 2 = force
+ * the GEMV kernel. Median milliseconds over iters. */
+ns_status ns_cuda_time_matmul(ns_backend *be, int64_t n, int64_t m, int64_t k, int path, int iters, double *ms,
+                              ns_error *err);
+
+/* Fills every KV page with random bf16 values (benchmarks of decode at a
+ * given context need finite, non-zero KV, not a prefill). */
+ns_status ns_cuda_kv_fill_random(ns_backend *be, uint64_t seed, ns_error *err);
+
+/* CUDA graphs for decode steps: on (default) or off. */
+void ns_cuda_set_graphs(ns_backend *be, int on);
+void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager);
+
+/* Per-op timing with events (forces eager execution while on). */
+void ns_cuda_set_profiling(ns_backend *be, int on);
+/* Prints "label calls total_ms" lines sorted by time, then resets. */
+void ns_cuda_profile_report(ns_backend *be, FILE *f);
+
+#endif

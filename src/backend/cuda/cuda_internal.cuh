@@ -1,0 +1,222 @@
+/* cuda_internal.cuh — private state and kernel entry points of the CUDA
+ * backend (included by the .cu files of src/backend/cuda only).
+ *
+ * Invariants
+ * - One stream per backend; every op is enqueued on it in call order.
+ * - Errors are sticky: the first CUDA/cuBLAS failure is kept in cu_impl
+ *   and reported at the next sync point; later ops become no-ops.
+ * - Per-step metadata lives in fixed device buffers (cu_meta) whose
+ *   addresses only change when a capacity grows; every growth bumps
+ *   `generation`, which drops all captured graphs (they bake addresses).
+ * - F32 activations allocated through tensor_alloc may own a BF16
+ *   "shadow" (cu_shadow): producers that feed matmuls (rmsnorm, swiglu,
+ *   attention, gather_rows) write it in the same kernel, so a GEMM never
+ *   needs a separate conversion pass. A shadow is trusted only if it is
+ *   marked valid for exactly the view (rows, cols) being read; any other
+ *   write into the allocation invalidates it.
+ */
+#ifndef NS_CUDA_INTERNAL_CUH
+#define NS_CUDA_INTERNAL_CUH
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "backend/cuda/cuda.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+/* ------------------------------------------------------------ op tape */
+
+/* Ops of a graphable step are recorded here and executed at the next sync
+ * point, either eagerly, by capturing them into a CUDA graph, or by
+ * replaying a graph captured from an identical tape. */
+typedef enum {
+    OP_EMBED = 0,
+    OP_RMSNORM,
+    OP_MATMUL,
+    OP_ROPE,
+    OP_SWIGLU,
+    OP_ADD,
+    OP_KV_STORE,
+    OP_ATTENTION,
+    OP_GATHER,
+    OP_KV_COPY,
+    OP_ARGMAX,
+    OP_COUNT
+} cu_op_kind;
+
+typedef struct cu_op {
+    int32_t kind;
+    int32_t i0, i1, i2;
+    float f0;
+    int32_t pad;
+    ns_tensor a, b, c; /* out, in, weight (meaning per kind) */
+} cu_op;
+
+/* ------------------------------------------------------------ metadata */
+
+typedef struct cu_meta {
+    /* capacities (device buffers are sized by these) */
+    int32_t cap_tokens, cap_seqs, cap_pt_stride, cap_logits, cap_tiles;
+    /* device regions (int32), fixed addresses between growths */
+    int32_t *d_base;
+    int32_t *tokens, *positions, *tok_seq, *seq_start, *seq_len, *page_table, *logit_rows, *tiles, *dec_seqs;
+    /* pinned host staging, same layout */
+    int32_t *h_base;
+    size_t total_ints;
+    /* this step's values */
+    int32_t n_tokens, n_seqs, n_logits, pt_stride, n_tiles, n_dec, n_splits, max_len;
+    int32_t n_prefill_seqs; /* sequences with more than one new token */
+    bool valid;
+} cu_meta;
+
+typedef struct cu_shadow {
+    void *base;    /* F32 allocation (tensor_alloc'd) */
+    size_t bytes;  /* of the F32 allocation */
+    bf16 *bf;      /* BF16 shadow, NULL until first needed */
+    int64_t vrows, vcols;
+    bool valid;
+} cu_shadow;
+
+typedef struct cu_gemm_plan {
+    int64_t m, n, k;
+    int align; /* min alignment of the pointers, bytes */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+    bool ok;
+} cu_gemm_plan;
+
+typedef struct cu_graph_entry {
+    uint64_t key;
+    uint64_t generation;
+    int32_t n_ops;
+    cu_op *ops; /* copy of the tape, to rule out hash collisions */
+    cudaGraphExec_t exec;
+    int32_t seen;
+    bool no_graph; /* capture failed once: always eager */
+    uint64_t last_use;
+} cu_graph_entry;
+
+#define CU_MAX_GRAPHS 128
+#define CU_MAX_PLANS 256
+#define CU_PROF_LABELS 96
+#define CU_PROF_EVENTS 8192
+
+typedef struct cu_prof_label {
+    char name[48];
+    double ms;
+    int64_t calls;
+} cu_prof_label;
+
+typedef struct cu_impl {
+    int device;
+    int n_sm;
+    size_t smem_optin;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_ws;
+    size_t lt_ws_bytes;
+    cu_gemm_plan plans[CU_MAX_PLANS];
+    int n_plans;
+
+    /* sticky error */
+    ns_status err_status;
+    char err_msg[400];
+
+    /* KV pool */
+    uint8_t *kv;
+
+    /* metadata */
+    cu_meta meta;
+    cudaEvent_t staging_done;
+    bool staging_pending;
+
+    /* shadows */
+    cu_shadow *shadows;
+    int n_shadows, cap_shadows;
+
+    /* scratch */
+    bf16 *conv;            /* bf16 conversion scratch for matmul inputs */
+    size_t conv_elems;
+    float *attn_ws;        /* split-KV partials: o[D], m, l per (dec, head, split) */
+    size_t attn_ws_floats;
+    int32_t *d_argmax;     /* [cap] */
+    int32_t *h_argmax;     /* pinned [cap] */
+    int32_t argmax_cap;
+    float *h_rows;         /* pinned host copy of logits rows for host sampling */
+    size_t h_rows_floats;
+
+    /* tape + graphs */
+    bool recording;      /* this step's ops go to the tape */
+    bool capturing;      /* inside cudaStreamBeginCapture */
+    bool capture_failed; /* an op could not run under capture */
+    cu_op *tape;
+    int32_t n_tape, cap_tape;
+    uint64_t generation;
+    uint64_t use_clock;
+    cu_graph_entry graphs[CU_MAX_GRAPHS];
+    int graphs_enabled;
+    int64_t stat_replays, stat_captures, stat_eager;
+
+    /* options */
+    int gemv_max; /* use the GEMV kernel for n <= gemv_max */
+
+    /* profiling (eager only): events around each op, resolved at sync */
+    int profiling;
+    cudaEvent_t *prof_ev;
+    int32_t *prof_label_of; /* label index per event pair */
+    int n_prof_ev;
+    cu_prof_label prof[CU_PROF_LABELS];
+    int n_prof;
+} cu_impl;
+
+/* ------------------------------------------------------------ helpers */
+
+/* Records the first error; returns true if e is a failure. */
+bool cu_check(cu_impl *c, cudaError_t e, const char *what);
+bool cu_check_blas(cu_impl *c, cublasStatus_t s, const char *what);
+/* Checks the launch that just happened. */
+#define CU_LAUNCHED(c, what) cu_check((c), cudaGetLastError(), (what))
+
+/* Shadow bookkeeping (host side, in enqueue order). */
+cu_shadow *cu_shadow_for(cu_impl *c, const void *base);
+/* The shadow a producer should write for output view t, or NULL; marks
+ * it valid for t's shape. Invalidates overlapping shadows otherwise. */
+bf16 *cu_shadow_produce(cu_impl *c, const ns_tensor *t);
+/* Call after writing t without writing a shadow. */
+void cu_note_write(cu_impl *c, const ns_tensor *t);
+void cu_shadow_invalidate_all(cu_impl *c);
+
+/* ------------------------------------------------------------ kernels */
+/* All launchers enqueue on c->stream and check the launch. */
+void cu_launch_fill_random(cu_impl *c, bf16 *dst_bf, float *dst_f, size_t n, uint64_t seed, float scale);
+void cu_launch_f32_to_bf16(cu_impl *c, bf16 *dst, const float *src, size_t n);
+void cu_launch_bf16_to_f32(cu_impl *c, float *dst, const bf16 *src, size_t n);
+void cu_launch_embed(cu_impl *c, float *out, const ns_tensor *table, int n_tokens, int dim);
+void cu_launch_rmsnorm(cu_impl *c, float *out, bf16 *out_bf, const float *in, const float *w, int64_t rows, int cols,
+                       float eps);
+void cu_launch_rope(cu_impl *c, float *x, int n_tokens, int n_heads, int head_dim, int row_stride,
+                    const float *inv_freq);
+void cu_launch_swiglu(cu_impl *c, float *out, bf16 *out_bf, const float *gate, const float *up, int64_t n);
+void cu_launch_add(cu_impl *c, float *out, const float *x, int64_t n);
+void cu_launch_kv_store(cu_impl *c, const ns_kv_layout *l, int layer, const float *k, const float *v, int n_tokens,
+                        int k_stride, int v_stride);
+void cu_launch_gather(cu_impl *c, float *out, bf16 *out_bf, const float *in, int n_rows, int cols, int in_stride);
+void cu_launch_argmax(cu_impl *c, int32_t *out, const float *logits, int n_rows, int cols, int stride);
+void cu_launch_kv_copy(cu_impl *c, const ns_kv_layout *l, int dst_page, int src_page, int n_slots);
+
+/* attention: out/out_bf [T, H*D], q [T, H*D] */
+void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
+                  int n_heads, float scale);
+/* matmul: out[n,m] = in[n,k] @ w[m,k]^T with w BF16 and in given as BF16 */
+void cu_gemm(cu_impl *c, float *out, const bf16 *in_bf, const float *in_f32, const bf16 *w, int64_t n, int64_t m,
+             int64_t k);
+
+#endif
