@@ -1,0 +1,135 @@
+/* sched.h — the engine thread: request queue, continuous batching, prefix
+ * cache, and the per-request channel back to the HTTP side.
+ *
+ * Threads: HTTP threads create requests (tokenized prompt + parameters),
+ * submit them, and consume events; the single engine thread owned by the
+ * scheduler runs steps (ragged batches of decode tokens + packed prefill
+ * chunks) and pushes events. Raw JSON never reaches this module.
+ *
+ * Request life cycle: QUEUED -> PREFILLING -> DECODING -> FINISHED, plus
+ * WAITING (admission found no room yet), CANCELLED (client gone: the
+ * engine drops it at the next step; pages it completed stay in the
+ * prefix cache). A request that can never fit is refused by
+ * ns_sched_submit with NS_ERR_RANGE and the numbers in *cap.
+ *
+ * Ownership: a request is reference counted; ns_request_new returns one
+ * reference (the HTTP side's); submit adds the engine's. Each side calls
+ * ns_request_release when done with it.
+ */
+#ifndef NS_SCHED_H
+#define NS_SCHED_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "engine/sample.h"
+
+#define NS_MAX_TOP_LOGPROBS 20
+
+typedef enum {
+    NS_FINISH_NONE = 0,
+    NS_FINISH_LENGTH,    /* max_tokens reached */
+    NS_FINISH_EOS,       /* model emitted an end-of-sequence token */
+    NS_FINISH_CANCELLED, /* client cancelled / disconnected / stop string */
+    NS_FINISH_CONTEXT,   /* sequence hit the model's context length */
+    NS_FINISH_ERROR      /* engine failure; message in error */
+} ns_finish;
+
+typedef enum { NS_EV_TOKEN = 1, NS_EV_DONE = 2 } ns_event_type;
+
+typedef struct ns_token_event {
+    int32_t token;
+    float logprob;                        /* valid when logprobs requested */
+    int32_t n_top;
+    int32_t top_ids[NS_MAX_TOP_LOGPROBS];
+    float top_logprobs[NS_MAX_TOP_LOGPROBS];
+} ns_token_event;
+
+typedef struct ns_request ns_request;
+
+typedef struct ns_request_params {
+    ns_sampling_params sampling;
+    int32_t max_tokens;      /* > 0 */
+    bool logprobs;           /* report each token's logprob */
+    int32_t top_logprobs;    /* 0..NS_MAX_TOP_LOGPROBS */
+    bool ignore_eos;
+} ns_request_params;
+
+/* Creates a request owning a copy of the prompt. NULL on OOM.
+ * params->max_tokens <= 0 means "as many as fit" (context and pool). */
+ns_request *ns_request_new(const int32_t *prompt, int32_t n_prompt, const ns_request_params *params);
+void ns_request_release(ns_request *r);
+/* Sets the cancel flag; the engine notices within one step. */
+void ns_request_cancel(ns_request *r);
+/* Pops up to max events into out (tokens in order). Blocks until at least
+ * one event is available or timeout_ms passes (-1 = forever). Returns the
+ * number popped; *done is set once the DONE event has been popped. */
+int ns_request_poll(ns_request *r, ns_token_event *out, int max, int timeout_ms, bool *done);
+
+/* Results, valid once done: */
+typedef struct ns_request_result {
+    ns_finish finish;
+    int32_t n_prompt;
+    int32_t n_cached;        /* prompt tokens whose KV was reused */
+    int32_t n_generated;
+    char error[256];
+    /* where the prompt diverged from the closest cached sequence (-1: none) */
+    int32_t diverge_at;
+} ns_request_result;
+void ns_request_result_get(ns_request *r, ns_request_result *out);
+
+typedef struct ns_sched_opts {
+    int32_t max_batch_tokens; /* per-step token budget (<= engine's) */
+    int32_t max_running;      /* sequences decoding/prefilling at once (<= engine max_logits) */
+    int32_t prefill_chunk;    /* max prefill tokens of one request per step */
+    double aging_seconds;     /* a waiting request older than this blocks later ones (FIFO) */
+    /* Optional: renders token ids as text for the per-request log line
+     * (where a prompt diverged from the cache). Called on the engine
+     * thread; must be thread-safe w.r.t. the HTTP threads. */
+    void (*describe)(void *ctx, const int32_t *tokens, int32_t n, char *out, size_t cap);
+    void *describe_ctx;
+} ns_sched_opts;
+
+typedef struct ns_capacity {
+    int64_t prompt_tokens;
+    int64_t max_tokens;
+    int64_t pool_tokens;      /* tokens the pool can hold for one request */
+    int64_t context_tokens;   /* model context length */
+} ns_capacity;
+
+typedef struct ns_sched ns_sched;
+
+/* The engine (and its backend) is used only by the scheduler's thread
+ * after ns_sched_start. */
+ns_status ns_sched_create(ns_engine *e, const ns_sched_opts *opts, ns_sched **out, ns_error *err);
+ns_status ns_sched_start(ns_sched *s, ns_error *err);
+/* Stops the engine thread: running requests finish as CANCELLED. */
+void ns_sched_stop(ns_sched *s);
+void ns_sched_free(ns_sched *s);
+/* Queues r. NS_ERR_RANGE (never fits: *cap says why), NS_ERR_INVALID. */
+ns_status ns_sched_submit(ns_sched *s, ns_request *r, ns_capacity *cap, ns_error *err);
+
+/* A consistent snapshot for /metrics and logs (thread-safe). */
+#define NS_HIST_BUCKETS 16
+typedef struct ns_histogram {
+    double bounds[NS_HIST_BUCKETS]; /* upper bounds; the last is +Inf */
+    uint64_t counts[NS_HIST_BUCKETS];
+    double sum;
+    uint64_t count;
+} ns_histogram;
+
+typedef struct ns_sched_stats {
+    int32_t requests_running, requests_waiting;
+    uint64_t requests_total, requests_rejected, requests_cancelled;
+    uint64_t prompt_tokens_total, generated_tokens_total;
+    uint64_t prefix_lookup_tokens_total, prefix_hit_tokens_total;
+    int32_t pages_total, pages_used, pages_free, pages_cached;
+    int32_t page_tokens;
+    ns_histogram step_seconds, batch_tokens, ttft_seconds, itl_seconds;
+} ns_sched_stats;
+void ns_sched_get_stats(ns_sched *s, ns_sched_stats *out);
+
+#endif
