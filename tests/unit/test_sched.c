@@ -1,0 +1,252 @@
+/* Scheduler tests on the CPU backend with tinystories-656k:
+ * batching identity, prefix-cache identity and accounting, agent replay,
+ * cancel mid-prefill, small-pool waiting and never-fits rejection. */
+#include <pthread.h>
+#include <unistd.h>
+
+#include "engine/runner.h"
+#include "sched/sched.h"
+#include "test.h"
+
+#define P 16
+
+static ns_backend *g_be;
+static ns_model *g_model;
+
+static void setup(void) {
+    ns_error err = {0};
+    if (g_model) return;
+    if (ns_backend_cpu_create(2, &g_be, &err) != NS_OK) return;
+    if (ns_model_load(test_shared_path("models/tinystories-656k"), g_be, &g_model, &err) != NS_OK)
+        printf("# %s\n", err.msg);
+}
+
+static ns_engine *make_engine(int32_t n_pages, int32_t max_batch, int32_t max_logits) {
+    ns_error err = {0};
+    ns_engine *e = NULL;
+    ns_engine_opts eo = {.max_batch_tokens = max_batch, .max_logits = max_logits, .page_tokens = P, .n_pages = n_pages,
+                         .kv_dtype = NS_DT_F32};
+    if (ns_engine_create(g_model, &eo, &e, &err) != NS_OK) printf("# %s\n", err.msg);
+    return e;
+}
+
+/* Deterministic prompt: shared prefix `base` tokens from seed 1, rest from `seed`. */
+static void make_prompt(int32_t *out, int32_t n, int32_t shared, uint32_t seed) {
+    uint32_t x = 12345;
+    for (int32_t i = 0; i < n; i++) {
+        if (i == shared) x = seed * 2654435761u;
+        x = x * 1103515245u + 12345u;
+        out[i] = 3 + (int32_t)((x >> 8) % 2000);
+    }
+}
+
+static int32_t greedy_alone(ns_engine *e, const int32_t *prompt, int32_t n, int32_t n_gen, int32_t *out) {
+    ns_runner r;
+    ns_error err = {0};
+    if (ns_runner_init(&r, e, &err) != NS_OK) return -1;
+    int32_t got = 0;
+    if (ns_runner_feed(&r, prompt, n, false, NULL, NULL, &err) != NS_OK) goto done;
+    const int32_t V = e->model->cfg.vocab_size;
+    while (got < n_gen) {
+        int32_t tok = 0;
+        for (int32_t v = 1; v < V; v++)
+            if (r.logits[v] > r.logits[tok]) tok = v;
+        out[got++] = tok;
+        if (ns_config_is_eos(&e->model->cfg, tok)) break;
+        if (got < n_gen && ns_runner_feed(&r, &tok, 1, false, NULL, NULL, &err) != NS_OK) break;
+    }
+done:
+    ns_runner_free(&r);
+    return got;
+}
+
+static ns_request *submit(ns_sched *s, const int32_t *prompt, int32_t n, int32_t max_tokens, ns_status *st) {
+    ns_request_params p = {.sampling = ns_sampling_default(), .max_tokens = max_tokens};
+    ns_request *r = ns_request_new(prompt, n, &p);
+    ns_error err = {0};
+    ns_capacity cap;
+    *st = ns_sched_submit(s, r, &cap, &err);
+    return r;
+}
+
+/* Drains r's events into out; returns the number of tokens. */
+static int32_t collect(ns_request *r, int32_t *out, int32_t cap) {
+    int32_t n = 0;
+    bool done = false;
+    ns_token_event ev[8];
+    while (!done) {
+        int k = ns_request_poll(r, ev, 8, 10000, &done);
+        for (int i = 0; i < k; i++)
+            if (n < cap) out[n++] = ev[i].token;
+        if (k == 0 && !done) break; /* timeout: fail the caller's checks */
+    }
+    return n;
+}
+
+static ns_sched *make_sched(ns_engine *e, int32_t max_running) {
+    ns_sched_opts so = {.max_batch_tokens = e->opts.max_batch_tokens, .max_running = max_running, .prefill_chunk = 32};
+    ns_sched *s = NULL;
+    ns_error err = {0};
+    if (ns_sched_create(e, &so, &s, &err) != NS_OK || ns_sched_start(s, &err) != NS_OK) printf("# %s\n", err.msg);
+    return s;
+}
+
+TEST(batched_equals_alone) {
+    setup();
+    CHECK(g_model != NULL);
+    if (!g_model) return;
+    ns_engine *e = make_engine(256, 64, 8);
+    enum { N = 6, GEN = 24 };
+    static const int32_t lens[N] = {5, 40, 17, 70, 33, 90};
+    static const int32_t shared[N] = {5, 20, 17, 20, 0, 40};
+    int32_t prompts[N][128], want[N][GEN], n_want[N];
+    for (int i = 0; i < N; i++) {
+        make_prompt(prompts[i], lens[i], shared[i], (uint32_t)i + 7);
+        prompts[i][0] = 1; /* BOS */
+        n_want[i] = greedy_alone(e, prompts[i], lens[i], GEN, want[i]);
+    }
+    ns_engine_free(e);
+    e = make_engine(256, 64, 8);
+    ns_sched *s = make_sched(e, 8);
+    ns_request *rs[N];
+    for (int i = 0; i < N; i++) {
+        ns_status st;
+        rs[i] = submit(s, prompts[i], lens[i], GEN, &st);
+        CHECK(st == NS_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        int32_t got[GEN];
+        int32_t n = collect(rs[i], got, GEN);
+        CHECKF(n == n_want[i] && memcmp(got, want[i], (size_t)n * 4) == 0, "request %d differs from its solo run", i);
+        ns_request_release(rs[i]);
+    }
+    /* same prompts again, now served from the cache: same tokens */
+    for (int i = 0; i < N; i++) {
+        ns_status st;
+        ns_request *r = submit(s, prompts[i], lens[i], GEN, &st);
+        int32_t got[GEN];
+        int32_t n = collect(r, got, GEN);
+        ns_request_result res;
+        ns_request_result_get(r, &res);
+        CHECKF(res.n_cached == lens[i] - 1, "prompt %d: cached %d of %d", i, res.n_cached, lens[i]);
+        CHECKF(n == n_want[i] && memcmp(got, want[i], (size_t)n * 4) == 0, "cached request %d differs", i);
+        ns_request_release(r);
+    }
+    ns_sched_free(s);
+    ns_engine_free(e);
+}
+
+TEST(agent_replay_hits_cache) {
+    setup();
+    if (!g_model) return;
+    ns_engine *e = make_engine(512, 64, 4);
+    ns_sched *s = make_sched(e, 4);
+    int32_t *conv = malloc(4096 * sizeof(int32_t));
+    int32_t n = 30, prev = 0;
+    make_prompt(conv, n, n, 99);
+    conv[0] = 1;
+    for (int turn = 0; turn < 20; turn++) {
+        ns_status st;
+        ns_request *r = submit(s, conv, n, 8, &st);
+        CHECK(st == NS_OK);
+        int32_t ans[8];
+        int32_t k = collect(r, ans, 8);
+        ns_request_result res;
+        ns_request_result_get(r, &res);
+        if (turn > 0) CHECKF(res.n_cached >= prev - P, "turn %d: cached %d < previous prompt %d - page", turn, res.n_cached, prev);
+        ns_request_release(r);
+        prev = n;
+        memcpy(conv + n, ans, (size_t)k * 4); /* the answer joins the conversation */
+        n += k;
+        int32_t extra = 4 + turn;             /* plus a new "tool result" */
+        make_prompt(conv + n, extra, 0, (uint32_t)turn + 1000);
+        n += extra;
+    }
+    free(conv);
+    ns_sched_free(s);
+    ns_engine_free(e);
+}
+
+TEST(cancel_mid_prefill_keeps_pages) {
+    setup();
+    if (!g_model) return;
+    ns_engine *e = make_engine(256, 32, 2);
+    ns_sched *s = make_sched(e, 2);
+    int32_t prompt[480];
+    make_prompt(prompt, 480, 480, 5);
+    prompt[0] = 1;
+    ns_status st;
+    ns_request *r = submit(s, prompt, 480, 4, &st);
+    /* wait until some prefill steps ran, then cancel */
+    ns_sched_stats stats;
+    for (int i = 0; i < 2000; i++) {
+        ns_sched_get_stats(s, &stats);
+        if (stats.batch_tokens.count >= 3) break;
+        usleep(1000);
+    }
+    ns_request_cancel(r);
+    int32_t dummy[4];
+    collect(r, dummy, 4);
+    ns_request_result res;
+    ns_request_result_get(r, &res);
+    CHECK(res.finish == NS_FINISH_CANCELLED || res.finish == NS_FINISH_LENGTH);
+    ns_request_release(r);
+    ns_request *r2 = submit(s, prompt, 480, 4, &st);
+    collect(r2, dummy, 4);
+    ns_request_result res2;
+    ns_request_result_get(r2, &res2);
+    CHECKF(res2.n_cached >= 3 * 32 - P, "re-sent prompt reused only %d tokens", res2.n_cached);
+    ns_request_release(r2);
+    ns_sched_free(s);
+    ns_engine_free(e);
+}
+
+TEST(small_pool_waits_and_rejects) {
+    setup();
+    if (!g_model) return;
+    /* 12 pages of 16 = 192 tokens: each request needs 5 pages, so at most
+     * two run at once; the rest must wait, and all must complete. */
+    ns_engine *e = make_engine(12, 64, 4);
+    ns_sched *s = make_sched(e, 4);
+    enum { N = 6 };
+    ns_request *rs[N];
+    int32_t prompt[60];
+    for (int i = 0; i < N; i++) {
+        make_prompt(prompt, 60, 0, (uint32_t)i + 50);
+        prompt[0] = 1;
+        ns_status st;
+        rs[i] = submit(s, prompt, 60, 16, &st);
+        CHECK(st == NS_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        int32_t got[16];
+        int32_t n = collect(rs[i], got, 16);
+        ns_request_result res;
+        ns_request_result_get(rs[i], &res);
+        CHECKF(res.finish == NS_FINISH_LENGTH || res.finish == NS_FINISH_EOS, "request %d finish %d (%d tokens)", i, res.finish, n);
+        ns_request_release(rs[i]);
+    }
+    /* never fits: 150 prompt + 100 max_tokens > 192 pool tokens */
+    int32_t big[150];
+    make_prompt(big, 150, 0, 77);
+    ns_request_params p = {.sampling = ns_sampling_default(), .max_tokens = 100};
+    ns_request *r = ns_request_new(big, 150, &p);
+    ns_capacity cap;
+    ns_error err = {0};
+    CHECK(ns_sched_submit(s, r, &cap, &err) == NS_ERR_RANGE);
+    CHECK_EQ_INT(cap.pool_tokens, 192);
+    CHECK_EQ_INT(cap.prompt_tokens, 150);
+    ns_request_release(r);
+    ns_sched_free(s);
+    ns_engine_free(e);
+}
+
+int main(void) {
+    RUN(batched_equals_alone);
+    RUN(agent_replay_hits_cache);
+    RUN(cancel_mid_prefill_keeps_pages);
+    RUN(small_pool_waits_and_rejects);
+    ns_model_free(g_model);
+    if (g_be) g_be->ops->destroy(g_be);
+    TEST_MAIN_END;
+}
