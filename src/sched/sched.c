@@ -39,6 +39,9 @@ struct ns_sched {
     int32_t n_running;
     int64_t reserved; /* sum of running requests' reserve_pages */
     uint64_t next_id;
+    /* seconds per unit of step work, learned from measured steps (EMA);
+     * work = tokens + attention pairs / ATTN_PAIRS_PER_UNIT */
+    double sec_per_unit;
     /* step scratch */
     int32_t *b_tokens, *b_pos, *b_seq_start, *b_seq_len, *b_pt, *b_rows, *b_chunk;
     ns_request **b_reqs;
@@ -90,6 +93,7 @@ ns_status ns_sched_create(ns_engine *e, const ns_sched_opts *opts, ns_sched **ou
     if (s->opts.prefill_chunk <= 0 || s->opts.prefill_chunk > s->opts.max_batch_tokens)
         s->opts.prefill_chunk = s->opts.max_batch_tokens;
     if (s->opts.aging_seconds <= 0) s->opts.aging_seconds = 2.0;
+    if (s->opts.target_step_ms <= 0) s->opts.target_step_ms = 50.0;
     s->P = e->opts.page_tokens;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
@@ -395,6 +399,26 @@ static void commit_full_pages(ns_sched *s, ns_request *r) {
     }
 }
 
+/* A step's cost grows with its tokens (weights are read once per step,
+ * matmuls scale with tokens) and with attention pairs (each new token
+ * attends to its whole context). One unit ~ one token's non-attention
+ * work; the ratio is a rough constant, the scale is learned online. */
+#define ATTN_PAIRS_PER_UNIT 256.0
+
+static double work_units(int64_t tokens, double attn_pairs) { return (double)tokens + attn_pairs / ATTN_PAIRS_PER_UNIT; }
+
+/* Largest prefill chunk (<= want) for a sequence at context ctx such that
+ * the step stays within the latency target, given work already planned.
+ * Only applies while some stream decodes: alone, prefill takes the whole
+ * budget (throughput wins when nobody waits for tokens). */
+static int32_t bounded_chunk(const ns_sched *s, int32_t want, int32_t ctx, double planned_units) {
+    if (s->sec_per_unit <= 0) return want;
+    double budget_units = s->opts.target_step_ms * 1e-3 / s->sec_per_unit - planned_units;
+    int32_t c = want;
+    while (c > 16 && work_units(c, (double)c * ((double)ctx + c / 2.0)) > budget_units) c /= 2;
+    return c;
+}
+
 /* Plans and runs one step. Returns false when there was nothing to do. */
 static bool step(ns_sched *s) {
     ns_engine *e = s->e;
@@ -413,6 +437,9 @@ static bool step(ns_sched *s) {
     if (s->n_running == 0) return false;
 
     int32_t budget = s->opts.max_batch_tokens, nt = 0, ns = 0, n_logits = 0, max_pages = 0;
+    double attn_pairs = 0;
+    bool decoding = false;
+    for (int32_t i = 0; i < s->n_running; i++) decoding |= s->running[i]->state == RS_DECODING;
     /* decode tokens first: they bound every stream's inter-token latency */
     for (int pass = 0; pass < 2; pass++) {
         for (int32_t i = 0; i < s->n_running && budget > 0; i++) {
@@ -426,6 +453,7 @@ static bool step(ns_sched *s) {
                 chunk = r->n_prompt - r->n_ctx;
                 if (chunk > s->opts.prefill_chunk) chunk = s->opts.prefill_chunk;
                 if (chunk > budget) chunk = budget;
+                if (decoding) chunk = bounded_chunk(s, chunk, r->n_ctx, work_units(nt, attn_pairs));
             }
             int32_t need = pages_for(s, r->n_ctx + chunk);
             bool ok = true;
@@ -453,6 +481,7 @@ static bool step(ns_sched *s) {
             }
             nt += chunk;
             budget -= chunk;
+            attn_pairs += (double)chunk * ((double)r->n_ctx + chunk / 2.0);
             s->b_seq_len[ns] = r->n_ctx + chunk;
             s->b_chunk[ns] = chunk;
             s->b_reqs[ns] = r;
@@ -569,6 +598,10 @@ static bool step(ns_sched *s) {
                 }
             finish(s, r, why, why == NS_FINISH_ERROR ? "out of memory" : NULL);
         }
+    }
+    {
+        double per = (t1 - t0) / work_units(nt, attn_pairs);
+        s->sec_per_unit = s->sec_per_unit <= 0 ? per : 0.8 * s->sec_per_unit + 0.2 * per;
     }
     pthread_mutex_lock(&s->mu);
     hist_add(&s->stats.step_seconds, t1 - t0);

@@ -86,6 +86,8 @@ typedef struct ns_sched_opts {
     int32_t max_running;      /* sequences decoding/prefilling at once (<= engine max_logits) */
     int32_t prefill_chunk;    /* max prefill tokens of one request per step */
     double aging_seconds;     /* a waiting request older than this blocks later ones (FIFO) */
+    double target_step_ms;    /* while streams decode, prefill chunks shrink so a step
+                               * is predicted to take at most this (0 = 50 ms) */
     /* Optional: renders token ids as text for the per-request log line
      * (where a prompt diverged from the cache). Called on the engine
      * thread; must be thread-safe w.r.t. the HTTP threads. */
