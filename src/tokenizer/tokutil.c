@@ -1,0 +1,392 @@
+#include "tokenizer/tokutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+#include <xxhash.h>
+
+/* ---- UTF-8 ---- */
+
+/* Length of the valid sequence starting at s[i], or 0 if the sequence is
+ * invalid, or -(k) when the k bytes available are a valid but incomplete
+ * prefix (only possible at the end of the input). The second-byte ranges are
+ * the Unicode "well-formed byte sequences" table, which is what Rust uses. */
+static int seq_len(const unsigned char *s, size_t n, size_t i, size_t *bad_len) {
+    unsigned char b = s[i];
+    if (b < 0x80) return 1;
+    int need;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) need = 1;
+    else if (b == 0xE0) need = 2, lo = 0xA0;
+    else if (b >= 0xE1 && b <= 0xEC) need = 2;
+    else if (b == 0xED) need = 2, hi = 0x9F;
+    else if (b >= 0xEE && b <= 0xEF) need = 2;
+    else if (b == 0xF0) need = 3, lo = 0x90;
+    else if (b >= 0xF1 && b <= 0xF3) need = 3;
+    else if (b == 0xF4) need = 3, hi = 0x8F;
+    else {
+        *bad_len = 1;
+        return 0;
+    }
+    size_t k = 1;
+    for (int j = 0; j < need; j++, k++) {
+        if (i + k >= n) return -(int)k; /* ran out of input: incomplete */
+        unsigned char c = s[i + k];
+        unsigned char l = j == 0 ? lo : 0x80, h = j == 0 ? hi : 0xBF;
+        if (c < l || c > h) {
+            *bad_len = k; /* maximal subpart: lead + valid continuations */
+            return 0;
+        }
+    }
+    return need + 1;
+}
+
+bool ns_utf8_valid(const char *str, size_t n, size_t *bad_at) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        /* ASCII fast path, 8 bytes at a time. */
+        while (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (w & 0x8080808080808080ull) break;
+            i += 8;
+        }
+        if (i >= n) break;
+        if (s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        size_t bad = 0;
+        int l = seq_len(s, n, i, &bad);
+        if (l <= 0) {
+            if (bad_at) *bad_at = i;
+            return false;
+        }
+        i += (size_t)l;
+    }
+    return true;
+}
+
+size_t ns_utf8_decode(const char *str, size_t n, size_t i, uint32_t *cp) {
+    const unsigned char *s = (const unsigned char *)str;
+    unsigned char b = s[i];
+    if (b < 0x80 || i + 1 >= n) {
+        *cp = b;
+        return 1;
+    }
+    if (b < 0xE0) {
+        *cp = ((uint32_t)(b & 0x1F) << 6) | (s[i + 1] & 0x3F);
+        return 2;
+    }
+    if (b < 0xF0) {
+        if (i + 2 >= n) return *cp = b, 1;
+        *cp = ((uint32_t)(b & 0x0F) << 12) | ((uint32_t)(s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
+        return 3;
+    }
+    if (i + 3 >= n) return *cp = b, 1;
+    *cp = ((uint32_t)(b & 0x07) << 18) | ((uint32_t)(s[i + 1] & 0x3F) << 12) |
+          ((uint32_t)(s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
+    return 4;
+}
+
+size_t ns_utf8_encode(uint32_t cp, char out[4]) {
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | (cp >> 12));
+        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | (cp >> 18));
+    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+static const char REPLACEMENT[] = "\xEF\xBF\xBD"; /* U+FFFD */
+
+ns_status ns_utf8_lossy(ns_buf *out, const unsigned char *s, size_t n, bool final, size_t *consumed) {
+    size_t i = 0, run = 0; /* [run, i) is a pending valid run to copy */
+    ns_status st = NS_OK;
+    while (i < n) {
+        if (s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        size_t bad = 0;
+        int l = seq_len(s, n, i, &bad);
+        if (l > 0) {
+            i += (size_t)l;
+            continue;
+        }
+        if ((st = ns_buf_append(out, s + run, i - run)) != NS_OK) return st;
+        if (l < 0) { /* incomplete at end of input */
+            if (!final) {
+                if (consumed) *consumed = i;
+                return NS_OK;
+            }
+            if ((st = ns_buf_append(out, REPLACEMENT, 3)) != NS_OK) return st;
+            i = n;
+        } else {
+            if ((st = ns_buf_append(out, REPLACEMENT, 3)) != NS_OK) return st;
+            i += bad;
+        }
+        run = i;
+    }
+    if ((st = ns_buf_append(out, s + run, n - run)) != NS_OK) return st;
+    if (consumed) *consumed = n;
+    return NS_OK;
+}
+
+/* ---- Unicode predicates ---- */
+
+bool ns_uni_is_whitespace(uint32_t c) {
+    return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+           c == 0x3000;
+}
+
+bool ns_uni_is_alnum(uint32_t c) {
+    if (c < 0x80) return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
+    utf8proc_category_t cat = utf8proc_category((utf8proc_int32_t)c);
+    switch (cat) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_NO: return true;
+    default: return false;
+    }
+}
+
+/* ---- ByteLevel ---- */
+
+/* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves,
+ * the other 68 bytes map, in increasing order, to U+0100.. */
+static bool bl_printable(unsigned b) {
+    return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+}
+
+uint32_t ns_bytelevel_char(unsigned char b) {
+    if (bl_printable(b)) return b;
+    uint32_t k = 0;
+    for (unsigned x = 0; x < b; x++)
+        if (!bl_printable(x)) k++;
+    return 256 + k;
+}
+
+int ns_bytelevel_byte(uint32_t cp) {
+    if (cp < 256) return bl_printable(cp) ? (int)cp : -1;
+    if (cp >= 256 + 68) return -1;
+    uint32_t k = cp - 256;
+    for (unsigned x = 0; x < 256; x++) {
+        if (bl_printable(x)) continue;
+        if (k == 0) return (int)x;
+        k--;
+    }
+    return -1;
+}
+
+/* ---- strmap ---- */
+
+uint64_t ns_strhash(const char *s, size_t n) { return XXH3_64bits(s, n); }
+
+ns_status ns_strmap_init(ns_strmap *m, size_t expect) {
+    size_t cap = 16;
+    while (cap < expect * 2 + 2) {
+        if (cap > SIZE_MAX / 4 / sizeof(ns_strmap_ent)) return NS_ERR_NOMEM;
+        cap *= 2;
+    }
+    m->e = calloc(cap, sizeof *m->e);
+    if (!m->e) return NS_ERR_NOMEM;
+    m->cap = cap;
+    m->n = 0;
+    return NS_OK;
+}
+
+void ns_strmap_free(ns_strmap *m) {
+    free(m->e);
+    m->e = NULL;
+    m->cap = m->n = 0;
+}
+
+static ns_status strmap_grow(ns_strmap *m) {
+    ns_strmap nm;
+    ns_status st = ns_strmap_init(&nm, m->cap);
+    if (st != NS_OK) return st;
+    for (size_t i = 0; i < m->cap; i++) {
+        ns_strmap_ent *e = &m->e[i];
+        if (!e->key) continue;
+        size_t j = (size_t)ns_strhash(e->key, e->len) & (nm.cap - 1);
+        while (nm.e[j].key) j = (j + 1) & (nm.cap - 1);
+        nm.e[j] = *e;
+        nm.n++;
+    }
+    free(m->e);
+    *m = nm;
+    return NS_OK;
+}
+
+static inline bool ent_eq(const ns_strmap_ent *e, uint32_t h32, const char *key, size_t len) {
+    if (e->hash32 != h32 || e->len != len) return false;
+    size_t hl = len < NS_STRMAP_HEAD ? len : NS_STRMAP_HEAD;
+    if (memcmp(e->head, key, hl) != 0) return false;
+    return len <= NS_STRMAP_HEAD || memcmp(e->key + NS_STRMAP_HEAD, key + NS_STRMAP_HEAD, len - NS_STRMAP_HEAD) == 0;
+}
+
+ns_status ns_strmap_put(ns_strmap *m, const char *key, size_t len, int32_t val) {
+    if (len > UINT32_MAX) return NS_ERR_RANGE;
+    if ((m->n + 1) * 2 > m->cap) {
+        ns_status st = strmap_grow(m);
+        if (st != NS_OK) return st;
+    }
+    uint64_t h = ns_strhash(key, len);
+    size_t j = (size_t)h & (m->cap - 1);
+    for (;;) {
+        ns_strmap_ent *e = &m->e[j];
+        if (!e->key) {
+            e->key = key;
+            e->len = (uint32_t)len;
+            e->hash32 = (uint32_t)(h >> 32);
+            e->val = val;
+            memcpy(e->head, key, len < NS_STRMAP_HEAD ? len : NS_STRMAP_HEAD);
+            m->n++;
+            return NS_OK;
+        }
+        if (ent_eq(e, (uint32_t)(h >> 32), key, len)) {
+            e->val = val;
+            return NS_OK;
+        }
+        j = (j + 1) & (m->cap - 1);
+    }
+}
+
+int32_t ns_strmap_get(const ns_strmap *m, const char *key, size_t len) {
+    if (!m->cap) return -1;
+    uint64_t h = ns_strhash(key, len);
+    size_t j = (size_t)h & (m->cap - 1);
+    for (;;) {
+        const ns_strmap_ent *e = &m->e[j];
+        if (!e->key) return -1;
+        if (ent_eq(e, (uint32_t)(h >> 32), key, len)) return e->val;
+        j = (j + 1) & (m->cap - 1);
+    }
+}
+
+/* ---- JSON ---- */
+
+bool ns_json_int(const json_t *j, int64_t lo, int64_t hi, int64_t *out) {
+    if (json_is_integer(j)) {
+        json_int_t v = json_integer_value(j);
+        if (v < lo || v > hi) return false;
+        *out = (int64_t)v;
+        return true;
+    }
+    if (!json_is_real(j)) return false;
+    double d = json_real_value(j);
+    /* Compare in double before converting: out-of-range conversion is UB. */
+    if (!(d >= (double)lo && d <= (double)hi) || d != (double)(int64_t)d) return false;
+    *out = (int64_t)d;
+    return true;
+}
+
+/* ---- ids ---- */
+
+static ns_status ids_reserve(ns_ids *a, size_t extra) {
+    if (extra > SIZE_MAX / sizeof(int32_t) - a->n) return NS_ERR_NOMEM;
+    size_t need = a->n + extra;
+    if (need <= a->cap) return NS_OK;
+    size_t nc = a->cap ? a->cap : 16;
+    while (nc < need) nc = nc > SIZE_MAX / (2 * sizeof(int32_t)) ? need : nc * 2;
+    int32_t *p = realloc(a->v, nc * sizeof *p);
+    if (!p) return NS_ERR_NOMEM;
+    a->v = p;
+    a->cap = nc;
+    return NS_OK;
+}
+
+ns_status ns_ids_push(ns_ids *a, int32_t id) {
+    if (a->n == a->cap) {
+        ns_status st = ids_reserve(a, 1);
+        if (st != NS_OK) return st;
+    }
+    a->v[a->n++] = id;
+    return NS_OK;
+}
+
+ns_status ns_ids_append(ns_ids *a, const int32_t *ids, size_t n) {
+    ns_status st = ids_reserve(a, n);
+    if (st != NS_OK) return st;
+    if (n) memcpy(a->v + a->n, ids, n * sizeof *ids);
+    a->n += n;
+    return NS_OK;
+}
+
+void ns_ids_free(ns_ids *a) {
+    free(a->v);
+    a->v = NULL;
+    a->n = a->cap = 0;
+}
+
+/* ---- strlist ---- */
+
+void ns_strlist_init(ns_strlist *l) {
+    ns_buf_init(&l->text, 0);
+    l->off = NULL;
+    l->n = l->cap = 0;
+}
+
+void ns_strlist_reset(ns_strlist *l) {
+    ns_buf_reset(&l->text);
+    l->n = 0;
+    if (l->off) l->off[0] = 0;
+}
+
+void ns_strlist_free(ns_strlist *l) {
+    ns_buf_free(&l->text);
+    free(l->off);
+    l->off = NULL;
+    l->n = l->cap = 0;
+}
+
+ns_status ns_strlist_begin(ns_strlist *l) {
+    if (l->n + 2 > l->cap) {
+        size_t nc = l->cap ? l->cap * 2 : 16;
+        if (nc > SIZE_MAX / sizeof(size_t)) return NS_ERR_NOMEM;
+        size_t *p = realloc(l->off, nc * sizeof *p);
+        if (!p) return NS_ERR_NOMEM;
+        if (!l->off) p[0] = 0;
+        l->off = p;
+        l->cap = nc;
+    }
+    l->off[l->n] = l->text.len;
+    l->off[l->n + 1] = l->text.len;
+    l->n++;
+    return NS_OK;
+}
+
+ns_status ns_strlist_extend(ns_strlist *l, const char *s, size_t n) {
+    ns_status st = ns_buf_append(&l->text, s, n);
+    if (st != NS_OK) return st;
+    l->off[l->n] = l->text.len;
+    return NS_OK;
+}
+
+ns_status ns_strlist_push(ns_strlist *l, const char *s, size_t n) {
+    ns_status st = ns_strlist_begin(l);
+    if (st != NS_OK) return st;
+    return ns_strlist_extend(l, s, n);
+}
