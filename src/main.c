@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "cli/cli_eval.h"
+#include "cli/cli_generate.h"
+#include "cli/cli_tokenize.h"
 #include "util/log.h"
 
 static void usage(FILE *f) {
@@ -13,6 +15,9 @@ static void usage(FILE *f) {
             "nightshift — a local LLM inference server for coding agents\n"
             "\n"
             "usage: nightshift <command> [options]\n"
+            "  generate  [--model DIR] (--prompt TEXT | --tokens 1,2,3) [-n N] [--temperature T] [--top-p P]\n"
+            "            [--top-k K] [--min-p P] [--seed S] [--ids]        stream text, or ids as JSON\n"
+            "  tokenize  --model DIR [--add-special] [--jsonl]       stdin text -> token ids (JSON)\n"
             "  eval      --model DIR --tokens 1,2,3 [--top K]        logits summary as JSON\n"
             "\n"
             "common options: --model DIR (omit for the built-in random-weight demo model),\n"
@@ -31,6 +36,8 @@ int main(int argc, char **argv) {
     char **sub_argv = argv + 2;
     int rc;
     if (strcmp(cmd, "eval") == 0) rc = ns_cli_eval(sub_argc, sub_argv);
+    else if (strcmp(cmd, "generate") == 0) rc = ns_cli_generate(sub_argc, sub_argv);
+    else if (strcmp(cmd, "tokenize") == 0) rc = ns_cli_tokenize(sub_argc, sub_argv);
     else {
         fprintf(stderr, "nightshift: unknown command \"%s\"\n", cmd);
         usage(stderr);

@@ -5,9 +5,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "model/demo.h"
+#include "tokenizer/tokenizer.h"
 
 void ns_cli_engine_opts_default(ns_cli_engine_opts *o) {
     memset(o, 0, sizeof *o);
@@ -137,4 +140,19 @@ ns_status ns_cli_parse_tokens(const char *s, int32_t **out, int32_t *n_out, ns_e
     *out = ids;
     *n_out = n;
     return NS_OK;
+}
+
+ns_status ns_cli_tokenizer_open(const char *model_dir, struct ns_tokenizer **out, ns_error *err) {
+    if (model_dir) return ns_tokenizer_load(model_dir, out, err);
+    return ns_tokenizer_load_json(ns_demo_tokenizer_json(), ns_demo_tokenizer_config_json(), out, err);
+}
+
+uint64_t ns_cli_random_seed(void) {
+    uint64_t s = 0;
+    if (getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        s = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)getpid();
+    }
+    return s;
 }

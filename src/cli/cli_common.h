@@ -33,6 +33,12 @@ int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *
 ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_error *err);
 void ns_cli_engine_close(ns_cli_engine *ce);
 
+struct ns_tokenizer;
+/* Opens the tokenizer of model_dir, or the demo model's when NULL. */
+ns_status ns_cli_tokenizer_open(const char *model_dir, struct ns_tokenizer **out, ns_error *err);
+/* A seed from the OS for requests that did not give one. */
+uint64_t ns_cli_random_seed(void);
+
 /* Parses "1,2,3" into a malloc'd array (caller frees). */
 ns_status ns_cli_parse_tokens(const char *s, int32_t **out, int32_t *n_out, ns_error *err);
 int ns_cli_default_threads(void);
