@@ -10,7 +10,7 @@
 #define NS_BPE_MAX_ID (1 << 24)
 /* Words longer than this are not memoized (HF caches short words too). */
 #define CACHE_MAX_WORD 256
-#define CACHE_MAX_SLOTS (1u << 20)
+#define CACHE_MAX_SLOTS (1u << 18)
 /* Words with at least this many symbols merge through the bucket queue. */
 #define BQ_MIN_SYMBOLS 2048
 

@@ -180,24 +180,22 @@ static bool bl_printable(unsigned b) {
     return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
 }
 
+/* The 68 non-printable bytes are 0x00-0x20, 0x7F-0xA0 and 0xAD, numbered
+ * 0..67 in that order. */
 uint32_t ns_bytelevel_char(unsigned char b) {
     if (bl_printable(b)) return b;
-    uint32_t k = 0;
-    for (unsigned x = 0; x < b; x++)
-        if (!bl_printable(x)) k++;
-    return 256 + k;
+    if (b <= 0x20) return 256u + b;
+    if (b >= 0x7F && b <= 0xA0) return 256u + 33u + (b - 0x7Fu);
+    return 256u + 67u; /* 0xAD */
 }
 
 int ns_bytelevel_byte(uint32_t cp) {
     if (cp < 256) return bl_printable(cp) ? (int)cp : -1;
     if (cp >= 256 + 68) return -1;
     uint32_t k = cp - 256;
-    for (unsigned x = 0; x < 256; x++) {
-        if (bl_printable(x)) continue;
-        if (k == 0) return (int)x;
-        k--;
-    }
-    return -1;
+    if (k <= 32) return (int)k;
+    if (k <= 66) return (int)(0x7F + k - 33);
+    return 0xAD;
 }
 
 /* ---- strmap ---- */

@@ -2,6 +2,7 @@
  * added-token matching rules, byte fallback, the streaming detokenizer
  * (never half a character, always equal to decode), config accessors. */
 #include <jansson.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -294,6 +295,36 @@ TEST(config_and_templates) {
     CHECK_EQ_INT(ns_tokenizer_n_vocab(g_stories), 2048);
 }
 
+TEST(json_paths) {
+    /* Escapes and surrogate pairs in vocab keys and merges (fast scanner). */
+    ns_tokenizer *t = NULL;
+    ns_error err = {0};
+    const char *tj = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\\u0120a\":0,\"\\ud83d\\ude00\":1,"
+                     "\"x\\\"y\":2,\"\\u0120\":3,\"a\":4},\"merges\":[[\"\\u0120\",\"a\"]]}}";
+    CHECKF(ns_tokenizer_load_json(tj, NULL, &t, &err) == NS_OK, "%s", err.msg);
+    if (t) {
+        CHECK_EQ_INT(ns_tokenizer_token_id(t, "\xC4\xA0" "a"), 0);
+        CHECK_EQ_INT(ns_tokenizer_token_id(t, "\xF0\x9F\x98\x80"), 1);
+        CHECK_EQ_INT(ns_tokenizer_token_id(t, "x\"y"), 2);
+        CHECK_IDS(t, "\xC4\xA0" "a\xF0\x9F\x98\x80", false, 0, 1);
+        ns_tokenizer_free(t);
+    }
+    /* Lone surrogates and raw control characters are rejected like jansson. */
+    t = NULL;
+    CHECK(ns_tokenizer_load_json("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\\ud83d\":0},\"merges\":[]}}", NULL,
+                                 &t, &err) == NS_ERR_FORMAT);
+    CHECK(ns_tokenizer_load_json("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\tb\":0},\"merges\":[]}}", NULL, &t,
+                                 &err) == NS_ERR_FORMAT);
+    /* An escaped top-level key defeats the scanner: the jansson fallback
+     * must give the same tokenizer. */
+    tj = "{\"\\u006dodel\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]}}";
+    CHECKF(ns_tokenizer_load_json(tj, NULL, &t, &err) == NS_OK, "%s", err.msg);
+    if (t) {
+        CHECK_IDS(t, "abba", false, 2, 1, 0);
+        ns_tokenizer_free(t);
+    }
+}
+
 TEST(vocab_lookup) {
     CHECK_EQ_INT(ns_tokenizer_token_id(g_qwen, "<|im_start|>"), 151644);
     CHECK_EQ_INT(ns_tokenizer_token_id(g_qwen, "Hello"), 9707);
@@ -499,14 +530,62 @@ TEST(roundtrip_random_text) {
     CHECKF(fails == 0, "%d round-trip failures", fails);
 }
 
-TEST(concurrent_style_reuse) {
-    /* Same tokenizer, many encodes: results are stable (no hidden state). */
-    size_t n1 = 0, n2 = 0;
-    int32_t *a = enc(g_qwen, "The quick brown fox, the quick brown fox.", false, &n1);
-    int32_t *b = enc(g_qwen, "The quick brown fox, the quick brown fox.", false, &n2);
-    CHECK(a && b && ids_eq(a, n1, b, n2));
-    free(a);
-    free(b);
+/* Several threads share one tokenizer: results must equal the serial ones. */
+static const char *const k_thread_texts[] = {
+    "The quick brown fox jumps over the lazy dog. ",
+    "def add(a, b):\n    return a + b\n<|im_end|>",
+    "\xE4\xBD\xA0\xE5\xA5\xBD\xEF\xBC\x8C\xE4\xB8\x96\xE7\x95\x8C \xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD",
+    "   spaces\t\ttabs\n\nnewlines 12345 6.78e9",
+};
+typedef struct thread_job {
+    const ns_tokenizer *t;
+    int32_t *expect[4];
+    size_t n_expect[4];
+    int fails;
+} thread_job;
+
+static void *thread_main(void *arg) {
+    thread_job *j = arg;
+    for (int rep = 0; rep < 25; rep++) {
+        for (int i = 0; i < 4; i++) {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            if (ns_tokenizer_encode(j->t, k_thread_texts[i], strlen(k_thread_texts[i]), true, &ids, &n, NULL) != NS_OK ||
+                !ids_eq(ids, n, j->expect[i], j->n_expect[i]))
+                j->fails++;
+            char *s = NULL;
+            if (ns_tokenizer_decode(j->t, ids, n, true, &s, NULL, NULL) != NS_OK) j->fails++;
+            free(s);
+            free(ids);
+        }
+    }
+    return NULL;
+}
+
+TEST(concurrent_encode) {
+    ns_tokenizer *models[] = {g_qwen, g_stories};
+    for (int m = 0; m < 2; m++) {
+        thread_job jobs[4];
+        memset(jobs, 0, sizeof jobs);
+        for (int i = 0; i < 4; i++) {
+            size_t n = 0;
+            int32_t *ids = enc(models[m], k_thread_texts[i], true, &n);
+            for (int k = 0; k < 4; k++) {
+                jobs[k].t = models[m];
+                jobs[k].expect[i] = ids;
+                jobs[k].n_expect[i] = n;
+            }
+        }
+        pthread_t th[4];
+        for (int k = 0; k < 4; k++) pthread_create(&th[k], NULL, thread_main, &jobs[k]);
+        int fails = 0;
+        for (int k = 0; k < 4; k++) {
+            pthread_join(th[k], NULL);
+            fails += jobs[k].fails;
+        }
+        CHECKF(fails == 0, "model %d: %d concurrent mismatches", m, fails);
+        for (int i = 0; i < 4; i++) free(jobs[0].expect[i]);
+    }
 }
 
 int main(void) {
@@ -525,6 +604,7 @@ int main(void) {
     RUN(invalid_utf8_rejected);
     RUN(load_errors_are_clear);
     RUN(config_and_templates);
+    RUN(json_paths);
     RUN(vocab_lookup);
     RUN(added_token_matching);
     RUN(byte_fallback_and_detok_never_splits_chars);
@@ -532,7 +612,7 @@ int main(void) {
     RUN(decode_errors);
     RUN(stream_equals_decode_random_ids);
     RUN(roundtrip_random_text);
-    RUN(concurrent_style_reuse);
+    RUN(concurrent_encode);
     ns_tokenizer_free(g_qwen);
     ns_tokenizer_free(g_llama);
     ns_tokenizer_free(g_stories);
