@@ -70,6 +70,24 @@ int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *
     INT_FLAG("--page-size", 1, 4096, page_tokens)
     INT_FLAG("--max-batch-tokens", 1, 1 << 20, max_batch_tokens)
     INT_FLAG("--kv-tokens", 1, (long long)1 << 32, kv_tokens)
+    INT_FLAG("--kv-pages", 1, INT32_MAX, kv_pages)
+    if (strcmp(a, "--kv-memory") == 0) {
+        NEED_VAL;
+        char *end;
+        errno = 0;
+        double x = strtod(val, &end);
+        double mult = 1;
+        if (*end == 'K' || *end == 'k') mult = 1024.0, end++;
+        else if (*end == 'M' || *end == 'm') mult = 1024.0 * 1024, end++;
+        else if (*end == 'G' || *end == 'g') mult = 1024.0 * 1024 * 1024, end++;
+        if (*end == 'B' || *end == 'b') end++;
+        if (errno || end == val || *end || !(x > 0) || x * mult > 1e15) {
+            fprintf(stderr, "nightshift: --kv-memory must be a size like 512M or 8G\n");
+            return -1;
+        }
+        o->kv_memory = (int64_t)(x * mult);
+        return 1;
+    }
 #undef INT_FLAG
 #undef NEED_VAL
     return 0;
@@ -93,8 +111,22 @@ ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_
         .page_tokens = o->page_tokens,
         .kv_dtype = strcmp(ce->be->ops->name, "cpu") == 0 ? NS_DT_F32 : NS_DT_BF16,
     };
-    int64_t kv_tokens = o->kv_tokens ? o->kv_tokens : ce->model->cfg.max_position_embeddings;
-    int64_t pages = (kv_tokens + o->page_tokens - 1) / o->page_tokens;
+    /* Pool size: exactly one of --kv-pages / --kv-memory / --kv-tokens, or
+     * enough for one full-context sequence. */
+    int64_t pages;
+    if (o->kv_pages) {
+        pages = o->kv_pages;
+    } else if (o->kv_memory) {
+        pages = o->kv_memory / (int64_t)ns_engine_page_bytes(&ce->model->cfg, o->page_tokens, eo.kv_dtype);
+        if (pages < 1) {
+            rc = ns_fail(err, NS_ERR_INVALID, "--kv-memory %lld bytes is less than one KV page (%zu bytes)",
+                         (long long)o->kv_memory, ns_engine_page_bytes(&ce->model->cfg, o->page_tokens, eo.kv_dtype));
+            goto fail;
+        }
+    } else {
+        int64_t kv_tokens = o->kv_tokens ? o->kv_tokens : ce->model->cfg.max_position_embeddings;
+        pages = (kv_tokens + o->page_tokens - 1) / o->page_tokens;
+    }
     if (pages > INT32_MAX) pages = INT32_MAX;
     eo.n_pages = (int32_t)pages;
     rc = ns_engine_create(ce->model, &eo, &ce->engine, err);

@@ -17,7 +17,10 @@ typedef struct ns_cli_engine_opts {
     int32_t page_tokens;        /* default 16 */
     int32_t max_batch_tokens;   /* default 512 */
     int32_t max_logits;         /* default 1 */
-    int64_t kv_tokens;          /* pool capacity in tokens; 0 = model context */
+    int64_t kv_tokens;          /* pool capacity in tokens (--kv-tokens) */
+    int64_t kv_pages;           /* ... or in pages (--kv-pages) */
+    int64_t kv_memory;          /* ... or in bytes (--kv-memory, suffixes K/M/G) */
+                                /* none given: the model's context length */
 } ns_cli_engine_opts;
 
 typedef struct ns_cli_engine {

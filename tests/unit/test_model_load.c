@@ -195,6 +195,41 @@ TEST(bad_shard_index) {
     EXPECT_FAIL("bad shard name");
 }
 
+/* A sharded checkpoint: the index names two shard files; each holds part
+ * of the tensors (rewritten headers over the same data section). */
+static const char *g_keep_prefix;
+static void keep_only(json_t *h) {
+    const char *key;
+    void *tmp;
+    json_t *v;
+    json_object_foreach_safe(h, tmp, key, v) {
+        bool layer0 = strncmp(key, "model.layers.0.", 15) == 0;
+        bool keep = strcmp(g_keep_prefix, "layer0") == 0 ? layer0 : !layer0;
+        if (strcmp(key, "__metadata__") != 0 && !keep) json_object_del(h, key);
+    }
+}
+TEST(sharded_checkpoint_loads) {
+    reset_dir();
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/model.safetensors", g_dir);
+    g_keep_prefix = "layer0";
+    write_with_header(keep_only);
+    snprintf(b, sizeof b, "%s/model-00001-of-00002.safetensors", g_dir);
+    CHECK(rename(a, b) == 0);
+    g_keep_prefix = "rest";
+    write_with_header(keep_only);
+    snprintf(b, sizeof b, "%s/model-00002-of-00002.safetensors", g_dir);
+    CHECK(rename(a, b) == 0);
+    const char *ix = "{\"metadata\": {}, \"weight_map\": {\"model.layers.0.mlp.up_proj.weight\": "
+                     "\"model-00001-of-00002.safetensors\", \"model.norm.weight\": \"model-00002-of-00002.safetensors\"}}";
+    write_file("model.safetensors.index.json", ix, strlen(ix));
+    ns_error e0 = {0};
+    CHECKF(load(&e0) == NS_OK, "%s", e0.msg);
+    /* a shard that is missing */
+    unlink(b);
+    EXPECT_FAIL("model-00002-of-00002.safetensors");
+}
+
 int main(void) {
     ns_error err = {0};
     char p[512];
@@ -219,6 +254,7 @@ int main(void) {
     RUN(size_mismatch);
     RUN(unsupported_dtype);
     RUN(bad_shard_index);
+    RUN(sharded_checkpoint_loads);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) printf("# could not remove %s\n", g_dir);
