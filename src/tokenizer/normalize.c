@@ -1,5 +1,6 @@
 #include "tokenizer/normalize.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -27,6 +28,50 @@ void ns_normalizer_free(ns_normalizer *n) {
     free(n);
 }
 
+/* NFC fast path. A character is "inert" when it has combining class 0, no
+ * canonical decomposition, and is never the second element of a canonical
+ * composition: NFC leaves it alone and nothing before it can reorder or
+ * compose across it. So text can be cut before every inert character and
+ * each piece normalized on its own; pieces that are one inert character are
+ * copied. (Over-approximating "not inert" is always safe: it only sends more
+ * text through utf8proc.) */
+static uint8_t g_inert[0x110000 / 8];
+static pthread_once_t g_inert_once = PTHREAD_ONCE_INIT;
+
+static void mark(uint32_t cp, bool inert) {
+    if (inert) g_inert[cp >> 3] |= (uint8_t)(1u << (cp & 7));
+    else g_inert[cp >> 3] &= (uint8_t)~(1u << (cp & 7));
+}
+
+/* Planes 4-13 hold no assigned characters and 15-16 only private use:
+ * all inert, so only planes 0-3 and 14 are examined (keeps this ~5 ms). */
+static bool plane_examined(uint32_t cp) { return cp < 0x40000 || (cp >= 0xE0000 && cp < 0xF0000); }
+
+static void build_inert(void) {
+    memset(g_inert, 0xFF, sizeof g_inert);
+    for (uint32_t cp = 0; cp < 0x110000; cp++) {
+        if (!plane_examined(cp)) continue;
+        const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
+        bool canon = p->decomp_seqindex != UINT16_MAX && p->decomp_type == 0;
+        mark(cp, p->combining_class == 0 && !canon);
+    }
+    /* Every non-first character of a canonical decomposition may be a
+     * composition's second element. */
+    for (uint32_t cp = 0; cp < 0x110000; cp++) {
+        if (!plane_examined(cp)) continue;
+        const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
+        if (p->decomp_seqindex == UINT16_MAX || p->decomp_type != 0) continue;
+        utf8proc_int32_t d[8];
+        int bc = 0;
+        utf8proc_ssize_t k = utf8proc_decompose_char((utf8proc_int32_t)cp, d, 8, UTF8PROC_DECOMPOSE, &bc);
+        for (utf8proc_ssize_t i = 1; i < k && i < 8; i++) mark((uint32_t)d[i], false);
+    }
+    /* Hangul: syllables are stable; medial vowels and finals compose backwards. */
+    for (uint32_t cp = 0xAC00; cp <= 0xD7A3; cp++) mark(cp, true);
+    for (uint32_t cp = 0x1161; cp <= 0x1175; cp++) mark(cp, false);
+    for (uint32_t cp = 0x11A8; cp <= 0x11C2; cp++) mark(cp, false);
+}
+
 static char *dup_str(const json_t *s, size_t *len) {
     size_t n = json_string_length(s);
     char *p = malloc(n + 1);
@@ -45,7 +90,10 @@ ns_status ns_normalizer_parse(const json_t *j, ns_normalizer **out, ns_error *er
     ns_normalizer *n = calloc(1, sizeof *n);
     if (!n) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
     ns_status st = NS_OK;
-    if (!strcmp(type, "NFC")) n->type = N_NFC;
+    if (!strcmp(type, "NFC")) {
+        n->type = N_NFC;
+        pthread_once(&g_inert_once, build_inert); /* at load time, not on the first request */
+    }
     else if (!strcmp(type, "NFD")) n->type = N_NFD;
     else if (!strcmp(type, "NFKC")) n->type = N_NFKC;
     else if (!strcmp(type, "NFKD")) n->type = N_NFKD;
@@ -113,8 +161,43 @@ static bool all_ascii(const char *s, size_t n) {
 static ns_status apply(const ns_normalizer *n, ns_rx_ctx *ctx, const char *in, size_t len, ns_buf *out,
                        ns_error *err);
 
+static inline bool inert(uint32_t cp) { return cp < 0x80 || (g_inert[cp >> 3] >> (cp & 7)) & 1; }
+
+static ns_status map_piece(int opts, const char *in, size_t len, ns_buf *out, ns_error *err);
+
+static ns_status nfc_fast(const char *in, size_t len, ns_buf *out, ns_error *err) {
+    pthread_once(&g_inert_once, build_inert);
+    size_t copy_from = 0; /* [copy_from, piece) are inert characters, copied as is */
+    size_t i = 0;
+    while (i < len) {
+        size_t piece = i;
+        uint32_t cp;
+        i += ns_utf8_decode(in, len, i, &cp);
+        /* The piece runs until the next inert character. */
+        size_t j = i;
+        while (j < len) {
+            uint32_t c2;
+            size_t l = ns_utf8_decode(in, len, j, &c2);
+            if (inert(c2)) break;
+            j += l;
+        }
+        if (j == i && inert(cp)) continue; /* a lone inert character */
+        if (ns_buf_append(out, in + copy_from, piece - copy_from) != NS_OK) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+        ns_status st = map_piece(UTF8PROC_COMPOSE, in + piece, j - piece, out, err);
+        if (st != NS_OK) return st;
+        i = copy_from = j;
+    }
+    return ns_buf_append(out, in + copy_from, len - copy_from) == NS_OK ? NS_OK
+                                                                         : ns_fail(err, NS_ERR_NOMEM, "out of memory");
+}
+
 static ns_status apply_unicode(int opts, const char *in, size_t len, ns_buf *out, ns_error *err) {
     if (all_ascii(in, len)) return ns_buf_append(out, in, len) == NS_OK ? NS_OK : ns_fail(err, NS_ERR_NOMEM, "out of memory");
+    if (opts == UTF8PROC_COMPOSE) return nfc_fast(in, len, out, err);
+    return map_piece(opts, in, len, out, err);
+}
+
+static ns_status map_piece(int opts, const char *in, size_t len, ns_buf *out, ns_error *err) {
     if (len > (size_t)PTRDIFF_MAX) return ns_fail(err, NS_ERR_RANGE, "input too large");
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)in, (utf8proc_ssize_t)len, &dst,

@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include "test.h"
+#include <utf8proc.h>
+
+#include "tokenizer/normalize.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokutil.h"
 
@@ -480,7 +483,12 @@ TEST(stream_equals_decode_random_ids) {
         "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"ByteFallback\"},{\"type\":\"Metaspace\","
         "\"replacement\":\"\xE2\x96\x81\",\"prepend_scheme\":\"always\"},{\"type\":\"Fuse\"},"
         "{\"type\":\"Strip\",\"content\":\"a\",\"start\":2,\"stop\":2}]}");
-    ns_tokenizer *models[] = {g_qwen, g_llama, g_stories, sp, strip2};
+    /* Not streamable (multi-character Replace after Fuse): held until flush. */
+    ns_tokenizer *held = make_bytefallback(
+        "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},"
+        "{\"type\":\"Replace\",\"pattern\":{\"String\":\"\xE2\x96\x81" "a\"},\"content\":\"A\"}]}");
+    ns_tokenizer *nodec = make_bytefallback("null"); /* tokens joined with spaces */
+    ns_tokenizer *models[] = {g_qwen, g_llama, g_stories, sp, strip2, held, nodec};
     int fails = 0;
     for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
         if (!models[m]) continue;
@@ -499,6 +507,8 @@ TEST(stream_equals_decode_random_ids) {
     CHECKF(fails == 0, "%d random sequences streamed differently from decode", fails);
     ns_tokenizer_free(sp);
     ns_tokenizer_free(strip2);
+    ns_tokenizer_free(held);
+    ns_tokenizer_free(nodec);
 }
 
 TEST(roundtrip_random_text) {
@@ -528,6 +538,44 @@ TEST(roundtrip_random_text) {
         free(ids);
     }
     CHECKF(fails == 0, "%d round-trip failures", fails);
+}
+
+TEST(nfc_fast_path_matches_utf8proc) {
+    /* Characters around every NFC corner: combining marks, composites,
+     * Hangul jamo, singletons, exclusions, ccc=0 second elements. */
+    static const uint32_t pool[] = {
+        'a', 'e', 'A', ' ', 0x0300, 0x0301, 0x0327, 0x0323, 0x031B, 0x0308, 0x00E9, 0x1EC5, 0x0344, 0x0958,
+        0x0915, 0x093C, 0x1100, 0x1161, 0x11A8, 0xAC00, 0xAC01, 0x4E00, 0xF900, 0x212B, 0x2126, 0x03B1,
+        0x0CC6, 0x0CD5, 0x0CC2, 0x0DD9, 0x0DCF, 0x0DCA, 0x0F73, 0x0F71, 0x0F72, 0x11099, 0x110BA, 0x1D157,
+        0x1D165, 0x1D15E, 0x1F44D, 0x1F3FD, 0x3099, 0x304B, 0x309B, 0x0627, 0x0653, 0x05D0, 0x05B8, 0x0345,
+        0x1E0A, 0x0307, 0x01B0, 0x2ADC, 0x0338, 0x226F, 0x003E, 0x00C5, 0x030A,
+    };
+    ns_normalizer *nfc = NULL;
+    json_t *j = json_pack("{s:s}", "type", "NFC");
+    CHECK(ns_normalizer_parse(j, &nfc, NULL) == NS_OK);
+    json_decref(j);
+    ns_rx_ctx rx = {0};
+    ns_buf out;
+    ns_buf_init(&out, 0);
+    int fails = 0, changed = 0;
+    for (int rep = 0; rep < 3000 && nfc; rep++) {
+        char text[256];
+        size_t len = 0;
+        int k = 1 + (int)(rnd() % 12);
+        for (int i = 0; i < k; i++) len += ns_utf8_encode(pool[rnd() % (sizeof pool / sizeof *pool)], text + len);
+        text[len] = 0;
+        utf8proc_uint8_t *want = utf8proc_NFC((const utf8proc_uint8_t *)text);
+        if (ns_normalize(nfc, &rx, text, len, &out, NULL) != NS_OK || !want || out.len != strlen((char *)want) ||
+            memcmp(out.data, want, out.len) != 0)
+            fails++;
+        if (want && strcmp((char *)want, text) != 0) changed++;
+        free(want);
+    }
+    CHECKF(fails == 0, "%d NFC mismatches", fails);
+    CHECKF(changed > 300, "only %d inputs changed under NFC: the test lost its teeth", changed);
+    ns_buf_free(&out);
+    ns_rx_ctx_free(&rx);
+    ns_normalizer_free(nfc);
 }
 
 /* Several threads share one tokenizer: results must equal the serial ones. */
@@ -612,6 +660,7 @@ int main(void) {
     RUN(decode_errors);
     RUN(stream_equals_decode_random_ids);
     RUN(roundtrip_random_text);
+    RUN(nfc_fast_path_matches_utf8proc);
     RUN(concurrent_encode);
     ns_tokenizer_free(g_qwen);
     ns_tokenizer_free(g_llama);
