@@ -66,35 +66,40 @@ static char *model(const char *name) {
     return buf;
 }
 
+/* Most cases use tinystories-656k: its tokenizer loads in milliseconds,
+ * which keeps this binary fast under sanitizers. */
 TEST(cli_plain_and_special) {
     cli_result r;
-    char *argv1[] = {"--model", model("tiny-llama3")};
-    run_cli("Hello world", 11, 2, argv1, &r);
-    CHECK_EQ_INT(r.rc, 0);
-    CHECK_EQ_STR(r.out, "[9906,1917]\n");
-    char *argv2[] = {"--model", model("tiny-llama3"), "--add-special"};
-    run_cli("Hello world", 11, 3, argv2, &r);
+    char *argv1[] = {"--model", model("tiny-llama3"), "--add-special"};
+    run_cli("Hello world", 11, 3, argv1, &r);
     CHECK_EQ_INT(r.rc, 0);
     CHECK_EQ_STR(r.out, "[128000,9906,1917]\n");
-    run_cli("", 0, 3, argv2, &r);
-    CHECK_EQ_STR(r.out, "[128000]\n");
+    char *argv2[] = {"--model", model("tinystories-656k")};
+    run_cli("Hello world", 11, 2, argv2, &r);
+    CHECK_EQ_INT(r.rc, 0);
+    CHECK_EQ_STR(r.out, "[80,1288,139,410,555]\n");
+    run_cli("", 0, 2, argv2, &r);
+    CHECK_EQ_STR(r.out, "[]\n");
     char *argv3[] = {"--model", model("tinystories-656k"), "--add-special"};
     run_cli("Once upon a time", 16, 3, argv3, &r);
     CHECK_EQ_STR(r.out, "[1,80,147,201,282,57]\n"); /* the README's llama.cpp oracle */
+    run_cli("", 0, 3, argv3, &r);
+    CHECK_EQ_STR(r.out, "[1]\n");
 }
 
 TEST(cli_jsonl) {
     cli_result r;
-    char *argv[] = {"--jsonl", "--model", model("tiny-qwen3")};
-    const char *in = "\"Hello world\"\n\n\"<|im_start|>x\\n\"\r\n\"\"";
+    char *argv[] = {"--jsonl", "--model", model("tinystories-656k")};
+    /* Blank lines are skipped; CRLF is fine; a special token mid-text. */
+    const char *in = "\"Hello world\"\n\n\"<|start_story|>x\\n\"\r\n\"\"";
     run_cli(in, strlen(in), 3, argv, &r);
     CHECK_EQ_INT(r.rc, 0);
-    CHECK_EQ_STR(r.out, "[9707,1879]\n[151644,87,198]\n[]\n");
+    CHECK_EQ_STR(r.out, "[80,1288,139,410,555]\n[1,76,3]\n[]\n");
     /* A bad line: the lines before it are printed, then one error. */
     in = "\"a\"\n[1]\n\"b\"\n";
     run_cli(in, strlen(in), 3, argv, &r);
     CHECK_EQ_INT(r.rc, 1);
-    CHECK_EQ_STR(r.out, "[64]\n");
+    CHECK_EQ_STR(r.out, "[85]\n");
     CHECK(strstr(r.err, "line 2") != NULL);
 }
 
@@ -104,7 +109,7 @@ TEST(cli_errors) {
     run_cli("x", 1, 1, none, &r);
     CHECK_EQ_INT(r.rc, 2);
     CHECK(strstr(r.err, "--model") != NULL);
-    char *bogus[] = {"--model", model("tiny-qwen3"), "--frobnicate"};
+    char *bogus[] = {"--model", model("tinystories-656k"), "--frobnicate"};
     run_cli("x", 1, 3, bogus, &r);
     CHECK_EQ_INT(r.rc, 2);
     CHECK(strstr(r.err, "--frobnicate") != NULL);
@@ -115,7 +120,7 @@ TEST(cli_errors) {
     run_cli("x", 1, 2, missing, &r);
     CHECK_EQ_INT(r.rc, 1);
     CHECK(strstr(r.err, "/nonexistent/dir/tokenizer.json") != NULL);
-    char *ok[] = {"--model", model("tiny-qwen3")};
+    char *ok[] = {"--model", model("tinystories-656k")};
     run_cli("a\xFF", 2, 2, ok, &r);
     CHECK_EQ_INT(r.rc, 1);
     CHECK(strstr(r.err, "UTF-8") != NULL);
