@@ -74,6 +74,34 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libnightshift.a
 
 tests: $(BUILD)/nightshift $(TEST_BIN)
 
+# GPU tests (tests/gpu) and the engine benchmark binary: built only with
+# CUDA=1 (`make CUDA=1 gpu-tests`), run by tests/gpu/run.sh on a machine
+# with a GPU; CI only compiles them. They link a core library (util,
+# backend, engine, model, cli bench) instead of the whole tree, so the GPU
+# runs do not depend on the server/tokenizer/template code compiling.
+ifdef CUDA
+CORE_SRC := $(shell find src/util src/backend src/engine src/model -name '*.c' | sort) src/cli/cli_bench_engine.c
+CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
+GPU_LDLIBS := -lopenblas -ljansson -lxxhash -lm -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++
+GPU_TEST_SRC := $(sort $(wildcard tests/gpu/test_*.c))
+GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/gpu-tests/%,$(GPU_TEST_SRC))
+.PHONY: gpu-tests
+gpu-tests: $(GPU_TEST_BIN) $(BUILD)/gpu-tests/bench_engine
+
+$(BUILD)/libns_core.a: $(CORE_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@
+	$(AR) rcs $@ $^
+
+$(BUILD)/gpu-tests/%: tests/gpu/%.c $(BUILD)/libns_core.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libns_core.a $(LDFLAGS) $(GPU_LDLIBS)
+
+$(BUILD)/gpu-tests/bench_engine: bench/bench_engine_main.c $(BUILD)/libns_core.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libns_core.a $(LDFLAGS) $(GPU_LDLIBS)
+endif
+
 test: tests
 	tests/run $(BUILD)
 

@@ -39,6 +39,9 @@ ns_status ns_cuda_kv_fill_random(ns_backend *be, uint64_t seed, ns_error *err);
 
 /* CUDA graphs for decode steps: on (default) or off. */
 void ns_cuda_set_graphs(ns_backend *be, int on);
+/* Fused kernels for the engine's fixed op sequences in decode steps: on
+ * (default) or off. Fused and unfused give the same numbers. */
+void ns_cuda_set_fusion(ns_backend *be, int on);
 void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager);
 
 /* Per-op timing with events (forces eager execution while on). */

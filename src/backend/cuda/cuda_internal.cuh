@@ -147,6 +147,8 @@ typedef struct cu_impl {
     size_t conv_elems;
     float *attn_ws;        /* split-KV partials: o[D], m, l per (dec, head, split) */
     size_t attn_ws_floats;
+    int32_t *attn_cnt;     /* per (dec seq, kv head): splits finished (self-resetting) */
+    size_t attn_cnt_n;
     int32_t *d_argmax;     /* [cap] */
     int32_t *h_argmax;     /* pinned [cap] */
     int32_t argmax_cap;
@@ -163,6 +165,7 @@ typedef struct cu_impl {
     uint64_t use_clock;
     cu_graph_entry graphs[CU_MAX_GRAPHS];
     int graphs_enabled;
+    int fusion; /* fuse fixed op sequences of recorded tapes */
     int64_t stat_replays, stat_captures, stat_eager;
 
     /* options */
@@ -193,10 +196,15 @@ bf16 *cu_shadow_produce(cu_impl *c, const ns_tensor *t);
 /* Call after writing t without writing a shadow. */
 void cu_note_write(cu_impl *c, const ns_tensor *t);
 void cu_shadow_invalidate_all(cu_impl *c);
+/* Memory a captured graph may reference moved: drop all graphs. */
+void cu_bump_generation(cu_impl *c);
 
 /* ------------------------------------------------------------ kernels */
 /* All launchers enqueue on c->stream and check the launch. */
-void cu_launch_fill_random(cu_impl *c, bf16 *dst_bf, float *dst_f, size_t n, uint64_t seed, float scale);
+/* Exactly the CPU backend's hash_uniform(seed, i) * scale; with round_bf
+ * an F32 destination keeps the bf16-rounded value. */
+void cu_launch_fill_random(cu_impl *c, bf16 *dst_bf, float *dst_f, size_t n, uint64_t seed, float scale,
+                           bool round_bf);
 void cu_launch_f32_to_bf16(cu_impl *c, bf16 *dst, const float *src, size_t n);
 void cu_launch_bf16_to_f32(cu_impl *c, float *dst, const bf16 *src, size_t n);
 void cu_launch_embed(cu_impl *c, float *out, const ns_tensor *table, int n_tokens, int dim);
@@ -215,6 +223,16 @@ void cu_launch_kv_copy(cu_impl *c, const ns_kv_layout *l, int dst_page, int src_
 /* attention: out/out_bf [T, H*D], q [T, H*D] */
 void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
                   int n_heads, float scale);
+/* GEMV over up to 3 weight matrices sharing the F32 input x [n, k]:
+ * out[i][n, m[i]] = x @ w[i]^T. */
+void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w, const int64_t *m, const float *x,
+                   int n, int k);
+/* fused decode kernels (cuda_fused.cu) */
+void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, float *q, float *k, const float *v,
+                                  int n_tokens, int n_heads, const float *q_norm, const float *k_norm, float eps,
+                                  const float *inv_freq);
+void cu_launch_add_rmsnorm(cu_impl *c, float *x, const float *y, float *out, bf16 *out_bf, const float *w,
+                           int64_t rows, int cols, float eps);
 /* matmul: out[n,m] = in[n,k] @ w[m,k]^T with w BF16 and in given as BF16 */
 void cu_gemm(cu_impl *c, float *out, const bf16 *in_bf, const float *in_f32, const bf16 *w, int64_t n, int64_t m,
              int64_t k);

@@ -1,0 +1,665 @@
+/* cuda_attention.cu — causal paged attention over a ragged batch.
+ *
+ * Three kernels, chosen per sequence by set_batch's lists:
+ * - prefill (sequences with > 1 new token): flash-attention-2 style. A CTA
+ *   of 4 warps owns 64 query rows of one head of one sequence (the tile
+ *   list holds (sequence, first row) pairs, so sequences of any lengths
+ *   share one launch). K/V tiles of 64 keys are gathered from the pages
+ *   with cp.async into padded shared memory (double buffered), S = QK^T
+ *   and O += PV run on bf16 tensor cores (mma.sync m16n8k16, fp32
+ *   accumulate) with an online softmax in registers (exp2 domain).
+ *   Head dims 16/32/64/128; others use a simple warp-per-row kernel.
+ * - decode (sequences with exactly 1 new token): flash-decoding. A CTA
+ *   owns (split, kv head, sequence) and all query heads of that kv group,
+ *   so each K/V byte is read once per group; the sequence is cut into
+ *   n_splits ranges (chosen by set_batch from the batch shape) whose
+ *   partial (o, m, l) the last CTA of the group to finish merges. Pure bandwidth: K rows are
+ *   read 64 contiguous bytes per 4 lanes, V rows 256 contiguous bytes per
+ *   warp.
+ * Semantics (both): query at position p attends keys [0, p]; GQA head h
+ * reads kv head h / (H / KVH); softmax in fp32; Q is rounded to bf16 for
+ * the tensor-core path only, KV is bf16 in the pool.
+ */
+#include <math.h>
+
+#include "backend/cuda/cuda_internal.cuh"
+
+#define LOG2E 1.4426950408889634f
+
+struct attn_params {
+    const float *q;
+    float *out;
+    bf16 *out_bf;
+    const uint8_t *kv;
+    size_t page_bytes;
+    size_t k_off, v_off;   /* bytes from a page's start to (layer, K|V, head 0, slot 0) */
+    size_t head_bytes;     /* P * D * 2 */
+    const int32_t *seq_start, *seq_len, *page_table, *tiles, *dec_seqs, *tok_seq;
+    int pt_stride, P, H, KVH, G;
+    int q_stride;          /* floats per token row of q and out */
+    float scale_log2;      /* softmax scale * log2(e) */
+    float *ws;             /* split partials */
+    int32_t *cnt;          /* per (dec seq, kv head): finished splits */
+    int n_tokens;
+};
+
+__device__ __forceinline__ const uint8_t *kv_row(const attn_params &p, int s, int pos, int kvh, size_t off) {
+    const int page = p.page_table[(size_t)s * p.pt_stride + pos / p.P];
+    return p.kv + (size_t)page * p.page_bytes + off + (size_t)kvh * p.head_bytes + (size_t)(pos % p.P) * (p.head_bytes / p.P);
+}
+
+/* ============================================================ prefill */
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const bf16 *p) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+#define PF_BM 64
+#define PF_BN 64
+
+/* 3 CTAs per SM (12 warps): shared memory is the two K/V buffers only
+ * (68 KB at D=128); the Q tile is staged in K buffer 1 and moved to
+ * registers before that buffer is first filled. */
+template <int D>
+__global__ __launch_bounds__(128, 3) void k_attn_prefill(attn_params p, size_t k_off, size_t v_off) {
+    constexpr int LD = D + 8; /* padded row: 16 bytes of skew per row keeps ldmatrix conflict-free */
+    constexpr int CH = D / 8; /* 16-byte chunks per row */
+    static_assert(PF_BM == PF_BN, "Q staging reuses a K buffer");
+    extern __shared__ __align__(16) uint8_t smem_raw[];
+    bf16 *Ks = reinterpret_cast<bf16 *>(smem_raw);
+    bf16 *Vs = Ks + 2 * PF_BN * LD;
+    bf16 *Qs = Ks + PF_BN * LD; /* aliases K buffer 1 until the Q fragments are in registers */
+
+    const int tile = blockIdx.x, h = blockIdx.y;
+    const int s = p.tiles[2 * tile], q0 = p.tiles[2 * tile + 1];
+    const int t0 = p.seq_start[s], n = p.seq_start[s + 1] - t0, L = p.seq_len[s];
+    const int rows = min(PF_BM, n - q0);
+    const int pos0 = L - n + q0;     /* position of tile row 0 */
+    const int n_keys = pos0 + rows;  /* keys [0, last row's position] */
+    const int kvh = h / p.G;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+    /* Q tile -> bf16 smem (rows past the sequence are zeros) */
+    for (int i = tid; i < PF_BM * (D / 4); i += 128) {
+        const int r = i / (D / 4), c4 = i % (D / 4);
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < rows) v = *reinterpret_cast<const float4 *>(p.q + (size_t)(t0 + q0 + r) * p.q_stride + (size_t)h * D + c4 * 4);
+        uint2 u;
+        u.x = pack_bf16(v.x, v.y);
+        u.y = pack_bf16(v.z, v.w);
+        *reinterpret_cast<uint2 *>(Qs + r * LD + c4 * 4) = u;
+    }
+
+    auto load_kv = [&](int kt, int buf) {
+        bf16 *kd = Ks + buf * PF_BN * LD, *vd = Vs + buf * PF_BN * LD;
+        for (int i = tid; i < PF_BN * CH; i += 128) {
+            const int r = i / CH, ch = i % CH;
+            const int key = kt * PF_BN + r;
+            const bool ok = key < n_keys;
+            const uint8_t *kr = ok ? kv_row(p, s, key, kvh, k_off) : p.kv;
+            const uint8_t *vr = ok ? kv_row(p, s, key, kvh, v_off) : p.kv;
+            cp_async16(kd + r * LD + ch * 8, kr + ch * 16, ok ? 16 : 0);
+            cp_async16(vd + r * LD + ch * 8, vr + ch * 16, ok ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+
+    const int nt = (n_keys + PF_BN - 1) / PF_BN;
+    load_kv(0, 0);
+    __syncthreads();
+
+    uint32_t qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) ldsm_x4(qf[kk], Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+    __syncthreads(); /* K buffer 1 (the Q staging area) is refilled next */
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const int rpos0 = pos0 + warp * 16 + (lane >> 2), rpos1 = rpos0 + 8;
+    const int warp_min_pos = pos0 + warp * 16;
+
+    for (int kt = 0; kt < nt; kt++) {
+        if (kt + 1 < nt) {
+            load_kv(kt + 1, (kt + 1) & 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const bf16 *Kt = Ks + (kt & 1) * PF_BN * LD, *Vt = Vs + (kt & 1) * PF_BN * LD;
+
+        float sc[PF_BN / 8][4];
+#pragma unroll
+        for (int i = 0; i < PF_BN / 8; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+            for (int nb = 0; nb < PF_BN / 8; nb += 2) {
+                uint32_t b[4];
+                ldsm_x4(b, Kt + (nb * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+                mma_bf16(sc[nb], qf[kk], b[0], b[1]);
+                mma_bf16(sc[nb + 1], qf[kk], b[2], b[3]);
+            }
+        }
+        const int kbase = kt * PF_BN;
+        const bool need_mask = kbase + PF_BN - 1 > warp_min_pos;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nb = 0; nb < PF_BN / 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = sc[nb][e] * p.scale_log2;
+                if (need_mask) {
+                    const int key = kbase + nb * 8 + (lane & 3) * 2 + (e & 1);
+                    if (key > (e < 2 ? rpos0 : rpos1)) v = -INFINITY;
+                }
+                sc[nb][e] = v;
+            }
+            mx0 = fmaxf(mx0, fmaxf(sc[nb][0], sc[nb][1]));
+            mx1 = fmaxf(mx1, fmaxf(sc[nb][2], sc[nb][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float a0 = exp2f(m0 - mn0), a1 = exp2f(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+        for (int nb = 0; nb < PF_BN / 8; nb++) {
+            sc[nb][0] = exp2f(sc[nb][0] - mn0);
+            sc[nb][1] = exp2f(sc[nb][1] - mn0);
+            sc[nb][2] = exp2f(sc[nb][2] - mn1);
+            sc[nb][3] = exp2f(sc[nb][3] - mn1);
+            rs0 += sc[nb][0] + sc[nb][1];
+            rs1 += sc[nb][2] + sc[nb][3];
+        }
+        l0 = l0 * a0 + rs0;
+        l1 = l1 * a1 + rs1;
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) {
+            o[i][0] *= a0;
+            o[i][1] *= a0;
+            o[i][2] *= a1;
+            o[i][3] *= a1;
+        }
+#pragma unroll
+        for (int kk = 0; kk < PF_BN / 16; kk++) {
+            uint32_t a[4];
+            a[0] = pack_bf16(sc[2 * kk][0], sc[2 * kk][1]);
+            a[1] = pack_bf16(sc[2 * kk][2], sc[2 * kk][3]);
+            a[2] = pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            a[3] = pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd += 2) {
+                uint32_t b[4];
+                ldsm_x4_t(b, Vt + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + nd * 8 + (lane >> 4) * 8);
+                mma_bf16(o[nd], a, b[0], b[1]);
+                mma_bf16(o[nd + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads(); /* this buffer is refilled two tiles later */
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float i0 = 1.0f / l0, i1 = 1.0f / l1;
+    const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++) {
+        const int col = h * D + nd * 8 + (lane & 3) * 2;
+        if (r0 < rows) {
+            size_t off = (size_t)(t0 + q0 + r0) * p.q_stride + col;
+            float2 v = make_float2(o[nd][0] * i0, o[nd][1] * i0);
+            *reinterpret_cast<float2 *>(p.out + off) = v;
+            if (p.out_bf) *reinterpret_cast<uint32_t *>(p.out_bf + off) = pack_bf16(v.x, v.y);
+        }
+        if (r1 < rows) {
+            size_t off = (size_t)(t0 + q0 + r1) * p.q_stride + col;
+            float2 v = make_float2(o[nd][2] * i1, o[nd][3] * i1);
+            *reinterpret_cast<float2 *>(p.out + off) = v;
+            if (p.out_bf) *reinterpret_cast<uint32_t *>(p.out_bf + off) = pack_bf16(v.x, v.y);
+        }
+    }
+}
+
+/* Generic fallback: one warp per (token, head), for head dims the tensor
+ * core kernel does not cover. Tokens of decode sequences are skipped (the
+ * decode kernel owns them). */
+__global__ void k_attn_rows(attn_params p, size_t k_off, size_t v_off, int D, int include_decode) {
+    const int t = blockIdx.x, h = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (h >= p.H) return;
+    const int s = p.tok_seq[t];
+    const int n = p.seq_start[s + 1] - p.seq_start[s];
+    if (n == 1 && !include_decode) return;
+    const int pos = p.seq_len[s] - n + (t - p.seq_start[s]);
+    const int kvh = h / p.G;
+    float q[8], acc[8];
+    for (int i = 0; i < 8; i++) {
+        int d = lane + 32 * i;
+        q[i] = d < D ? p.q[(size_t)t * p.q_stride + (size_t)h * D + d] * p.scale_log2 : 0.f;
+        acc[i] = 0.f;
+    }
+    float m = -INFINITY, l = 0.f;
+    for (int key = 0; key <= pos; key++) {
+        const bf16 *kr = reinterpret_cast<const bf16 *>(kv_row(p, s, key, kvh, k_off));
+        const bf16 *vr = reinterpret_cast<const bf16 *>(kv_row(p, s, key, kvh, v_off));
+        float d = 0.f;
+        for (int i = 0; i < 8; i++) {
+            int dd = lane + 32 * i;
+            if (dd < D) d += q[i] * __bfloat162float(kr[dd]);
+        }
+        for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        const float mn = fmaxf(m, d), a = exp2f(m - mn), pr = exp2f(d - mn);
+        l = l * a + pr;
+        for (int i = 0; i < 8; i++) {
+            int dd = lane + 32 * i;
+            acc[i] = acc[i] * a + (dd < D ? pr * __bfloat162float(vr[dd]) : 0.f);
+        }
+        m = mn;
+    }
+    for (int i = 0; i < 8; i++) {
+        int d = lane + 32 * i;
+        if (d < D) {
+            size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
+            float v = acc[i] / l;
+            p.out[off] = v;
+            if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
+        }
+    }
+}
+
+/* ============================================================= decode */
+
+#define DC_TK 128 /* keys per sub-tile held in shared memory */
+
+template <int DPL>
+__device__ __forceinline__ void load_v(const bf16 *src, float v[DPL]) {
+    if constexpr (DPL == 8) {
+        uint4 u = *reinterpret_cast<const uint4 *>(src);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            v[2 * i] = __uint_as_float(w[i] << 16);
+            v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    } else if constexpr (DPL == 4) {
+        uint2 u = *reinterpret_cast<const uint2 *>(src);
+        v[0] = __uint_as_float(u.x << 16);
+        v[1] = __uint_as_float(u.x & 0xffff0000u);
+        v[2] = __uint_as_float(u.y << 16);
+        v[3] = __uint_as_float(u.y & 0xffff0000u);
+    } else if constexpr (DPL == 2) {
+        uint32_t u = *reinterpret_cast<const uint32_t *>(src);
+        v[0] = __uint_as_float(u << 16);
+        v[1] = __uint_as_float(u & 0xffff0000u);
+    } else {
+        v[0] = __bfloat162float(src[0]);
+    }
+}
+
+template <int D, int GB>
+__global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off, size_t v_off) {
+    constexpr int TPK = (D / 8) >= 4 ? 4 : (D / 8); /* threads per key in the QK phase */
+    constexpr int CPT = (D / 8) / TPK;              /* 16-byte chunks per thread per key */
+    constexpr int KPP = 128 / TPK;                  /* keys per pass */
+    constexpr int DPL = D >= 32 ? D / 32 : 1;       /* dims per lane in the PV phase */
+    __shared__ __align__(16) float qs[GB][D];
+    __shared__ float sc[GB][DC_TK];
+    __shared__ float ms[GB], ls[GB], al[GB];
+    __shared__ float red[4][GB][D];
+
+    const int split = blockIdx.x, kvh = blockIdx.y, di = blockIdx.z, nsp = gridDim.x;
+    const int s = p.dec_seqs[di];
+    const int L = p.seq_len[s], t = p.seq_start[s];
+    const int chunk = (((L + nsp - 1) / nsp) + 63) / 64 * 64;
+    const int k0 = split * chunk, k1 = min(L, k0 + chunk);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+    for (int hg = 0; hg < p.G / GB; hg++) {
+        const int h_first = kvh * p.G + hg * GB;
+        for (int i = tid; i < GB * D; i += 128) {
+            const int j = i / D, d = i % D;
+            qs[j][d] = p.q[(size_t)t * p.q_stride + (size_t)(h_first + j) * D + d] * p.scale_log2;
+        }
+        if (tid < GB) {
+            ms[tid] = -INFINITY;
+            ls[tid] = 0.f;
+        }
+        float acc[GB][DPL];
+#pragma unroll
+        for (int j = 0; j < GB; j++)
+#pragma unroll
+            for (int e = 0; e < DPL; e++) acc[j][e] = 0.f;
+        __syncthreads();
+
+        for (int kb = k0; kb < k1; kb += DC_TK) {
+            const int nk = min(DC_TK, k1 - kb);
+            /* scores */
+#pragma unroll
+            for (int pass = 0; pass < DC_TK / KPP; pass++) {
+                const int kl = pass * KPP + tid / TPK, sub = tid % TPK;
+                float dt[GB];
+#pragma unroll
+                for (int j = 0; j < GB; j++) dt[j] = 0.f;
+                if (kl < nk) {
+                    const uint4 *kr = reinterpret_cast<const uint4 *>(kv_row(p, s, kb + kl, kvh, k_off));
+                    uint4 kc[CPT];
+#pragma unroll
+                    for (int i = 0; i < CPT; i++) kc[i] = kr[sub + TPK * i];
+#pragma unroll
+                    for (int i = 0; i < CPT; i++) {
+                        const int d0 = (sub + TPK * i) * 8;
+                        const uint32_t w[4] = {kc[i].x, kc[i].y, kc[i].z, kc[i].w};
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const float lo = __uint_as_float(w[e] << 16), hi = __uint_as_float(w[e] & 0xffff0000u);
+#pragma unroll
+                            for (int j = 0; j < GB; j++) {
+                                const float2 qq = *reinterpret_cast<const float2 *>(&qs[j][d0 + 2 * e]);
+                                dt[j] = fmaf(lo, qq.x, fmaf(hi, qq.y, dt[j]));
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < GB; j++) {
+#pragma unroll
+                    for (int o = 1; o < TPK; o <<= 1) dt[j] += __shfl_xor_sync(0xffffffffu, dt[j], o);
+                }
+                if (sub == 0) {
+#pragma unroll
+                    for (int j = 0; j < GB; j++) sc[j][kl] = kl < nk ? dt[j] : -INFINITY;
+                }
+            }
+            __syncthreads();
+            /* online softmax per head: warp w owns heads w, w+4, ... */
+            for (int j = warp; j < GB; j += 4) {
+                float mx = -INFINITY;
+                for (int i = lane; i < DC_TK; i += 32) mx = fmaxf(mx, sc[j][i]);
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                const float m_old = ms[j], m_new = fmaxf(m_old, mx);
+                float sum = 0.f;
+                for (int i = lane; i < DC_TK; i += 32) {
+                    const float e = exp2f(sc[j][i] - m_new);
+                    sc[j][i] = e;
+                    sum += e;
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+                __syncwarp();
+                if (lane == 0) {
+                    const float a = exp2f(m_old - m_new);
+                    al[j] = a;
+                    ls[j] = ls[j] * a + sum;
+                    ms[j] = m_new;
+                }
+            }
+            __syncthreads();
+            /* PV: warp w takes keys w, w+4, ...; lane owns DPL dims */
+#pragma unroll
+            for (int j = 0; j < GB; j++) {
+                const float a = al[j];
+#pragma unroll
+                for (int e = 0; e < DPL; e++) acc[j][e] *= a;
+            }
+            if (lane * DPL < D) {
+                int kl = warp;
+                for (; kl + 12 < nk; kl += 16) {
+                    float v[4][DPL];
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+                        load_v<DPL>(reinterpret_cast<const bf16 *>(kv_row(p, s, kb + kl + 4 * u, kvh, v_off)) + lane * DPL, v[u]);
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+#pragma unroll
+                        for (int j = 0; j < GB; j++) {
+                            const float pj = sc[j][kl + 4 * u];
+#pragma unroll
+                            for (int e = 0; e < DPL; e++) acc[j][e] = fmaf(pj, v[u][e], acc[j][e]);
+                        }
+                }
+                for (; kl < nk; kl += 4) {
+                    float v[DPL];
+                    load_v<DPL>(reinterpret_cast<const bf16 *>(kv_row(p, s, kb + kl, kvh, v_off)) + lane * DPL, v);
+#pragma unroll
+                    for (int j = 0; j < GB; j++) {
+                        const float pj = sc[j][kl];
+#pragma unroll
+                        for (int e = 0; e < DPL; e++) acc[j][e] = fmaf(pj, v[e], acc[j][e]);
+                    }
+                }
+            }
+            __syncthreads(); /* sc is rewritten by the next sub-tile */
+        }
+        /* reduce the 4 warps' partial sums */
+        if (lane * DPL < D) {
+#pragma unroll
+            for (int j = 0; j < GB; j++)
+#pragma unroll
+                for (int e = 0; e < DPL; e++) red[warp][j][lane * DPL + e] = acc[j][e];
+        }
+        __syncthreads();
+        for (int i = tid; i < GB * D; i += 128) {
+            const int j = i / D, d = i % D, h = h_first + j;
+            const float o = red[0][j][d] + red[1][j][d] + red[2][j][d] + red[3][j][d];
+            if (nsp == 1) {
+                const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
+                const float v = o / ls[j];
+                p.out[off] = v;
+                if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
+            } else {
+                float *w = p.ws + (((size_t)di * p.H + h) * nsp + split) * (D + 2);
+                w[d] = o;
+                if (d == 0) {
+                    w[D] = ms[j];
+                    w[D + 1] = ls[j];
+                }
+            }
+        }
+        __syncthreads(); /* qs, ms, ls, red are reused by the next head group */
+    }
+    if (nsp > 1) {
+        /* The last split to finish for this (sequence, kv head) merges all
+         * splits' partials: o = sum o_s 2^(m_s-M) / sum l_s 2^(m_s-M).
+         * Saves a combine launch per layer. The counter resets itself, so
+         * the next launch (or graph replay) starts from zero. */
+        __shared__ int is_last;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) is_last = atomicAdd(p.cnt + (size_t)di * p.KVH + kvh, 1) == nsp - 1;
+        __syncthreads();
+        if (is_last) {
+            __threadfence();
+            for (int i = tid; i < p.G * D; i += 128) {
+                const int j = i / D, d = i % D, h = kvh * p.G + j;
+                const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * (D + 2);
+                float M = -INFINITY;
+                for (int sp = 0; sp < nsp; sp++) M = fmaxf(M, __ldcg(wb + (size_t)sp * (D + 2) + D));
+                float Ls = 0.f, o = 0.f;
+                for (int sp = 0; sp < nsp; sp++) {
+                    const float m = __ldcg(wb + (size_t)sp * (D + 2) + D);
+                    if (m == -INFINITY) continue;
+                    const float sc = exp2f(m - M);
+                    Ls += __ldcg(wb + (size_t)sp * (D + 2) + D + 1) * sc;
+                    o += __ldcg(wb + (size_t)sp * (D + 2) + d) * sc;
+                }
+                const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
+                const float v = o / Ls;
+                p.out[off] = v;
+                if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
+            }
+            if (tid == 0) p.cnt[(size_t)di * p.KVH + kvh] = 0;
+        }
+    }
+}
+
+/* ============================================================ launcher */
+
+typedef void (*attn_fn)(attn_params, size_t, size_t);
+
+template <int D>
+static bool launch_prefill_mma(cu_impl *c, const attn_params &p, size_t k_off, size_t v_off, int n_tiles) {
+    static bool attr_done = false;
+    const int smem = 4 * PF_BN * (D + 8) * 2;
+    if (!attr_done) {
+        if (cu_check(c, cudaFuncSetAttribute(k_attn_prefill<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                     "attention smem attribute"))
+            return false;
+        attr_done = true;
+    }
+    k_attn_prefill<D><<<dim3((unsigned)n_tiles, (unsigned)p.H), 128, smem, c->stream>>>(p, k_off, v_off);
+    return !CU_LAUNCHED(c, "attention prefill");
+}
+
+template <int D>
+static attn_fn pick_decode(int gb) {
+    switch (gb) {
+    case 8: return k_attn_decode<D, 8>;
+    case 4: return k_attn_decode<D, 4>;
+    case 2: return k_attn_decode<D, 2>;
+    default: return k_attn_decode<D, 1>;
+    }
+}
+
+void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer, int n_heads,
+                  float scale) {
+    const cu_meta *m = &c->meta;
+    const int D = l->head_dim;
+    attn_params p;
+    p.q = q;
+    p.out = out;
+    p.out_bf = out_bf;
+    p.kv = c->kv;
+    p.page_bytes = l->page_size_bytes;
+    p.head_bytes = (size_t)l->page_tokens * D * 2;
+    p.k_off = ((size_t)layer * 2 + 0) * l->n_kv_heads * p.head_bytes;
+    p.v_off = ((size_t)layer * 2 + 1) * l->n_kv_heads * p.head_bytes;
+    p.seq_start = m->seq_start;
+    p.seq_len = m->seq_len;
+    p.page_table = m->page_table;
+    p.tiles = m->tiles;
+    p.dec_seqs = m->dec_seqs;
+    p.tok_seq = m->tok_seq;
+    p.pt_stride = m->pt_stride;
+    p.P = l->page_tokens;
+    p.H = n_heads;
+    p.KVH = l->n_kv_heads;
+    p.G = n_heads / l->n_kv_heads;
+    p.q_stride = n_heads * D;
+    p.scale_log2 = scale * LOG2E;
+    p.ws = c->attn_ws;
+    p.cnt = c->attn_cnt;
+    p.n_tokens = m->n_tokens;
+
+    const bool dec_ok = D == 16 || D == 32 || D == 64 || D == 128 || D == 256;
+    if (!dec_ok) {
+        /* head dims no fast kernel covers: the row kernel does every token */
+        k_attn_rows<<<dim3((unsigned)m->n_tokens, (unsigned)((n_heads + 3) / 4)), 128, 0, c->stream>>>(p, p.k_off,
+                                                                                                     p.v_off, D, 1);
+        CU_LAUNCHED(c, "attention rows");
+        return;
+    }
+    if (m->n_tiles > 0) {
+        bool ok = false;
+        switch (D) {
+        case 16: ok = launch_prefill_mma<16>(c, p, p.k_off, p.v_off, m->n_tiles); break;
+        case 32: ok = launch_prefill_mma<32>(c, p, p.k_off, p.v_off, m->n_tiles); break;
+        case 64: ok = launch_prefill_mma<64>(c, p, p.k_off, p.v_off, m->n_tiles); break;
+        case 128: ok = launch_prefill_mma<128>(c, p, p.k_off, p.v_off, m->n_tiles); break;
+        default:
+            k_attn_rows<<<dim3((unsigned)m->n_tokens, (unsigned)((n_heads + 3) / 4)), 128, 0, c->stream>>>(
+                p, p.k_off, p.v_off, D, 0);
+            ok = !CU_LAUNCHED(c, "attention rows");
+            break;
+        }
+        if (!ok) return;
+    }
+    if (m->n_dec > 0) {
+        const int G = p.G;
+        const int gb = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
+        int nsp = m->n_splits;
+        if (nsp > 1) {
+            size_t need = (size_t)m->n_dec * n_heads * nsp * (D + 2);
+            size_t need_cnt = (size_t)m->n_dec * l->n_kv_heads;
+            if (need > c->attn_ws_floats || need_cnt > c->attn_cnt_n) {
+                if (c->capturing) {
+                    c->capture_failed = true;
+                    return;
+                }
+                cu_check(c, cudaStreamSynchronize(c->stream), "sync");
+                if (c->attn_ws) cudaFree(c->attn_ws);
+                if (c->attn_cnt) cudaFree(c->attn_cnt);
+                c->attn_ws = NULL;
+                c->attn_cnt = NULL;
+                c->attn_ws_floats = 0;
+                c->attn_cnt_n = 0;
+                size_t want = need * 2, want_cnt = need_cnt * 2 + 64;
+                if (cu_check(c, cudaMalloc(&c->attn_ws, want * 4), "cudaMalloc(attention partials)") ||
+                    cu_check(c, cudaMalloc(&c->attn_cnt, want_cnt * 4), "cudaMalloc(attention counters)") ||
+                    cu_check(c, cudaMemset(c->attn_cnt, 0, want_cnt * 4), "memset(attention counters)"))
+                    return;
+                c->attn_ws_floats = want;
+                c->attn_cnt_n = want_cnt;
+                cu_bump_generation(c); /* graphs may hold the old addresses */
+            }
+            p.ws = c->attn_ws;
+            p.cnt = c->attn_cnt;
+        }
+        attn_fn fn = NULL;
+        switch (D) {
+        case 16: fn = pick_decode<16>(gb); break;
+        case 32: fn = pick_decode<32>(gb); break;
+        case 64: fn = pick_decode<64>(gb); break;
+        case 128: fn = pick_decode<128>(gb); break;
+        case 256: fn = pick_decode<256>(gb > 4 ? 4 : gb); break;
+        default: break;
+        }
+        if (!fn) {
+            cu_check(c, cudaErrorInvalidValue, "attention decode: head_dim must be 16, 32, 64, 128 or 256");
+            return;
+        }
+        fn<<<dim3((unsigned)nsp, (unsigned)l->n_kv_heads, (unsigned)m->n_dec), 128, 0, c->stream>>>(p, p.k_off,
+                                                                                                   p.v_off);
+        CU_LAUNCHED(c, "attention decode");
+    }
+}

@@ -1,0 +1,1533 @@
+/* cuda_backend.cu — the CUDA backend: memory, per-step metadata, the op
+ * vtable, sampling and CUDA-graph capture/replay of decode steps.
+ *
+ * Execution model. Ops are enqueued on one stream. For a step whose batch
+ * is pure decode (one new token per sequence), ops are not launched at
+ * once but recorded on a tape (cu_op copies of the arguments); at the next
+ * sync point (sample, download, sync, page read/write, next set_batch) the
+ * tape is executed: eagerly the first time a tape is seen, captured into a
+ * CUDA graph the second time, and replayed from that graph afterwards.
+ * Tapes are matched by a hash plus a full comparison of the recorded
+ * arguments and of the batch shape, so a replay is only ever used for a
+ * step that would have launched exactly the same kernels with the same
+ * arguments; everything a kernel reads that changes between such steps
+ * (tokens, positions, page tables, lengths) lives in the fixed metadata
+ * buffers that set_batch refreshes with one async copy per region before
+ * the step. The engine needs no changes for this.
+ *
+ * Invariants
+ * - A captured graph bakes device addresses: any free or reallocation of
+ *   memory a graph may reference bumps `generation` and drops all graphs.
+ * - No allocation happens while capturing; an op that would need one marks
+ *   the capture failed and the tape runs eagerly instead.
+ * - Errors are sticky (cu_impl.err_status) and surface at sync points.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.cuh"
+
+extern "C" {
+#include "engine/sample.h"
+}
+
+static inline cu_impl *IMPL(ns_backend *be) { return (cu_impl *)be->impl; }
+
+/* ================================================================ errors */
+
+bool cu_check(cu_impl *c, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return false;
+    if (c->capturing) {
+        /* A failure under capture (unsupported call, invalidated capture)
+         * is not an error of the step: the tape is re-run eagerly, which
+         * reports any real problem. */
+        c->capture_failed = true;
+        return true;
+    }
+    if (c->err_status == NS_OK) {
+        c->err_status = NS_ERR_INTERNAL;
+        snprintf(c->err_msg, sizeof c->err_msg, "cuda: %s: %s", what, cudaGetErrorString(e));
+    }
+    return true;
+}
+
+bool cu_check_blas(cu_impl *c, cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return false;
+    if (c->capturing) {
+        c->capture_failed = true;
+        return true;
+    }
+    if (c->err_status == NS_OK) {
+        c->err_status = NS_ERR_INTERNAL;
+        snprintf(c->err_msg, sizeof c->err_msg, "cublas: %s: status %d", what, (int)s);
+    }
+    return true;
+}
+
+static void set_error(cu_impl *c, ns_status st, const char *fmt, ...) {
+    if (c->err_status != NS_OK) return;
+    c->err_status = st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err_msg, sizeof c->err_msg, fmt, ap);
+    va_end(ap);
+}
+
+/* Reports (and keeps) the sticky error. */
+static ns_status report(cu_impl *c, ns_error *err) {
+    if (c->err_status == NS_OK) return NS_OK;
+    return ns_fail(err, c->err_status, "%s", c->err_msg);
+}
+
+/* ============================================================== shadows */
+
+cu_shadow *cu_shadow_for(cu_impl *c, const void *base) {
+    for (int i = 0; i < c->n_shadows; i++)
+        if (c->shadows[i].base == base) return &c->shadows[i];
+    return NULL;
+}
+
+void cu_note_write(cu_impl *c, const ns_tensor *t) {
+    const uint8_t *lo = (const uint8_t *)t->data, *hi = lo + ns_tensor_bytes(t);
+    for (int i = 0; i < c->n_shadows; i++) {
+        cu_shadow *s = &c->shadows[i];
+        const uint8_t *b = (const uint8_t *)s->base;
+        if (lo < b + s->bytes && b < hi) s->valid = false;
+    }
+}
+
+bf16 *cu_shadow_produce(cu_impl *c, const ns_tensor *t) {
+    cu_shadow *s = cu_shadow_for(c, t->data);
+    if (s && s->bf && ns_tensor_bytes(t) <= s->bytes) {
+        s->valid = true;
+        s->vrows = t->rows;
+        s->vcols = t->cols;
+        return s->bf;
+    }
+    cu_note_write(c, t);
+    return NULL;
+}
+
+void cu_shadow_invalidate_all(cu_impl *c) {
+    for (int i = 0; i < c->n_shadows; i++) c->shadows[i].valid = false;
+}
+
+static ns_status shadow_register(cu_impl *c, void *base, size_t bytes, ns_error *err) {
+    if (c->n_shadows == c->cap_shadows) {
+        int n = c->cap_shadows ? c->cap_shadows * 2 : 32;
+        cu_shadow *p = (cu_shadow *)realloc(c->shadows, (size_t)n * sizeof *p);
+        if (!p) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+        c->shadows = p;
+        c->cap_shadows = n;
+    }
+    cu_shadow *s = &c->shadows[c->n_shadows++];
+    memset(s, 0, sizeof *s);
+    s->base = base;
+    s->bytes = bytes;
+    return NS_OK;
+}
+
+static void shadow_unregister(cu_impl *c, void *base) {
+    for (int i = 0; i < c->n_shadows; i++) {
+        if (c->shadows[i].base != base) continue;
+        if (c->shadows[i].bf) cu_check(c, cudaFree(c->shadows[i].bf), "cudaFree(shadow)");
+        c->shadows[i] = c->shadows[--c->n_shadows];
+        return;
+    }
+}
+
+/* =============================================================== graphs */
+
+static void graph_entry_clear(cu_graph_entry *g) {
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    free(g->ops);
+    memset(g, 0, sizeof *g);
+}
+
+static void graphs_clear(cu_impl *c) {
+    for (int i = 0; i < CU_MAX_GRAPHS; i++) graph_entry_clear(&c->graphs[i]);
+}
+
+/* Memory a graph may reference is about to move or disappear. */
+void cu_bump_generation(cu_impl *c) {
+    c->generation++;
+    graphs_clear(c);
+}
+#define bump_generation cu_bump_generation
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const uint8_t *b = (const uint8_t *)p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+static uint64_t tape_key(const cu_impl *c) {
+    const cu_meta *m = &c->meta;
+    int32_t shape[8] = {m->n_tokens, m->n_seqs, m->n_logits, m->pt_stride, m->n_dec, m->n_splits, m->n_tiles, 0};
+    uint64_t h = fnv1a(0xcbf29ce484222325ULL, shape, sizeof shape);
+    return fnv1a(h, c->tape, (size_t)c->n_tape * sizeof(cu_op));
+}
+
+static cu_graph_entry *graph_find(cu_impl *c, uint64_t key) {
+    for (int i = 0; i < CU_MAX_GRAPHS; i++) {
+        cu_graph_entry *g = &c->graphs[i];
+        if (g->ops && g->key == key && g->generation == c->generation && g->n_ops == c->n_tape &&
+            memcmp(g->ops, c->tape, (size_t)c->n_tape * sizeof(cu_op)) == 0)
+            return g;
+    }
+    return NULL;
+}
+
+static cu_graph_entry *graph_insert(cu_impl *c, uint64_t key) {
+    cu_graph_entry *victim = &c->graphs[0];
+    for (int i = 0; i < CU_MAX_GRAPHS; i++) {
+        cu_graph_entry *g = &c->graphs[i];
+        if (!g->ops) {
+            victim = g;
+            break;
+        }
+        if (g->last_use < victim->last_use) victim = g;
+    }
+    graph_entry_clear(victim);
+    victim->ops = (cu_op *)malloc((size_t)c->n_tape * sizeof(cu_op));
+    if (!victim->ops) return NULL;
+    memcpy(victim->ops, c->tape, (size_t)c->n_tape * sizeof(cu_op));
+    victim->n_ops = c->n_tape;
+    victim->key = key;
+    victim->generation = c->generation;
+    return victim;
+}
+
+/* ============================================================ profiling */
+
+static int prof_label(cu_impl *c, const char *name) {
+    for (int i = 0; i < c->n_prof; i++)
+        if (strcmp(c->prof[i].name, name) == 0) return i;
+    if (c->n_prof == CU_PROF_LABELS) return CU_PROF_LABELS - 1;
+    snprintf(c->prof[c->n_prof].name, sizeof c->prof[0].name, "%s", name);
+    c->prof[c->n_prof].ms = 0;
+    c->prof[c->n_prof].calls = 0;
+    return c->n_prof++;
+}
+
+static void prof_resolve(cu_impl *c) {
+    if (!c->n_prof_ev) return;
+    cudaEventSynchronize(c->prof_ev[2 * c->n_prof_ev - 1]);
+    for (int i = 0; i < c->n_prof_ev; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, c->prof_ev[2 * i], c->prof_ev[2 * i + 1]) == cudaSuccess) {
+            c->prof[c->prof_label_of[i]].ms += ms;
+            c->prof[c->prof_label_of[i]].calls++;
+        }
+    }
+    (void)cudaGetLastError();
+    c->n_prof_ev = 0;
+}
+
+static void op_label(const cu_op *op, char *buf, size_t n) {
+    static const char *names[OP_COUNT] = {"embed", "rmsnorm", "matmul", "rope", "swiglu", "add",
+                                          "kv_store", "attention", "gather_rows", "kv_page_copy", "argmax"};
+    switch (op->kind) {
+    case OP_MATMUL:
+        snprintf(buf, n, "matmul %lldx%lld n%s%lld", (long long)op->c.rows, (long long)op->c.cols,
+                 op->b.rows <= 8 ? "=" : ">", (long long)(op->b.rows <= 8 ? op->b.rows : 8));
+        break;
+    case OP_RMSNORM: snprintf(buf, n, "rmsnorm cols=%lld", (long long)op->a.cols); break;
+    case OP_ATTENTION: snprintf(buf, n, "attention"); break;
+    default: snprintf(buf, n, "%s", names[op->kind]); break;
+    }
+}
+
+/* ============================================================ op bodies */
+
+static bool need_f32(cu_impl *c, const ns_tensor *t, const char *op) {
+    if (t->dtype == NS_DT_F32) return true;
+    set_error(c, NS_ERR_INVALID, "cuda %s: expected an F32 tensor, got %s", op, ns_dtype_name((ns_dtype)t->dtype));
+    return false;
+}
+
+/* Returns bf16 scratch of n elements, growing it when allowed. */
+static bf16 *conv_scratch(cu_impl *c, size_t n) {
+    if (n <= c->conv_elems) return c->conv;
+    if (c->capturing) {
+        c->capture_failed = true;
+        return NULL;
+    }
+    size_t want = n < ((size_t)1 << 20) ? ((size_t)1 << 20) : n;
+    bf16 *p = NULL;
+    if (c->conv) {
+        cu_check(c, cudaStreamSynchronize(c->stream), "sync");
+        cu_check(c, cudaFree(c->conv), "cudaFree(conv)");
+        c->conv = NULL;
+        c->conv_elems = 0;
+        bump_generation(c);
+    }
+    if (cu_check(c, cudaMalloc(&p, want * sizeof(bf16)), "cudaMalloc(conv)")) return NULL;
+    c->conv = p;
+    c->conv_elems = want;
+    return p;
+}
+
+static void op_matmul(cu_impl *c, const ns_tensor *out, const ns_tensor *in, const ns_tensor *w) {
+    if (!need_f32(c, out, "matmul") || !need_f32(c, in, "matmul")) return;
+    if (w->dtype != NS_DT_BF16) {
+        set_error(c, NS_ERR_UNSUPPORTED, "cuda matmul: weights must be bf16 (got %s)", ns_dtype_name((ns_dtype)w->dtype));
+        return;
+    }
+    const int64_t n = in->rows, k = in->cols, m = w->rows;
+    if (w->cols != k || out->rows != n || out->cols != m) {
+        set_error(c, NS_ERR_INVALID, "cuda matmul: shapes [%lld,%lld] x [%lld,%lld]^T -> [%lld,%lld] do not match",
+                  (long long)n, (long long)k, (long long)w->rows, (long long)w->cols, (long long)out->rows,
+                  (long long)out->cols);
+        return;
+    }
+    if (n == 0 || m == 0) return;
+    const bool gemv = n <= c->gemv_max && k % 8 == 0 && ((uintptr_t)w->data % 16) == 0 && ((uintptr_t)in->data % 16) == 0;
+    const bf16 *in_bf = NULL;
+    if (!gemv) {
+        cu_shadow *s = cu_shadow_for(c, in->data);
+        if (s && s->valid && s->bf && s->vrows == in->rows && s->vcols == in->cols) {
+            in_bf = s->bf;
+        } else if (s && (s->bf || !c->capturing)) {
+            if (!s->bf) {
+                bf16 *p = NULL;
+                if (cu_check(c, cudaMalloc(&p, s->bytes / 2 + 16), "cudaMalloc(shadow)")) return;
+                s->bf = p;
+            }
+            cu_launch_f32_to_bf16(c, s->bf, (const float *)in->data, (size_t)(n * k));
+            s->valid = true;
+            s->vrows = n;
+            s->vcols = k;
+            in_bf = s->bf;
+        } else {
+            bf16 *p = conv_scratch(c, (size_t)(n * k));
+            if (!p) return;
+            cu_launch_f32_to_bf16(c, p, (const float *)in->data, (size_t)(n * k));
+            in_bf = p;
+        }
+    }
+    cu_gemm(c, (float *)out->data, in_bf, (const float *)in->data, (const bf16 *)w->data, n, m, k);
+    cu_note_write(c, out);
+}
+
+static void exec_op(cu_impl *c, const cu_op *op) {
+    if (c->err_status != NS_OK) return;
+    int pi = -1;
+    if (c->profiling && c->n_prof_ev < CU_PROF_EVENTS) {
+        char name[48];
+        op_label(op, name, sizeof name);
+        pi = c->n_prof_ev++;
+        c->prof_label_of[pi] = prof_label(c, name);
+        cudaEventRecord(c->prof_ev[2 * pi], c->stream);
+    }
+    switch (op->kind) {
+    case OP_EMBED: {
+        const ns_tensor *out = &op->a, *tab = &op->b;
+        if (!need_f32(c, out, "embed")) break;
+        if (tab->cols != out->cols) {
+            set_error(c, NS_ERR_INVALID, "cuda embed: table width %lld != %lld", (long long)tab->cols,
+                      (long long)out->cols);
+            break;
+        }
+        cu_launch_embed(c, (float *)out->data, tab, (int)out->rows, (int)out->cols);
+        cu_note_write(c, out);
+        break;
+    }
+    case OP_RMSNORM: {
+        const ns_tensor *out = &op->a, *in = &op->b, *w = &op->c;
+        if (!need_f32(c, out, "rmsnorm") || !need_f32(c, in, "rmsnorm") || !need_f32(c, w, "rmsnorm weight")) break;
+        if (w->rows * w->cols != in->cols || out->cols != in->cols || out->rows != in->rows) {
+            set_error(c, NS_ERR_INVALID, "cuda rmsnorm: shapes do not match");
+            break;
+        }
+        bf16 *obf = cu_shadow_produce(c, out);
+        cu_launch_rmsnorm(c, (float *)out->data, obf, (const float *)in->data, (const float *)w->data, in->rows,
+                          (int)in->cols, op->f0);
+        break;
+    }
+    case OP_MATMUL: op_matmul(c, &op->a, &op->b, &op->c); break;
+    case OP_ROPE: {
+        const ns_tensor *x = &op->a, *inv = &op->b;
+        int nh = op->i0, hd = op->i1;
+        if (!need_f32(c, x, "rope") || !need_f32(c, inv, "rope inv_freq")) break;
+        if ((int64_t)nh * hd > x->cols || hd % 2 || inv->rows * inv->cols < hd / 2) {
+            set_error(c, NS_ERR_INVALID, "cuda rope: %d heads x %d does not fit %lld columns", nh, hd,
+                      (long long)x->cols);
+            break;
+        }
+        cu_launch_rope(c, (float *)x->data, (int)x->rows, nh, hd, (int)x->cols, (const float *)inv->data);
+        cu_note_write(c, x);
+        break;
+    }
+    case OP_SWIGLU: {
+        const ns_tensor *out = &op->a, *g = &op->b, *u = &op->c;
+        if (!need_f32(c, out, "swiglu") || !need_f32(c, g, "swiglu") || !need_f32(c, u, "swiglu")) break;
+        int64_t n = out->rows * out->cols;
+        if (g->rows * g->cols != n || u->rows * u->cols != n) {
+            set_error(c, NS_ERR_INVALID, "cuda swiglu: shapes do not match");
+            break;
+        }
+        bf16 *obf = cu_shadow_produce(c, out);
+        cu_launch_swiglu(c, (float *)out->data, obf, (const float *)g->data, (const float *)u->data, n);
+        break;
+    }
+    case OP_ADD: {
+        const ns_tensor *out = &op->a, *x = &op->b;
+        if (!need_f32(c, out, "add") || !need_f32(c, x, "add")) break;
+        int64_t n = out->rows * out->cols;
+        if (x->rows * x->cols != n) {
+            set_error(c, NS_ERR_INVALID, "cuda add: shapes do not match");
+            break;
+        }
+        cu_launch_add(c, (float *)out->data, (const float *)x->data, n);
+        cu_note_write(c, out);
+        break;
+    }
+    default: break;
+    }
+    if (pi >= 0) cudaEventRecord(c->prof_ev[2 * pi + 1], c->stream);
+}
+
+/* ops that need the backend (KV layout) are executed here */
+static void exec_op_be(ns_backend *be, const cu_op *op) {
+    cu_impl *c = IMPL(be);
+    if (c->err_status != NS_OK) return;
+    switch (op->kind) {
+    case OP_KV_STORE:
+    case OP_ATTENTION:
+    case OP_GATHER:
+    case OP_KV_COPY:
+    case OP_ARGMAX: break;
+    default: exec_op(c, op); return;
+    }
+    int pi = -1;
+    if (c->profiling && c->n_prof_ev < CU_PROF_EVENTS) {
+        char name[48];
+        op_label(op, name, sizeof name);
+        pi = c->n_prof_ev++;
+        c->prof_label_of[pi] = prof_label(c, name);
+        cudaEventRecord(c->prof_ev[2 * pi], c->stream);
+    }
+    const ns_kv_layout *l = &be->kv;
+    switch (op->kind) {
+    case OP_KV_STORE: {
+        const ns_tensor *k = &op->a, *v = &op->b;
+        if (!c->kv) {
+            set_error(c, NS_ERR_INVALID, "cuda kv_store: KV pool not allocated");
+            break;
+        }
+        if (!need_f32(c, k, "kv_store") || !need_f32(c, v, "kv_store")) break;
+        if (k->cols < (int64_t)l->n_kv_heads * l->head_dim || v->cols < (int64_t)l->n_kv_heads * l->head_dim ||
+            op->i0 < 0 || op->i0 >= l->n_layers || k->rows != v->rows) {
+            set_error(c, NS_ERR_INVALID, "cuda kv_store: bad shapes or layer %d", op->i0);
+            break;
+        }
+        cu_launch_kv_store(c, l, op->i0, (const float *)k->data, (const float *)v->data, (int)k->rows, (int)k->cols,
+                           (int)v->cols);
+        break;
+    }
+    case OP_ATTENTION: {
+        const ns_tensor *out = &op->a, *q = &op->b;
+        int nh = op->i1;
+        if (!c->kv) {
+            set_error(c, NS_ERR_INVALID, "cuda attention: KV pool not allocated");
+            break;
+        }
+        if (!need_f32(c, out, "attention") || !need_f32(c, q, "attention")) break;
+        if (nh <= 0 || nh % l->n_kv_heads || q->cols != (int64_t)nh * l->head_dim || out->cols != q->cols ||
+            out->rows != q->rows || q->rows != c->meta.n_tokens || op->i0 < 0 || op->i0 >= l->n_layers) {
+            set_error(c, NS_ERR_INVALID, "cuda attention: bad shapes (%d heads, layer %d)", nh, op->i0);
+            break;
+        }
+        bf16 *obf = cu_shadow_produce(c, out);
+        cu_attention(c, l, (float *)out->data, obf, (const float *)q->data, op->i0, nh, op->f0);
+        break;
+    }
+    case OP_GATHER: {
+        const ns_tensor *out = &op->a, *in = &op->b;
+        if (!need_f32(c, out, "gather_rows") || !need_f32(c, in, "gather_rows")) break;
+        if (out->cols != in->cols || out->rows > c->meta.n_logits) {
+            set_error(c, NS_ERR_INVALID, "cuda gather_rows: bad shapes");
+            break;
+        }
+        bf16 *obf = cu_shadow_produce(c, out);
+        cu_launch_gather(c, (float *)out->data, obf, (const float *)in->data, (int)out->rows, (int)out->cols,
+                         (int)in->cols);
+        break;
+    }
+    case OP_KV_COPY:
+        if (!c->kv) break;
+        cu_launch_kv_copy(c, l, op->i0, op->i1, op->i2);
+        break;
+    case OP_ARGMAX: {
+        const ns_tensor *lg = &op->a;
+        cu_launch_argmax(c, c->d_argmax, (const float *)lg->data, op->i0, (int)lg->cols, (int)lg->cols);
+        break;
+    }
+    default: break;
+    }
+    if (pi >= 0) cudaEventRecord(c->prof_ev[2 * pi + 1], c->stream);
+}
+
+/* ================================================================= tape */
+
+static bool same_view(const ns_tensor *a, const ns_tensor *b) {
+    return a->data == b->data && a->rows == b->rows && a->cols == b->cols && a->dtype == b->dtype;
+}
+
+static bool al16p(const void *p) { return ((uintptr_t)p % 16) == 0; }
+
+/* Would op_matmul take the GEMV path for this op? */
+static bool gemv_eligible(const cu_impl *c, const cu_op *op) {
+    const ns_tensor *out = &op->a, *in = &op->b, *w = &op->c;
+    return op->kind == OP_MATMUL && out->dtype == NS_DT_F32 && in->dtype == NS_DT_F32 && w->dtype == NS_DT_BF16 &&
+           in->rows >= 1 && in->rows <= c->gemv_max && in->cols % 8 == 0 && w->cols == in->cols &&
+           out->rows == in->rows && out->cols == w->rows && al16p(w->data) && al16p(in->data) &&
+           out->data != in->data;
+}
+
+static void prof_begin(cu_impl *c, const char *label, int *pi) {
+    *pi = -1;
+    if (!c->profiling || c->n_prof_ev >= CU_PROF_EVENTS) return;
+    *pi = c->n_prof_ev++;
+    c->prof_label_of[*pi] = prof_label(c, label);
+    cudaEventRecord(c->prof_ev[2 * *pi], c->stream);
+}
+
+static void prof_end(cu_impl *c, int pi) {
+    if (pi >= 0) cudaEventRecord(c->prof_ev[2 * pi + 1], c->stream);
+}
+
+/* Runs the engine's fixed op sequences of a recorded tape as fused
+ * kernels (see cuda_fused.cu). Returns the number of ops consumed, 0 when
+ * nothing at ops[i] can be fused. Each pattern is checked completely
+ * (kinds, aliasing, shapes) before anything runs. */
+static int32_t try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n) {
+    cu_impl *c = IMPL(be);
+    const cu_op *o = &ops[i];
+    int pi;
+    /* 1. matmuls sharing one input, GEMV path: one launch */
+    if (gemv_eligible(c, o)) {
+        int32_t g = 1;
+        while (g < 3 && i + g < n && gemv_eligible(c, &ops[i + g]) && same_view(&ops[i + g].b, &o->b)) g++;
+        if (g < 2) return 0;
+        float *outs[3];
+        const bf16 *ws[3];
+        int64_t ms[3];
+        for (int32_t j = 0; j < g; j++) {
+            outs[j] = (float *)ops[i + j].a.data;
+            ws[j] = (const bf16 *)ops[i + j].c.data;
+            ms[j] = ops[i + j].c.rows;
+        }
+        char label[48];
+        snprintf(label, sizeof label, "fused gemv x%d k=%lld", g, (long long)o->b.cols);
+        prof_begin(c, label, &pi);
+        cu_gemv_multi(c, g, outs, ws, ms, (const float *)o->b.data, (int)o->b.rows, (int)o->b.cols);
+        prof_end(c, pi);
+        for (int32_t j = 0; j < g; j++) cu_note_write(c, &ops[i + j].a);
+        return g;
+    }
+    /* 2. [rmsnorm q heads, rmsnorm k heads,] rope q, rope k, kv_store k v */
+    if (c->kv && (o->kind == OP_RMSNORM || o->kind == OP_ROPE)) {
+        const ns_kv_layout *l = &be->kv;
+        const int D = l->head_dim;
+        const bool norm = o->kind == OP_RMSNORM;
+        const int32_t base = norm ? i + 2 : i;
+        if (base + 3 > n || D % 64 || D > 256) return 0;
+        const cu_op *rq = &ops[base], *rk = &ops[base + 1], *st = &ops[base + 2];
+        if (rq->kind != OP_ROPE || rk->kind != OP_ROPE || st->kind != OP_KV_STORE) return 0;
+        const ns_tensor *q = &rq->a, *k = &rk->a, *v = &st->b;
+        const int T = c->meta.n_tokens, H = rq->i0, KVH = l->n_kv_heads;
+        if (q->rows != T || k->rows != T || v->rows != T || rq->i1 != D || rk->i1 != D || rk->i0 != KVH ||
+            q->cols != (int64_t)H * D || k->cols != (int64_t)KVH * D || v->cols != (int64_t)KVH * D ||
+            st->a.data != k->data || st->a.cols != k->cols || rq->b.data != rk->b.data ||
+            rq->b.dtype != NS_DT_F32 || q->dtype != NS_DT_F32 || k->dtype != NS_DT_F32 || v->dtype != NS_DT_F32 ||
+            q->data == k->data || v->data == k->data || v->data == q->data || st->i0 < 0 || st->i0 >= l->n_layers)
+            return 0;
+        const float *qn = NULL, *kn = NULL;
+        float eps = 0.f;
+        if (norm) {
+            const cu_op *nq = &ops[i], *nk = &ops[i + 1];
+            if (nk->kind != OP_RMSNORM || nq->a.data != q->data || nq->b.data != q->data || nk->a.data != k->data ||
+                nk->b.data != k->data || nq->a.cols != D || nk->a.cols != D || nq->a.rows != (int64_t)T * H ||
+                nk->a.rows != (int64_t)T * KVH || nq->c.dtype != NS_DT_F32 || nk->c.dtype != NS_DT_F32 ||
+                nq->c.rows * nq->c.cols != D || nk->c.rows * nk->c.cols != D || nq->f0 != nk->f0)
+                return 0;
+            qn = (const float *)nq->c.data;
+            kn = (const float *)nk->c.data;
+            eps = nq->f0;
+        }
+        prof_begin(c, norm ? "fused qk_norm+rope+kv_store" : "fused rope+kv_store", &pi);
+        cu_launch_qk_norm_rope_store(c, l, st->i0, (float *)q->data, (float *)k->data, (const float *)v->data, T, H,
+                                     qn, kn, eps, (const float *)rq->b.data);
+        prof_end(c, pi);
+        cu_note_write(c, q);
+        cu_note_write(c, k);
+        return base + 3 - i;
+    }
+    /* 3. x += y; xn = rmsnorm(x) */
+    if (o->kind == OP_ADD && i + 1 < n && ops[i + 1].kind == OP_RMSNORM) {
+        const cu_op *nm = &ops[i + 1];
+        const ns_tensor *x = &o->a, *y = &o->b, *out = &nm->a, *w = &nm->c;
+        if (!same_view(&nm->b, x) || x->dtype != NS_DT_F32 || y->dtype != NS_DT_F32 || out->dtype != NS_DT_F32 ||
+            w->dtype != NS_DT_F32 || x->cols <= 1024 || x->cols % 4 || y->rows * y->cols != x->rows * x->cols ||
+            out->rows != x->rows || out->cols != x->cols || w->rows * w->cols != x->cols || !al16p(x->data) ||
+            !al16p(y->data) || !al16p(out->data) || !al16p(w->data))
+            return 0;
+        /* out may alias y (the engine normalizes into the buffer it just
+         * added from): each thread reads its y elements before writing the
+         * same out elements. */
+        prof_begin(c, "fused add+rmsnorm", &pi);
+        cu_note_write(c, x);
+        bf16 *obf = cu_shadow_produce(c, out);
+        cu_launch_add_rmsnorm(c, (float *)x->data, (const float *)y->data, (float *)out->data, obf,
+                              (const float *)w->data, x->rows, (int)x->cols, nm->f0);
+        prof_end(c, pi);
+        return 2;
+    }
+    return 0;
+}
+
+static void run_tape(ns_backend *be, const cu_op *ops, int32_t n) {
+    cu_impl *c = IMPL(be);
+    for (int32_t i = 0; i < n;) {
+        if (c->err_status != NS_OK) return;
+        int32_t used = c->fusion ? try_fuse(be, ops, i, n) : 0;
+        if (used > 0) {
+            i += used;
+            continue;
+        }
+        exec_op_be(be, &ops[i]);
+        i++;
+    }
+}
+
+/* Executes the recorded tape (eager / capture / replay). */
+static void flush(ns_backend *be) {
+    cu_impl *c = IMPL(be);
+    if (!c->n_tape) return;
+    if (c->err_status != NS_OK) {
+        c->n_tape = 0;
+        return;
+    }
+    uint64_t key = tape_key(c);
+    cu_graph_entry *g = graph_find(c, key);
+    c->use_clock++;
+    cu_shadow_invalidate_all(c);
+    if (!c->graphs_enabled || c->profiling) {
+        run_tape(be, c->tape, c->n_tape);
+        c->stat_eager++;
+        cu_shadow_invalidate_all(c);
+        c->n_tape = 0;
+        return;
+    }
+    if (g && g->exec) {
+        g->last_use = c->use_clock;
+        cu_check(c, cudaGraphLaunch(g->exec, c->stream), "cudaGraphLaunch");
+        c->stat_replays++;
+        cu_shadow_invalidate_all(c);
+        c->n_tape = 0;
+        return;
+    }
+    if (g && g->seen >= 1 && !g->no_graph) {
+        g->last_use = c->use_clock;
+        cudaGraph_t graph = NULL;
+        c->capturing = true;
+        c->capture_failed = false;
+        cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
+        if (e == cudaSuccess) {
+            run_tape(be, c->tape, c->n_tape);
+            e = cudaStreamEndCapture(c->stream, &graph);
+        }
+        c->capturing = false;
+        bool ok = e == cudaSuccess && !c->capture_failed && graph;
+        cudaGraphExec_t exec = NULL;
+        if (ok) ok = cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+        if (graph) cudaGraphDestroy(graph);
+        (void)cudaGetLastError(); /* capture problems are not step errors */
+        cu_shadow_invalidate_all(c);
+        if (ok) {
+            g->exec = exec;
+            c->stat_captures++;
+            cu_check(c, cudaGraphLaunch(exec, c->stream), "cudaGraphLaunch");
+            cu_shadow_invalidate_all(c);
+            c->n_tape = 0;
+            return;
+        }
+        g->no_graph = true;
+    }
+    if (!g) g = graph_insert(c, key);
+    if (g) {
+        g->seen++;
+        g->last_use = c->use_clock;
+    }
+    run_tape(be, c->tape, c->n_tape);
+    c->stat_eager++;
+    cu_shadow_invalidate_all(c);
+    c->n_tape = 0;
+}
+
+static void submit(ns_backend *be, const cu_op *op) {
+    cu_impl *c = IMPL(be);
+    if (c->err_status != NS_OK) return;
+    if (!c->recording) {
+        exec_op_be(be, op);
+        return;
+    }
+    if (c->n_tape == c->cap_tape) {
+        int32_t n = c->cap_tape ? c->cap_tape * 2 : 1024;
+        cu_op *p = (cu_op *)realloc(c->tape, (size_t)n * sizeof *p);
+        if (!p) {
+            set_error(c, NS_ERR_NOMEM, "cuda: out of host memory for the op tape");
+            return;
+        }
+        c->tape = p;
+        c->cap_tape = n;
+    }
+    c->tape[c->n_tape++] = *op;
+}
+
+/* Copies the fields that define a tensor (not padding or alloc), so tapes
+ * compare byte for byte. */
+static void put_tensor(ns_tensor *dst, const ns_tensor *src) {
+    if (!src) return;
+    dst->dtype = src->dtype;
+    dst->rows = src->rows;
+    dst->cols = src->cols;
+    dst->data = src->data;
+}
+
+static void make_op(cu_op *op, int kind, const ns_tensor *a, const ns_tensor *b, const ns_tensor *cc) {
+    memset(op, 0, sizeof *op);
+    op->kind = kind;
+    put_tensor(&op->a, a);
+    put_tensor(&op->b, b);
+    put_tensor(&op->c, cc);
+}
+
+/* ============================================================== memory */
+
+static ns_status cu_tensor_alloc(ns_backend *be, ns_tensor *t, ns_dtype dt, int64_t rows, int64_t cols, ns_error *err) {
+    cu_impl *c = IMPL(be);
+    memset(t, 0, sizeof *t);
+    if (rows < 0 || cols < 0 || (cols && (uint64_t)rows > ((uint64_t)1 << 40) / (uint64_t)cols))
+        return ns_fail(err, NS_ERR_RANGE, "tensor of %lld x %lld is too large", (long long)rows, (long long)cols);
+    size_t bytes = (size_t)rows * (size_t)cols * ns_dtype_size(dt);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return ns_fail(err, NS_ERR_NOMEM, "cuda: cannot allocate %zu bytes: %s", bytes, cudaGetErrorString(e));
+    }
+    if (dt == NS_DT_F32) {
+        ns_status rc = shadow_register(c, p, bytes, err);
+        if (rc != NS_OK) {
+            cudaFree(p);
+            return rc;
+        }
+    }
+    t->dtype = dt;
+    t->rows = rows;
+    t->cols = cols;
+    t->data = p;
+    t->alloc = p;
+    return NS_OK;
+}
+
+static void cu_tensor_free(ns_backend *be, ns_tensor *t) {
+    cu_impl *c = IMPL(be);
+    if (t->alloc) {
+        flush(be);
+        cu_check(c, cudaStreamSynchronize(c->stream), "sync before free");
+        shadow_unregister(c, t->alloc);
+        cu_check(c, cudaFree(t->alloc), "cudaFree");
+        bump_generation(c);
+    }
+    memset(t, 0, sizeof *t);
+}
+
+static uint16_t host_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+static float host_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, ex = (h >> 10) & 0x1f, mant = h & 0x3ff, u;
+    if (ex == 0) {
+        if (mant == 0) {
+            u = sign;
+        } else {
+            ex = 127 - 15 + 1;
+            while (!(mant & 0x400)) {
+                mant <<= 1;
+                ex--;
+            }
+            u = sign | (ex << 23) | ((mant & 0x3ff) << 13);
+        }
+    } else if (ex == 31) {
+        u = sign | 0x7f800000 | (mant << 13);
+    } else {
+        u = sign | ((ex + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float host_to_f32(const void *src, ns_dtype dt, size_t i) {
+    if (dt == NS_DT_F32) return ((const float *)src)[i];
+    uint16_t h = ((const uint16_t *)src)[i];
+    if (dt == NS_DT_F16) return host_f16_to_f32(h);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Matrices are stored BF16 (what the GEMMs read); vectors (norm weights,
+ * rows == 1) F32, so elementwise ops read them exactly as given. */
+static ns_status cu_weight_from_host(ns_backend *be, ns_tensor *t, const void *src, ns_dtype src_dt, int64_t rows,
+                                     int64_t cols, ns_error *err) {
+    cu_impl *c = IMPL(be);
+    ns_dtype store = rows > 1 ? NS_DT_BF16 : NS_DT_F32;
+    ns_status rc = cu_tensor_alloc(be, t, store, rows, cols, err);
+    if (rc != NS_OK) return rc;
+    size_t n = (size_t)rows * (size_t)cols;
+    if (store == NS_DT_BF16 && src_dt == NS_DT_BF16) {
+        if (cu_check(c, cudaMemcpy(t->data, src, n * 2, cudaMemcpyHostToDevice), "upload weight")) goto fail;
+        return NS_OK;
+    }
+    {
+        const size_t chunk = (size_t)1 << 22;
+        size_t esz = ns_dtype_size(store);
+        void *buf = malloc((n < chunk ? n : chunk) * esz);
+        if (!buf) {
+            cu_tensor_free(be, t);
+            return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+        }
+        for (size_t off = 0; off < n; off += chunk) {
+            size_t m = n - off < chunk ? n - off : chunk;
+            for (size_t i = 0; i < m; i++) {
+                float f = host_to_f32(src, src_dt, off + i);
+                if (store == NS_DT_F32) ((float *)buf)[i] = f;
+                else ((uint16_t *)buf)[i] = host_f32_to_bf16(f);
+            }
+            if (cu_check(c, cudaMemcpy((uint8_t *)t->data + off * esz, buf, m * esz, cudaMemcpyHostToDevice),
+                         "upload weight")) {
+                free(buf);
+                goto fail;
+            }
+        }
+        free(buf);
+    }
+    return NS_OK;
+fail:
+    cu_tensor_free(be, t);
+    rc = report(c, err);
+    c->err_status = NS_OK; /* reported to the caller; not sticky for later ops */
+    return rc;
+}
+
+static ns_status cu_weight_random(ns_backend *be, ns_tensor *t, ns_dtype dt, int64_t rows, int64_t cols, uint64_t seed,
+                                  float scale, ns_error *err) {
+    cu_impl *c = IMPL(be);
+    ns_dtype store = rows > 1 ? NS_DT_BF16 : NS_DT_F32;
+    ns_status rc = cu_tensor_alloc(be, t, store, rows, cols, err);
+    if (rc != NS_OK) return rc;
+    size_t n = (size_t)rows * (size_t)cols;
+    /* F32 vectors of a BF16 model keep the bf16-rounded values, as the CPU
+     * backend does, so both backends hold the same numbers. */
+    bool round_bf = dt == NS_DT_BF16;
+    if (store == NS_DT_BF16) cu_launch_fill_random(c, (bf16 *)t->data, NULL, n, seed, scale, true);
+    else cu_launch_fill_random(c, NULL, (float *)t->data, n, seed, scale, round_bf);
+    cu_check(c, cudaStreamSynchronize(c->stream), "weight_random");
+    if (c->err_status != NS_OK) {
+        rc = report(c, err);
+        c->err_status = NS_OK;
+        cu_tensor_free(be, t);
+        return rc;
+    }
+    return NS_OK;
+}
+
+static ns_status cu_tensor_upload(ns_backend *be, ns_tensor *t, const float *src, ns_error *err) {
+    cu_impl *c = IMPL(be);
+    if (t->dtype != NS_DT_F32) return ns_fail(err, NS_ERR_INVALID, "tensor_upload: tensor is not F32");
+    flush(be);
+    cu_check(c, cudaMemcpyAsync(t->data, src, ns_tensor_bytes(t), cudaMemcpyHostToDevice, c->stream), "upload");
+    cu_check(c, cudaStreamSynchronize(c->stream), "upload");
+    cu_note_write(c, t);
+    return report(c, err);
+}
+
+static ns_status cu_tensor_download(ns_backend *be, const ns_tensor *t, float *dst, ns_error *err) {
+    cu_impl *c = IMPL(be);
+    flush(be);
+    size_t n = (size_t)t->rows * (size_t)t->cols;
+    if (t->dtype == NS_DT_F32) {
+        cu_check(c, cudaMemcpyAsync(dst, t->data, n * 4, cudaMemcpyDeviceToHost, c->stream), "download");
+    } else if (t->dtype == NS_DT_BF16) {
+        float *tmp = NULL;
+        if (!cu_check(c, cudaMallocAsync(&tmp, n * 4, c->stream), "download tmp")) {
+            cu_launch_bf16_to_f32(c, tmp, (const bf16 *)t->data, n);
+            cu_check(c, cudaMemcpyAsync(dst, tmp, n * 4, cudaMemcpyDeviceToHost, c->stream), "download");
+            cu_check(c, cudaFreeAsync(tmp, c->stream), "download tmp");
+        }
+    } else {
+        return ns_fail(err, NS_ERR_UNSUPPORTED, "tensor_download: f16 tensors are not kept on cuda");
+    }
+    cu_check(c, cudaStreamSynchronize(c->stream), "download");
+    return report(c, err);
+}
+
+/* ============================================================= KV pool */
+
+static ns_status cu_kv_alloc(ns_backend *be, const ns_kv_layout *layout, ns_error *err) {
+    cu_impl *c = IMPL(be);
+    if (layout->dtype != NS_DT_BF16)
+        return ns_fail(err, NS_ERR_UNSUPPORTED, "cuda backend: KV dtype must be bf16 (got %s)",
+                       ns_dtype_name(layout->dtype));
+    if (c->kv) return ns_fail(err, NS_ERR_INVALID, "cuda backend: KV pool already allocated");
+    if (layout->n_pages <= 0 || layout->page_tokens <= 0 || layout->head_dim <= 0 || layout->head_dim % 8 ||
+        layout->head_dim > 256 || layout->n_kv_heads <= 0 || layout->n_layers <= 0)
+        return ns_fail(err, NS_ERR_RANGE, "cuda backend: unsupported KV geometry (head_dim %d must be a multiple of 8, <= 256)",
+                       layout->head_dim);
+    size_t expect = (size_t)layout->n_layers * 2 * (size_t)layout->n_kv_heads * (size_t)layout->page_tokens *
+                    (size_t)layout->head_dim * 2;
+    if (layout->page_size_bytes != expect)
+        return ns_fail(err, NS_ERR_INVALID, "cuda backend: page_size_bytes %zu != %zu implied by the layout",
+                       layout->page_size_bytes, expect);
+    size_t bytes = (size_t)layout->n_pages * layout->page_size_bytes;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return ns_fail(err, NS_ERR_NOMEM, "cuda backend: cannot allocate %zu bytes of KV pool: %s", bytes,
+                       cudaGetErrorString(e));
+    }
+    /* 0xFFFF is a bf16 NaN: a slot read before anything wrote it poisons
+     * the result visibly. */
+    cu_check(c, cudaMemset(p, 0xFF, bytes), "kv poison");
+    c->kv = (uint8_t *)p;
+    be->kv = *layout;
+    bump_generation(c);
+    return report(c, err);
+}
+
+static void cu_kv_free(ns_backend *be) {
+    cu_impl *c = IMPL(be);
+    flush(be);
+    cu_check(c, cudaStreamSynchronize(c->stream), "sync");
+    if (c->kv) cu_check(c, cudaFree(c->kv), "cudaFree(kv)");
+    c->kv = NULL;
+    memset(&be->kv, 0, sizeof be->kv);
+    bump_generation(c);
+}
+
+static ns_status check_page(ns_backend *be, int32_t page, ns_error *err) {
+    cu_impl *c = IMPL(be);
+    if (!c->kv) return ns_fail(err, NS_ERR_INVALID, "KV pool not allocated");
+    if (page < 0 || page >= be->kv.n_pages) return ns_fail(err, NS_ERR_RANGE, "KV page %d out of range", page);
+    return NS_OK;
+}
+
+static ns_status cu_kv_page_read(ns_backend *be, int32_t page, void *dst, ns_error *err) {
+    cu_impl *c = IMPL(be);
+    ns_status rc = check_page(be, page, err);
+    if (rc != NS_OK) return rc;
+    flush(be);
+    cu_check(c, cudaMemcpyAsync(dst, c->kv + (size_t)page * be->kv.page_size_bytes, be->kv.page_size_bytes,
+                                cudaMemcpyDeviceToHost, c->stream), "kv_page_read");
+    cu_check(c, cudaStreamSynchronize(c->stream), "kv_page_read");
+    return report(c, err);
+}
+
+static ns_status cu_kv_page_write(ns_backend *be, int32_t page, const void *src, ns_error *err) {
+    cu_impl *c = IMPL(be);
+    ns_status rc = check_page(be, page, err);
+    if (rc != NS_OK) return rc;
+    flush(be);
+    cu_check(c, cudaMemcpyAsync(c->kv + (size_t)page * be->kv.page_size_bytes, src, be->kv.page_size_bytes,
+                                cudaMemcpyHostToDevice, c->stream), "kv_page_write");
+    cu_check(c, cudaStreamSynchronize(c->stream), "kv_page_write");
+    return report(c, err);
+}
+
+static void cu_kv_page_copy(ns_backend *be, int32_t dst_page, int32_t src_page, int32_t n_slots) {
+    cu_impl *c = IMPL(be);
+    if (dst_page < 0 || src_page < 0 || dst_page >= be->kv.n_pages || src_page >= be->kv.n_pages || n_slots < 0 ||
+        n_slots > be->kv.page_tokens) {
+        set_error(c, NS_ERR_RANGE, "kv_page_copy: page %d <- %d, %d slots out of range", dst_page, src_page, n_slots);
+        return;
+    }
+    if (n_slots == 0 || dst_page == src_page) return;
+    cu_op op;
+    make_op(&op, OP_KV_COPY, NULL, NULL, NULL);
+    op.i0 = dst_page;
+    op.i1 = src_page;
+    op.i2 = n_slots;
+    submit(be, &op);
+}
+
+/* ================================================================ batch */
+
+/* Decode partitions along the sequence (flash-decoding): enough CTAs to
+ * fill the chip eight times over (they are short and latency-bound),
+ * never fewer than 128 keys per split. A power
+ * of two so graphs are keyed by few distinct values. */
+static int32_t choose_splits(const cu_impl *c, int32_t n_dec, int32_t n_kv_heads, int32_t max_len) {
+    if (n_dec <= 0 || n_kv_heads <= 0) return 1;
+    int64_t want = (8LL * c->n_sm + (int64_t)n_dec * n_kv_heads - 1) / ((int64_t)n_dec * n_kv_heads);
+    int64_t by_len = (max_len + 127) / 128;
+    int64_t s = want < by_len ? want : by_len;
+    if (s < 1) s = 1;
+    int32_t p = 1;
+    while (p < s && p < 1024) p *= 2;
+    return p;
+}
+
+static ns_status meta_grow(ns_backend *be, int32_t need_tokens, int32_t need_seqs, int32_t need_stride,
+                           int32_t need_logits, int32_t need_tiles, ns_error *err) {
+    cu_impl *c = IMPL(be);
+    cu_meta *m = &c->meta;
+    if (m->d_base && need_tokens <= m->cap_tokens && need_seqs <= m->cap_seqs && need_stride <= m->cap_pt_stride &&
+        need_logits <= m->cap_logits && need_tiles <= m->cap_tiles)
+        return NS_OK;
+#define GROW(cap, need, min)                   \
+    do {                                       \
+        int32_t v = (cap) < (min) ? (min) : (cap); \
+        while (v < (need)) v *= 2;             \
+        (cap) = v;                             \
+    } while (0)
+    GROW(m->cap_tokens, need_tokens, 512);
+    GROW(m->cap_seqs, need_seqs, 128);
+    GROW(m->cap_pt_stride, need_stride, 256);
+    GROW(m->cap_logits, need_logits, 256);
+    GROW(m->cap_tiles, need_tiles, 256);
+#undef GROW
+    cu_check(c, cudaStreamSynchronize(c->stream), "sync");
+    if (m->d_base) cudaFree(m->d_base);
+    if (m->h_base) cudaFreeHost(m->h_base);
+    m->d_base = NULL;
+    m->h_base = NULL;
+    size_t T = (size_t)m->cap_tokens, S = (size_t)m->cap_seqs, L = (size_t)m->cap_logits, TL = (size_t)m->cap_tiles;
+    size_t total = 3 * T + (S + 1) + S + S * (size_t)m->cap_pt_stride + L + 2 * TL + S + 64;
+    if (cudaMalloc(&m->d_base, total * 4) != cudaSuccess || cudaMallocHost(&m->h_base, total * 4) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return ns_fail(err, NS_ERR_NOMEM, "cuda: cannot allocate batch metadata (%zu bytes)", total * 4);
+    }
+    m->total_ints = total;
+    int32_t *p = m->d_base;
+    m->tokens = p, p += T;
+    m->positions = p, p += T;
+    m->tok_seq = p, p += T;
+    m->seq_start = p, p += S + 1;
+    m->seq_len = p, p += S;
+    m->page_table = p, p += S * (size_t)m->cap_pt_stride;
+    m->logit_rows = p, p += L;
+    m->tiles = p, p += 2 * TL;
+    m->dec_seqs = p, p += S;
+    bump_generation(c);
+    return NS_OK;
+}
+
+/* Same region offsets in the pinned staging buffer. */
+static int32_t *staging(const cu_meta *m, const int32_t *dev) { return m->h_base + (dev - m->d_base); }
+
+static ns_status cu_set_batch(ns_backend *be, const ns_batch *b, ns_error *err) {
+    cu_impl *c = IMPL(be);
+    cudaSetDevice(c->device);
+    flush(be);
+    if (c->err_status != NS_OK) return report(c, err);
+    if (b->n_tokens < 0 || b->n_seqs < 0 || b->n_logits < 0 || b->max_pages < 0)
+        return ns_fail(err, NS_ERR_INVALID, "set_batch: negative size");
+    if (b->n_seqs > 0 && (b->seq_start[0] != 0 || b->seq_start[b->n_seqs] != b->n_tokens))
+        return ns_fail(err, NS_ERR_INVALID, "set_batch: seq_start does not cover the tokens");
+    const int32_t P = be->kv.page_tokens;
+    int32_t need_stride = 1, n_tiles = 0, n_dec = 0, max_len = 0, n_pre = 0;
+    for (int32_t s = 0; s < b->n_seqs; s++) {
+        int32_t n = b->seq_start[s + 1] - b->seq_start[s];
+        if (n < 0) return ns_fail(err, NS_ERR_INVALID, "set_batch: seq_start not ascending");
+        if (n > b->seq_len[s]) return ns_fail(err, NS_ERR_INVALID, "set_batch: more new tokens than context");
+        int32_t pages = P ? (b->seq_len[s] + P - 1) / P : 0;
+        if (pages > b->max_pages) return ns_fail(err, NS_ERR_INVALID, "set_batch: page table too short");
+        for (int32_t p = 0; p < pages; p++) {
+            int32_t pg = b->page_table[(size_t)s * (size_t)b->max_pages + (size_t)p];
+            if (pg < 0 || pg >= be->kv.n_pages) return ns_fail(err, NS_ERR_RANGE, "set_batch: bad page %d", pg);
+        }
+        for (int32_t t = b->seq_start[s]; t < b->seq_start[s + 1]; t++)
+            if (b->positions[t] != b->seq_len[s] - n + (t - b->seq_start[s]))
+                return ns_fail(err, NS_ERR_INVALID,
+                               "set_batch: positions of a sequence must be consecutive and end at seq_len-1");
+        if (pages > need_stride) need_stride = pages;
+        if (n == 1) {
+            n_dec++;
+            if (b->seq_len[s] > max_len) max_len = b->seq_len[s];
+        } else if (n > 1) {
+            n_pre++;
+            n_tiles += (n + 63) / 64;
+        }
+    }
+    for (int32_t i = 0; i < b->n_logits; i++)
+        if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n_tokens)
+            return ns_fail(err, NS_ERR_INVALID, "set_batch: logit row out of range");
+    /* page-table stride: a power of two so decode graphs survive growth */
+    int32_t stride = 16;
+    while (stride < need_stride) stride *= 2;
+    ns_status rc = meta_grow(be, b->n_tokens, b->n_seqs, stride, b->n_logits, n_tiles, err);
+    if (rc != NS_OK) return rc;
+    cu_meta *m = &c->meta;
+    if (c->staging_pending) {
+        cu_check(c, cudaEventSynchronize(c->staging_done), "staging");
+        c->staging_pending = false;
+    }
+    int32_t *h_tok_seq = staging(m, m->tok_seq), *h_pt = staging(m, m->page_table), *h_tiles = staging(m, m->tiles),
+            *h_dec = staging(m, m->dec_seqs);
+    memcpy(staging(m, m->tokens), b->tokens, (size_t)b->n_tokens * 4);
+    memcpy(staging(m, m->positions), b->positions, (size_t)b->n_tokens * 4);
+    memcpy(staging(m, m->seq_start), b->seq_start, ((size_t)b->n_seqs + 1) * 4);
+    memcpy(staging(m, m->seq_len), b->seq_len, (size_t)b->n_seqs * 4);
+    memcpy(staging(m, m->logit_rows), b->logit_rows, (size_t)b->n_logits * 4);
+    int32_t ti = 0, di = 0;
+    for (int32_t s = 0; s < b->n_seqs; s++) {
+        int32_t n = b->seq_start[s + 1] - b->seq_start[s];
+        int32_t pages = P ? (b->seq_len[s] + P - 1) / P : 0;
+        memcpy(h_pt + (size_t)s * stride, b->page_table + (size_t)s * b->max_pages, (size_t)pages * 4);
+        for (int32_t t = b->seq_start[s]; t < b->seq_start[s + 1]; t++) h_tok_seq[t] = s;
+        if (n == 1) {
+            h_dec[di++] = s;
+        } else if (n > 1) {
+            /* last tiles first: they attend to the most keys, and starting
+             * them early shortens the tail of the launch */
+            for (int32_t q0 = ((n - 1) / 64) * 64; q0 >= 0; q0 -= 64) {
+                h_tiles[2 * ti] = s;
+                h_tiles[2 * ti + 1] = q0;
+                ti++;
+            }
+        }
+    }
+    m->n_tokens = b->n_tokens;
+    m->n_seqs = b->n_seqs;
+    m->n_logits = b->n_logits;
+    m->pt_stride = stride;
+    m->n_tiles = n_tiles;
+    m->n_dec = n_dec;
+    m->n_prefill_seqs = n_pre;
+    m->max_len = max_len;
+    m->n_splits = choose_splits(c, n_dec, be->kv.n_kv_heads, max_len);
+    m->valid = true;
+    struct {
+        int32_t *dev;
+        size_t n;
+    } regions[] = {
+        {m->tokens, (size_t)b->n_tokens},     {m->positions, (size_t)b->n_tokens},
+        {m->tok_seq, (size_t)b->n_tokens},    {m->seq_start, (size_t)b->n_seqs + 1},
+        {m->seq_len, (size_t)b->n_seqs},      {m->page_table, (size_t)b->n_seqs * stride},
+        {m->logit_rows, (size_t)b->n_logits}, {m->tiles, 2 * (size_t)n_tiles},
+        {m->dec_seqs, (size_t)n_dec},
+    };
+    for (size_t i = 0; i < sizeof regions / sizeof regions[0]; i++) {
+        if (!regions[i].n) continue;
+        cu_check(c, cudaMemcpyAsync(regions[i].dev, staging(m, regions[i].dev), regions[i].n * 4,
+                                    cudaMemcpyHostToDevice, c->stream), "set_batch upload");
+    }
+    cu_check(c, cudaEventRecord(c->staging_done, c->stream), "set_batch event");
+    c->staging_pending = true;
+    /* Pure decode steps are recorded: fused at flush, and captured into
+     * a graph / replayed when graphs are on. */
+    c->recording = b->n_seqs > 0 && n_dec == b->n_seqs && b->n_tokens <= 1024;
+    c->n_tape = 0;
+    return report(c, err);
+}
+
+/* ================================================================== ops */
+
+static void cu_embed(ns_backend *be, ns_tensor *out, const ns_tensor *table) {
+    cu_op op;
+    make_op(&op, OP_EMBED, out, table, NULL);
+    submit(be, &op);
+}
+
+static void cu_rmsnorm(ns_backend *be, ns_tensor *out, const ns_tensor *in, const ns_tensor *w, float eps) {
+    cu_op op;
+    make_op(&op, OP_RMSNORM, out, in, w);
+    op.f0 = eps;
+    submit(be, &op);
+}
+
+static void cu_matmul(ns_backend *be, ns_tensor *out, const ns_tensor *in, const ns_tensor *w) {
+    cu_op op;
+    make_op(&op, OP_MATMUL, out, in, w);
+    submit(be, &op);
+}
+
+static void cu_rope(ns_backend *be, ns_tensor *x, int n_heads, int head_dim, const ns_tensor *inv_freq) {
+    cu_op op;
+    make_op(&op, OP_ROPE, x, inv_freq, NULL);
+    op.i0 = n_heads;
+    op.i1 = head_dim;
+    submit(be, &op);
+}
+
+static void cu_swiglu(ns_backend *be, ns_tensor *out, const ns_tensor *gate, const ns_tensor *up) {
+    cu_op op;
+    make_op(&op, OP_SWIGLU, out, gate, up);
+    submit(be, &op);
+}
+
+static void cu_add(ns_backend *be, ns_tensor *out, const ns_tensor *x) {
+    cu_op op;
+    make_op(&op, OP_ADD, out, x, NULL);
+    submit(be, &op);
+}
+
+static void cu_kv_store(ns_backend *be, int layer, const ns_tensor *k, const ns_tensor *v) {
+    cu_op op;
+    make_op(&op, OP_KV_STORE, k, v, NULL);
+    op.i0 = layer;
+    submit(be, &op);
+}
+
+static void cu_attention_op(ns_backend *be, ns_tensor *out, const ns_tensor *q, int layer, int n_heads, float scale) {
+    cu_op op;
+    make_op(&op, OP_ATTENTION, out, q, NULL);
+    op.i0 = layer;
+    op.i1 = n_heads;
+    op.f0 = scale;
+    submit(be, &op);
+}
+
+static void cu_gather_rows(ns_backend *be, ns_tensor *out, const ns_tensor *in) {
+    cu_op op;
+    make_op(&op, OP_GATHER, out, in, NULL);
+    submit(be, &op);
+}
+
+/* ============================================================= sampling */
+
+static ns_status ensure_argmax(cu_impl *c, int n, ns_error *err) {
+    if (n <= c->argmax_cap) return NS_OK;
+    int cap = c->argmax_cap ? c->argmax_cap : 1024;
+    while (cap < n) cap *= 2;
+    cu_check(c, cudaStreamSynchronize(c->stream), "sync");
+    if (c->d_argmax) cudaFree(c->d_argmax);
+    if (c->h_argmax) cudaFreeHost(c->h_argmax);
+    c->d_argmax = NULL;
+    c->h_argmax = NULL;
+    c->argmax_cap = 0;
+    if (cudaMalloc(&c->d_argmax, (size_t)cap * 4) != cudaSuccess ||
+        cudaMallocHost(&c->h_argmax, (size_t)cap * 4) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return ns_fail(err, NS_ERR_NOMEM, "cuda: cannot allocate sampling buffers");
+    }
+    c->argmax_cap = cap;
+    bump_generation(c);
+    return NS_OK;
+}
+
+/* Greedy rows without penalties are reduced on the device (argmax, lowest
+ * id wins ties, as ns_sampler_sample); the rest copy their row to pinned
+ * host memory and run the reference sampler there, which keeps every
+ * sampler's RNG stream and penalty state exactly as on the CPU. */
+static ns_status cu_sample(ns_backend *be, const ns_tensor *logits, int n_rows, struct ns_sampler *const *samplers,
+                           int32_t *out_tokens, ns_error *err) {
+    cu_impl *c = IMPL(be);
+    if (n_rows <= 0) return NS_OK;
+    if (logits->dtype != NS_DT_F32 || logits->rows < n_rows)
+        return ns_fail(err, NS_ERR_INVALID, "sample: logits must be F32 with at least %d rows", n_rows);
+    int n_host = 0;
+    for (int i = 0; i < n_rows; i++)
+        if (!ns_sampler_is_greedy(samplers[i]) || ns_sampler_has_penalties(samplers[i])) n_host++;
+    ns_status rc = ensure_argmax(c, n_rows, err);
+    if (rc != NS_OK) return rc;
+    const size_t V = (size_t)logits->cols;
+    if (n_host) {
+        size_t need = (size_t)n_host * V;
+        if (need > c->h_rows_floats) {
+            if (c->h_rows) cudaFreeHost(c->h_rows);
+            c->h_rows = NULL;
+            c->h_rows_floats = 0;
+            if (cudaMallocHost(&c->h_rows, need * 4) != cudaSuccess) {
+                (void)cudaGetLastError();
+                return ns_fail(err, NS_ERR_NOMEM, "cuda: cannot allocate %zu bytes of pinned memory", need * 4);
+            }
+            c->h_rows_floats = need;
+        }
+    }
+    if (n_host < n_rows) {
+        cu_op op;
+        make_op(&op, OP_ARGMAX, logits, NULL, NULL);
+        op.a.rows = n_rows;
+        op.i0 = n_rows;
+        submit(be, &op);
+    }
+    flush(be);
+    if (n_host < n_rows)
+        cu_check(c, cudaMemcpyAsync(c->h_argmax, c->d_argmax, (size_t)n_rows * 4, cudaMemcpyDeviceToHost, c->stream),
+                 "sample: tokens");
+    int j = 0;
+    for (int i = 0; i < n_rows; i++) {
+        if (ns_sampler_is_greedy(samplers[i]) && !ns_sampler_has_penalties(samplers[i])) continue;
+        cu_check(c, cudaMemcpyAsync(c->h_rows + (size_t)j * V, (const float *)logits->data + (size_t)i * V, V * 4,
+                                    cudaMemcpyDeviceToHost, c->stream), "sample: row");
+        j++;
+    }
+    cu_check(c, cudaStreamSynchronize(c->stream), "sample");
+    if (c->err_status != NS_OK) return report(c, err);
+    j = 0;
+    for (int i = 0; i < n_rows; i++) {
+        if (ns_sampler_is_greedy(samplers[i]) && !ns_sampler_has_penalties(samplers[i])) {
+            out_tokens[i] = c->h_argmax[i];
+        } else {
+            out_tokens[i] = ns_sampler_sample(samplers[i], c->h_rows + (size_t)j * V);
+            j++;
+        }
+    }
+    return NS_OK;
+}
+
+static ns_status cu_sync(ns_backend *be, ns_error *err) {
+    cu_impl *c = IMPL(be);
+    flush(be);
+    cu_check(c, cudaStreamSynchronize(c->stream), "sync");
+    if (c->profiling) prof_resolve(c);
+    return report(c, err);
+}
+
+/* ============================================================ lifecycle */
+
+static void cu_destroy(ns_backend *be) {
+    if (!be) return;
+    cu_impl *c = IMPL(be);
+    if (c) {
+        cudaSetDevice(c->device);
+        if (c->stream) {
+            flush(be);
+            cudaStreamSynchronize(c->stream);
+        }
+        graphs_clear(c);
+        for (int i = 0; i < c->n_plans; i++) {
+            cu_gemm_plan *p = &c->plans[i];
+            if (p->op) cublasLtMatmulDescDestroy(p->op);
+            if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+            if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+            if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+        }
+        if (c->lt) cublasLtDestroy(c->lt);
+        if (c->lt_ws) cudaFree(c->lt_ws);
+        for (int i = 0; i < c->n_shadows; i++)
+            if (c->shadows[i].bf) cudaFree(c->shadows[i].bf);
+        free(c->shadows);
+        if (c->kv) cudaFree(c->kv);
+        if (c->meta.d_base) cudaFree(c->meta.d_base);
+        if (c->meta.h_base) cudaFreeHost(c->meta.h_base);
+        if (c->conv) cudaFree(c->conv);
+        if (c->attn_ws) cudaFree(c->attn_ws);
+        if (c->attn_cnt) cudaFree(c->attn_cnt);
+        if (c->d_argmax) cudaFree(c->d_argmax);
+        if (c->h_argmax) cudaFreeHost(c->h_argmax);
+        if (c->h_rows) cudaFreeHost(c->h_rows);
+        if (c->staging_done) cudaEventDestroy(c->staging_done);
+        if (c->prof_ev) {
+            for (int i = 0; i < 2 * CU_PROF_EVENTS; i++)
+                if (c->prof_ev[i]) cudaEventDestroy(c->prof_ev[i]);
+            free(c->prof_ev);
+        }
+        free(c->prof_label_of);
+        free(c->tape);
+        if (c->stream) cudaStreamDestroy(c->stream);
+        free(c);
+    }
+    free(be);
+}
+
+static const ns_backend_ops cuda_ops = {
+    /* .name = */ "cuda",
+    /* .destroy = */ cu_destroy,
+    /* .tensor_alloc = */ cu_tensor_alloc,
+    /* .tensor_free = */ cu_tensor_free,
+    /* .weight_from_host = */ cu_weight_from_host,
+    /* .weight_random = */ cu_weight_random,
+    /* .tensor_upload = */ cu_tensor_upload,
+    /* .tensor_download = */ cu_tensor_download,
+    /* .kv_alloc = */ cu_kv_alloc,
+    /* .kv_free = */ cu_kv_free,
+    /* .kv_page_read = */ cu_kv_page_read,
+    /* .kv_page_write = */ cu_kv_page_write,
+    /* .kv_page_copy = */ cu_kv_page_copy,
+    /* .set_batch = */ cu_set_batch,
+    /* .embed = */ cu_embed,
+    /* .rmsnorm = */ cu_rmsnorm,
+    /* .matmul = */ cu_matmul,
+    /* .rope = */ cu_rope,
+    /* .swiglu = */ cu_swiglu,
+    /* .add = */ cu_add,
+    /* .kv_store = */ cu_kv_store,
+    /* .attention = */ cu_attention_op,
+    /* .gather_rows = */ cu_gather_rows,
+    /* .sample = */ cu_sample,
+    /* .sync = */ cu_sync,
+};
+
+static int env_int(const char *name, int dflt) {
+    const char *s = getenv(name);
+    if (!s || !*s) return dflt;
+    return atoi(s);
+}
+
+extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_error *err) {
+    *out = NULL;
+    int n_dev = 0;
+    cudaError_t e = cudaGetDeviceCount(&n_dev);
+    if (e != cudaSuccess || n_dev == 0) {
+        (void)cudaGetLastError();
+        return ns_fail(err, NS_ERR_UNSUPPORTED, "cuda: no usable GPU (%s)",
+                       e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    }
+    if (device < 0 || device >= n_dev)
+        return ns_fail(err, NS_ERR_RANGE, "cuda: device %d does not exist (%d found)", device, n_dev);
+    ns_backend *be = (ns_backend *)calloc(1, sizeof *be);
+    cu_impl *c = (cu_impl *)calloc(1, sizeof *c);
+    ns_status rc = NS_OK;
+    if (!be || !c) {
+        free(be);
+        free(c);
+        return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+    }
+    be->ops = &cuda_ops;
+    be->impl = c;
+    c->device = device;
+    cudaDeviceProp prop;
+    if (cudaSetDevice(device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        rc = ns_fail(err, NS_ERR_INTERNAL, "cuda: cannot open device %d", device);
+        goto fail;
+    }
+    if (prop.major < 8) {
+        rc = ns_fail(err, NS_ERR_UNSUPPORTED, "cuda: %s (sm_%d%d) lacks bf16 tensor cores; need sm_80 or newer",
+                     prop.name, prop.major, prop.minor);
+        goto fail;
+    }
+    c->n_sm = prop.multiProcessorCount;
+    c->smem_optin = prop.sharedMemPerBlockOptin;
+    if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->staging_done, cudaEventDisableTiming) != cudaSuccess) {
+        rc = ns_fail(err, NS_ERR_INTERNAL, "cuda: cannot create a stream");
+        goto fail;
+    }
+    if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
+        rc = ns_fail(err, NS_ERR_INTERNAL, "cuda: cublasLtCreate failed");
+        goto fail;
+    }
+    c->lt_ws_bytes = (size_t)64 << 20;
+    if (cudaMalloc(&c->lt_ws, c->lt_ws_bytes) != cudaSuccess) {
+        rc = ns_fail(err, NS_ERR_NOMEM, "cuda: cannot allocate the GEMM workspace");
+        goto fail;
+    }
+    c->graphs_enabled = env_int("NS_CUDA_GRAPHS", 1);
+    c->fusion = env_int("NS_CUDA_FUSION", 1);
+    /* measured on H200 (docs/cuda.md): the GEMV kernel beats cuBLASLt up
+     * to 2 input rows; from 4 rows on cuBLASLt is as fast or faster */
+    c->gemv_max = env_int("NS_CUDA_GEMV_MAX", 2);
+    c->prof_ev = (cudaEvent_t *)calloc(2 * CU_PROF_EVENTS, sizeof(cudaEvent_t));
+    c->prof_label_of = (int32_t *)calloc(CU_PROF_EVENTS, sizeof(int32_t));
+    if (!c->prof_ev || !c->prof_label_of) {
+        rc = ns_fail(err, NS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    rc = ensure_argmax(c, 1024, err);
+    if (rc != NS_OK) goto fail;
+    rc = meta_grow(be, 512, 128, 256, 256, 256, err);
+    if (rc != NS_OK) goto fail;
+    if (env_int("NS_CUDA_PROFILE", 0)) ns_cuda_set_profiling(be, 1);
+    *out = be;
+    return NS_OK;
+fail:
+    (void)cudaGetLastError();
+    cu_destroy(be);
+    return rc;
+}
+
+/* ================================================================ extras */
+
+extern "C" ns_status ns_cuda_mem_info(ns_backend *be, size_t *free_bytes, size_t *total_bytes, ns_error *err) {
+    cu_impl *c = IMPL(be);
+    cudaSetDevice(c->device);
+    if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return ns_fail(err, NS_ERR_INTERNAL, "cuda: cudaMemGetInfo failed");
+    }
+    return NS_OK;
+}
+
+extern "C" void ns_cuda_device_desc(ns_backend *be, char *name, size_t name_len, int *n_sm) {
+    cu_impl *c = IMPL(be);
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, c->device) == cudaSuccess) snprintf(name, name_len, "%s", prop.name);
+    else snprintf(name, name_len, "?");
+    *n_sm = c->n_sm;
+}
+
+extern "C" void ns_cuda_set_graphs(ns_backend *be, int on) {
+    cu_impl *c = IMPL(be);
+    flush(be);
+    c->graphs_enabled = on;
+}
+
+extern "C" void ns_cuda_set_fusion(ns_backend *be, int on) {
+    cu_impl *c = IMPL(be);
+    flush(be);
+    c->fusion = on;
+}
+
+extern "C" void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager) {
+    cu_impl *c = IMPL(be);
+    *replays = c->stat_replays;
+    *captures = c->stat_captures;
+    *eager = c->stat_eager;
+}
+
+extern "C" void ns_cuda_set_profiling(ns_backend *be, int on) {
+    cu_impl *c = IMPL(be);
+    flush(be);
+    if (on && !c->prof_ev[0]) {
+        for (int i = 0; i < 2 * CU_PROF_EVENTS; i++)
+            if (cudaEventCreate(&c->prof_ev[i]) != cudaSuccess) {
+                (void)cudaGetLastError();
+                return;
+            }
+    }
+    c->profiling = on;
+}
+
+extern "C" void ns_cuda_profile_report(ns_backend *be, FILE *f) {
+    cu_impl *c = IMPL(be);
+    flush(be);
+    cudaStreamSynchronize(c->stream);
+    prof_resolve(c);
+    double total = 0;
+    for (int i = 0; i < c->n_prof; i++) total += c->prof[i].ms;
+    /* selection sort by time: a handful of labels */
+    for (int i = 0; i < c->n_prof; i++) {
+        int best = i;
+        for (int j = i + 1; j < c->n_prof; j++)
+            if (c->prof[j].ms > c->prof[best].ms) best = j;
+        cu_prof_label t = c->prof[i];
+        c->prof[i] = c->prof[best];
+        c->prof[best] = t;
+        fprintf(f, "    %-34s %7lld calls %10.3f ms %5.1f%%\n", c->prof[i].name, (long long)c->prof[i].calls,
+                c->prof[i].ms, total > 0 ? 100.0 * c->prof[i].ms / total : 0.0);
+    }
+    c->n_prof = 0;
+}
+
+/* Internal accessors for cuda_bench.cu */
+cu_impl *cu_impl_of(ns_backend *be) { return IMPL(be); }
+void cu_flush(ns_backend *be) { flush(be); }

@@ -1,0 +1,143 @@
+/* cuda_fused.cu — fused kernels for recorded (decode) tapes.
+ *
+ * A decode step is launch-bound at small batch: ~18 kernels per layer, most
+ * moving a few kilobytes. When a recorded tape holds the engine's fixed op
+ * sequences, cuda_backend.cu runs them through these kernels instead:
+ * - q/k RMSNorm (optional) + RoPE of q and k + KV store of k and v: one
+ *   kernel, one warp per (token, head), instead of five;
+ * - residual add + the RMSNorm that follows it: one kernel instead of two.
+ * Each fused kernel performs exactly the arithmetic of the unfused kernels
+ * in the same order (same per-lane element assignment, same reduction
+ * tree), so fusing changes no result bit; tests/gpu checks fused against
+ * unfused decode.
+ */
+#include "backend/cuda/cuda_internal.cuh"
+
+__device__ __forceinline__ float fused_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* E = head_dim / 32 elements per lane: lane holds d = lane + 32 e, so the
+ * rotate-half partner of e < E/2 is e + E/2 (head_dim a multiple of 64). */
+template <int E>
+__global__ __launch_bounds__(128) void k_qk_norm_rope_store(
+    float *q, float *k, const float *__restrict__ v, int T, int H, int KVH, const float *__restrict__ qn,
+    const float *__restrict__ kn, float eps, const float *__restrict__ inv_freq, const int32_t *__restrict__ positions,
+    const int32_t *__restrict__ tok_seq, const int32_t *__restrict__ page_table, int pt_stride, uint8_t *kv,
+    size_t page_bytes, int P, int layer) {
+    constexpr int D = 32 * E;
+    const int w = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int t = w / (H + KVH), h = w % (H + KVH);
+    if (t >= T) return;
+    const bool is_q = h < H;
+    float *vec = is_q ? q + ((size_t)t * H + h) * D : k + ((size_t)t * KVH + (h - H)) * D;
+    const float *nw = is_q ? qn : kn;
+    float x[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) x[e] = vec[lane + 32 * e];
+    if (nw) {
+        float ss = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; e++) ss += x[e] * x[e];
+        ss = fused_warp_sum(ss);
+        const float inv = 1.0f / sqrtf(ss / (float)D + eps);
+#pragma unroll
+        for (int e = 0; e < E; e++) x[e] = (x[e] * inv) * nw[lane + 32 * e];
+    }
+    const int pos = positions[t];
+#pragma unroll
+    for (int e = 0; e < E / 2; e++) {
+        const int i = lane + 32 * e;
+        const float ang = (float)pos * inv_freq[i];
+        float s, co;
+        sincosf(ang, &s, &co);
+        const float x0 = x[e], x1 = x[e + E / 2];
+        x[e] = x0 * co - x1 * s;
+        x[e + E / 2] = x1 * co + x0 * s;
+    }
+#pragma unroll
+    for (int e = 0; e < E; e++) vec[lane + 32 * e] = x[e];
+    if (!is_q) {
+        const int kvh = h - H;
+        const int seq = tok_seq[t];
+        const int page = page_table[(size_t)seq * pt_stride + pos / P];
+        const int slot = pos % P;
+        bf16 *pg = (bf16 *)(kv + (size_t)page * page_bytes);
+        bf16 *kd = pg + ((((size_t)layer * 2 + 0) * KVH + kvh) * P + slot) * D;
+        bf16 *vd = pg + ((((size_t)layer * 2 + 1) * KVH + kvh) * P + slot) * D;
+        const float *vs = v + ((size_t)t * KVH + kvh) * D;
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            kd[lane + 32 * e] = __float2bfloat16_rn(x[e]);
+            vd[lane + 32 * e] = __float2bfloat16_rn(vs[lane + 32 * e]);
+        }
+    }
+}
+
+void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, float *q, float *k, const float *v,
+                                  int n_tokens, int n_heads, const float *q_norm, const float *k_norm, float eps,
+                                  const float *inv_freq) {
+    const int warps = n_tokens * (n_heads + l->n_kv_heads);
+    const unsigned blocks = (unsigned)((warps + 3) / 4);
+#define QKRS_ARGS                                                                                                     \
+    q, k, v, n_tokens, n_heads, l->n_kv_heads, q_norm, k_norm, eps, inv_freq, c->meta.positions, c->meta.tok_seq,     \
+        c->meta.page_table, c->meta.pt_stride, c->kv, l->page_size_bytes, l->page_tokens, layer
+    switch (l->head_dim) {
+    case 64: k_qk_norm_rope_store<2><<<blocks, 128, 0, c->stream>>>(QKRS_ARGS); break;
+    case 128: k_qk_norm_rope_store<4><<<blocks, 128, 0, c->stream>>>(QKRS_ARGS); break;
+    case 256: k_qk_norm_rope_store<8><<<blocks, 128, 0, c->stream>>>(QKRS_ARGS); break;
+    default: cu_check(c, cudaErrorInvalidValue, "qk_norm_rope_store: head_dim must be 64, 128 or 256"); return;
+    }
+#undef QKRS_ARGS
+    CU_LAUNCHED(c, "qk_norm_rope_store");
+}
+
+/* x += y; out = rmsnorm(x) * w, one 512-thread block per row, float4
+ * lanes: the same element order and reduction as k_add4 + k_rmsnorm_block. */
+__global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out, bf16 *out_bf,
+                              const float *__restrict__ w, int cols, float eps) {
+    const int64_t r = blockIdx.x;
+    float *xr = x + r * cols;
+    const float *yr = y + r * cols;
+    __shared__ float part[32];
+    float ss = 0.f;
+    for (int d = threadIdx.x * 4; d < cols; d += blockDim.x * 4) {
+        float4 a = *reinterpret_cast<const float4 *>(xr + d), b = *reinterpret_cast<const float4 *>(yr + d);
+        a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        *reinterpret_cast<float4 *>(xr + d) = a;
+        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    }
+    ss = fused_warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.f;
+        t = fused_warp_sum(t);
+        if (threadIdx.x == 0) part[0] = t;
+    }
+    __syncthreads();
+    const float inv = 1.0f / sqrtf(part[0] / (float)cols + eps);
+    float *o = out + r * cols;
+    for (int d = threadIdx.x * 4; d < cols; d += blockDim.x * 4) {
+        float4 a = *reinterpret_cast<const float4 *>(xr + d);
+        float4 ww = *reinterpret_cast<const float4 *>(w + d);
+        float4 yv = make_float4((a.x * inv) * ww.x, (a.y * inv) * ww.y, (a.z * inv) * ww.z, (a.w * inv) * ww.w);
+        *reinterpret_cast<float4 *>(o + d) = yv;
+        if (out_bf) {
+            __nv_bfloat162 p0 = __floats2bfloat162_rn(yv.x, yv.y), p1 = __floats2bfloat162_rn(yv.z, yv.w);
+            uint2 u;
+            u.x = *reinterpret_cast<uint32_t *>(&p0);
+            u.y = *reinterpret_cast<uint32_t *>(&p1);
+            *reinterpret_cast<uint2 *>(out_bf + r * cols + d) = u;
+        }
+    }
+}
+
+void cu_launch_add_rmsnorm(cu_impl *c, float *x, const float *y, float *out, bf16 *out_bf, const float *w,
+                           int64_t rows, int cols, float eps) {
+    if (rows <= 0) return;
+    k_add_rmsnorm<<<(unsigned)rows, 512, 0, c->stream>>>(x, y, out, out_bf, w, cols, eps);
+    CU_LAUNCHED(c, "add_rmsnorm");
+}

@@ -1,0 +1,421 @@
+/* cuda_kernels.cu — elementwise and row kernels of the CUDA backend:
+ * random weights, dtype conversion, embedding, RMSNorm, RoPE, SwiGLU,
+ * residual add, KV store into pages, row gather, argmax and page copy.
+ *
+ * All of these are memory-bound: each reads its inputs once and writes
+ * its outputs once, with 16-byte accesses where the shapes allow. Kernels
+ * that feed a matmul (rmsnorm, swiglu, gather) also write the BF16 shadow
+ * of their output when the caller passes one, so the GEMM needs no extra
+ * conversion pass. Per-token metadata (tokens, positions, page tables)
+ * comes from the fixed device buffers of cu_meta, never from kernel
+ * arguments, so a captured graph stays valid for the next step.
+ * Arithmetic follows the CPU reference: float32 throughout, accurate
+ * expf/sincosf (no fast-math), bf16 rounding to nearest even.
+ */
+#include "backend/cuda/cuda_internal.cuh"
+
+static inline unsigned grid_for(size_t n, unsigned threads, unsigned cap = 65535u * 8u) {
+    size_t g = (n + threads - 1) / threads;
+    if (g < 1) g = 1;
+    if (g > cap) g = cap;
+    return (unsigned)g;
+}
+
+/* ------------------------------------------------------- random weights */
+
+__global__ void k_fill_random(bf16 *dbf, float *df, size_t n, uint64_t seed, float scale, int round_bf) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        /* must stay bit-identical to hash_uniform in backend_cpu.c */
+        uint64_t z = seed * 0x9e3779b97f4a7c15ULL + (uint64_t)i * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+        z ^= z >> 31;
+        float u = (float)((double)(z >> 40) * (1.0 / 8388608.0) - 1.0);
+        float v = __fmul_rn(u, scale);
+        if (dbf) dbf[i] = __float2bfloat16_rn(v);
+        else df[i] = round_bf ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+    }
+}
+
+void cu_launch_fill_random(cu_impl *c, bf16 *dst_bf, float *dst_f, size_t n, uint64_t seed, float scale,
+                           bool round_bf) {
+    if (!n) return;
+    k_fill_random<<<grid_for(n, 256, 132 * 64), 256, 0, c->stream>>>(dst_bf, dst_f, n, seed, scale, round_bf);
+    CU_LAUNCHED(c, "fill_random");
+}
+
+/* ----------------------------------------------------------- conversion */
+
+__global__ void k_f32_to_bf16(bf16 *__restrict__ dst, const float *__restrict__ src, size_t n) {
+    size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) * 4;
+    size_t stride = (size_t)gridDim.x * blockDim.x * 4;
+    for (; i + 3 < n; i += stride) {
+        float4 v = *reinterpret_cast<const float4 *>(src + i);
+        __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+        uint2 o;
+        o.x = *reinterpret_cast<uint32_t *>(&a);
+        o.y = *reinterpret_cast<uint32_t *>(&b);
+        *reinterpret_cast<uint2 *>(dst + i) = o;
+    }
+    for (; i < n; i++) dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+__global__ void k_f32_to_bf16_scalar(bf16 *__restrict__ dst, const float *__restrict__ src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+void cu_launch_f32_to_bf16(cu_impl *c, bf16 *dst, const float *src, size_t n) {
+    if (!n) return;
+    if (((uintptr_t)src % 16) == 0 && ((uintptr_t)dst % 8) == 0)
+        k_f32_to_bf16<<<grid_for(n / 4 + 1, 256), 256, 0, c->stream>>>(dst, src, n);
+    else
+        k_f32_to_bf16_scalar<<<grid_for(n, 256), 256, 0, c->stream>>>(dst, src, n);
+    CU_LAUNCHED(c, "f32_to_bf16");
+}
+
+__global__ void k_bf16_to_f32(float *__restrict__ dst, const bf16 *__restrict__ src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]);
+}
+
+void cu_launch_bf16_to_f32(cu_impl *c, float *dst, const bf16 *src, size_t n) {
+    if (!n) return;
+    k_bf16_to_f32<<<grid_for(n, 256), 256, 0, c->stream>>>(dst, src, n);
+    CU_LAUNCHED(c, "bf16_to_f32");
+}
+
+/* ------------------------------------------------------------ embedding */
+
+__global__ void k_embed(float *__restrict__ out, const void *__restrict__ table, int is_bf16, const int32_t *tokens,
+                        int dim) {
+    const int t = blockIdx.x;
+    const size_t row = (size_t)tokens[t] * dim;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        float v = is_bf16 ? __bfloat162float(((const bf16 *)table)[row + d]) : ((const float *)table)[row + d];
+        out[(size_t)t * dim + d] = v;
+    }
+}
+
+void cu_launch_embed(cu_impl *c, float *out, const ns_tensor *table, int n_tokens, int dim) {
+    if (n_tokens <= 0) return;
+    if (n_tokens > c->meta.n_tokens) {
+        cu_check(c, cudaErrorInvalidValue, "embed: more rows than the batch has tokens");
+        return;
+    }
+    k_embed<<<n_tokens, 256, 0, c->stream>>>(out, table->data, table->dtype == NS_DT_BF16, c->meta.tokens, dim);
+    CU_LAUNCHED(c, "embed");
+}
+
+/* -------------------------------------------------------------- rmsnorm */
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* One warp per row: rows of up to 1024 columns (q/k norm, small models). */
+__global__ void k_rmsnorm_warp(float *out, bf16 *out_bf, const float *in, const float *__restrict__ w, int64_t rows,
+                               int cols, float eps) {
+    const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const float *x = in + r * cols;
+    float v[32];
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        int d = lane + 32 * i;
+        v[i] = d < cols ? x[d] : 0.f;
+        ss += v[i] * v[i];
+    }
+    ss = warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / (float)cols + eps);
+    float *o = out + r * cols;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        int d = lane + 32 * i;
+        if (d < cols) {
+            float y = (v[i] * inv) * w[d];
+            o[d] = y;
+            if (out_bf) out_bf[r * cols + d] = __float2bfloat16_rn(y);
+        }
+    }
+}
+
+/* One block per row for wide rows (hidden size). */
+__global__ void k_rmsnorm_block(float *out, bf16 *out_bf, const float *in, const float *__restrict__ w, int cols,
+                                float eps) {
+    const int64_t r = blockIdx.x;
+    const float *x = in + r * cols;
+    __shared__ float part[32];
+    float ss = 0.f;
+    const bool vec = (cols % 4) == 0 && ((uintptr_t)x % 16) == 0;
+    if (vec) {
+        for (int d = threadIdx.x * 4; d < cols; d += blockDim.x * 4) {
+            float4 a = *reinterpret_cast<const float4 *>(x + d);
+            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        }
+    } else {
+        for (int d = threadIdx.x; d < cols; d += blockDim.x) ss += x[d] * x[d];
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.f;
+        t = warp_sum(t);
+        if (threadIdx.x == 0) part[0] = t;
+    }
+    __syncthreads();
+    const float inv = 1.0f / sqrtf(part[0] / (float)cols + eps);
+    float *o = out + r * cols;
+    if (vec && ((uintptr_t)o % 16) == 0) {
+        for (int d = threadIdx.x * 4; d < cols; d += blockDim.x * 4) {
+            float4 a = *reinterpret_cast<const float4 *>(x + d);
+            float4 ww = *reinterpret_cast<const float4 *>(w + d);
+            float4 y = make_float4((a.x * inv) * ww.x, (a.y * inv) * ww.y, (a.z * inv) * ww.z, (a.w * inv) * ww.w);
+            *reinterpret_cast<float4 *>(o + d) = y;
+            if (out_bf) {
+                __nv_bfloat162 p0 = __floats2bfloat162_rn(y.x, y.y), p1 = __floats2bfloat162_rn(y.z, y.w);
+                uint2 u;
+                u.x = *reinterpret_cast<uint32_t *>(&p0);
+                u.y = *reinterpret_cast<uint32_t *>(&p1);
+                *reinterpret_cast<uint2 *>(out_bf + r * cols + d) = u;
+            }
+        }
+    } else {
+        for (int d = threadIdx.x; d < cols; d += blockDim.x) {
+            float y = (x[d] * inv) * w[d];
+            o[d] = y;
+            if (out_bf) out_bf[r * cols + d] = __float2bfloat16_rn(y);
+        }
+    }
+}
+
+void cu_launch_rmsnorm(cu_impl *c, float *out, bf16 *out_bf, const float *in, const float *w, int64_t rows, int cols,
+                       float eps) {
+    if (rows <= 0 || cols <= 0) return;
+    if (cols <= 1024) {
+        const int rpb = 8;
+        k_rmsnorm_warp<<<(unsigned)((rows + rpb - 1) / rpb), rpb * 32, 0, c->stream>>>(out, out_bf, in, w, rows, cols,
+                                                                                         eps);
+    } else {
+        k_rmsnorm_block<<<(unsigned)rows, 512, 0, c->stream>>>(out, out_bf, in, w, cols, eps);
+    }
+    CU_LAUNCHED(c, "rmsnorm");
+}
+
+/* ----------------------------------------------------------------- rope */
+
+__global__ void k_rope(float *x, const int32_t *__restrict__ positions, int n_tokens, int n_heads, int half,
+                       int head_dim, int row_stride, const float *__restrict__ inv_freq) {
+    const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const int64_t total = (int64_t)n_tokens * n_heads * half;
+    if (idx >= total) return;
+    const int i = (int)(idx % half);
+    const int64_t th = idx / half;
+    const int h = (int)(th % n_heads);
+    const int t = (int)(th / n_heads);
+    const float ang = (float)positions[t] * inv_freq[i];
+    float s, co;
+    sincosf(ang, &s, &co);
+    float *p = x + (int64_t)t * row_stride + (int64_t)h * head_dim;
+    const float x0 = p[i], x1 = p[i + half];
+    p[i] = x0 * co - x1 * s;
+    p[i + half] = x1 * co + x0 * s;
+}
+
+void cu_launch_rope(cu_impl *c, float *x, int n_tokens, int n_heads, int head_dim, int row_stride,
+                    const float *inv_freq) {
+    if (n_tokens <= 0) return;
+    if (n_tokens > c->meta.n_tokens) {
+        cu_check(c, cudaErrorInvalidValue, "rope: more rows than the batch has tokens");
+        return;
+    }
+    int64_t total = (int64_t)n_tokens * n_heads * (head_dim / 2);
+    k_rope<<<(unsigned)((total + 255) / 256), 256, 0, c->stream>>>(x, c->meta.positions, n_tokens, n_heads,
+                                                                   head_dim / 2, head_dim, row_stride, inv_freq);
+    CU_LAUNCHED(c, "rope");
+}
+
+/* --------------------------------------------------------- swiglu / add */
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+
+__global__ void k_swiglu4(float *out, bf16 *out_bf, const float *gate, const float *up, int64_t n4) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
+        float4 g = reinterpret_cast<const float4 *>(gate)[i];
+        float4 u = reinterpret_cast<const float4 *>(up)[i];
+        float4 y = make_float4(silu(g.x) * u.x, silu(g.y) * u.y, silu(g.z) * u.z, silu(g.w) * u.w);
+        reinterpret_cast<float4 *>(out)[i] = y;
+        if (out_bf) {
+            __nv_bfloat162 p0 = __floats2bfloat162_rn(y.x, y.y), p1 = __floats2bfloat162_rn(y.z, y.w);
+            uint2 o;
+            o.x = *reinterpret_cast<uint32_t *>(&p0);
+            o.y = *reinterpret_cast<uint32_t *>(&p1);
+            reinterpret_cast<uint2 *>(out_bf)[i] = o;
+        }
+    }
+}
+
+__global__ void k_swiglu1(float *out, bf16 *out_bf, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float y = silu(gate[i]) * up[i];
+        out[i] = y;
+        if (out_bf) out_bf[i] = __float2bfloat16_rn(y);
+    }
+}
+
+static bool al16(const void *p) { return ((uintptr_t)p % 16) == 0; }
+
+void cu_launch_swiglu(cu_impl *c, float *out, bf16 *out_bf, const float *gate, const float *up, int64_t n) {
+    if (n <= 0) return;
+    if (n % 4 == 0 && al16(out) && al16(gate) && al16(up) && ((uintptr_t)out_bf % 8) == 0)
+        k_swiglu4<<<grid_for((size_t)n / 4, 256), 256, 0, c->stream>>>(out, out_bf, gate, up, n / 4);
+    else
+        k_swiglu1<<<grid_for((size_t)n, 256), 256, 0, c->stream>>>(out, out_bf, gate, up, n);
+    CU_LAUNCHED(c, "swiglu");
+}
+
+__global__ void k_add4(float4 *out, const float4 *x, int64_t n4) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
+        float4 a = out[i], b = x[i];
+        out[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    }
+}
+
+__global__ void k_add1(float *out, const float *x, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] += x[i];
+}
+
+void cu_launch_add(cu_impl *c, float *out, const float *x, int64_t n) {
+    if (n <= 0) return;
+    if (n % 4 == 0 && al16(out) && al16(x))
+        k_add4<<<grid_for((size_t)n / 4, 256), 256, 0, c->stream>>>((float4 *)out, (const float4 *)x, n / 4);
+    else
+        k_add1<<<grid_for((size_t)n, 256), 256, 0, c->stream>>>(out, x, n);
+    CU_LAUNCHED(c, "add");
+}
+
+/* ------------------------------------------------------------- kv store */
+
+/* One thread per (token, kv head, 8-element chunk), K and V both. */
+__global__ void k_kv_store(uint8_t *kv, size_t page_bytes, int P, int n_kv_heads, int head_dim, int layer,
+                           const float *__restrict__ k, const float *__restrict__ v, int k_stride, int v_stride,
+                           int n_tokens, const int32_t *__restrict__ positions, const int32_t *__restrict__ tok_seq,
+                           const int32_t *__restrict__ page_table, int pt_stride) {
+    const int chunks = head_dim / 8;
+    const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)n_tokens * n_kv_heads * chunks) return;
+    const int ch = (int)(idx % chunks);
+    const int h = (int)((idx / chunks) % n_kv_heads);
+    const int t = (int)(idx / ((int64_t)chunks * n_kv_heads));
+    const int pos = positions[t];
+    const int s = tok_seq[t];
+    const int page = page_table[(size_t)s * pt_stride + pos / P];
+    const int slot = pos % P;
+    bf16 *pg = (bf16 *)(kv + (size_t)page * page_bytes);
+    for (int which = 0; which < 2; which++) {
+        const float *src = (which ? v + (size_t)t * v_stride : k + (size_t)t * k_stride) + (size_t)h * head_dim + ch * 8;
+        size_t off = ((((size_t)layer * 2 + which) * n_kv_heads + h) * P + slot) * head_dim + ch * 8;
+        __align__(16) bf16 tmp[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) tmp[e] = __float2bfloat16_rn(src[e]);
+        *reinterpret_cast<uint4 *>(pg + off) = *reinterpret_cast<const uint4 *>(tmp);
+    }
+}
+
+void cu_launch_kv_store(cu_impl *c, const ns_kv_layout *l, int layer, const float *k, const float *v, int n_tokens,
+                        int k_stride, int v_stride) {
+    if (n_tokens <= 0) return;
+    if (n_tokens > c->meta.n_tokens) {
+        cu_check(c, cudaErrorInvalidValue, "kv_store: more rows than the batch has tokens");
+        return;
+    }
+    int64_t total = (int64_t)n_tokens * l->n_kv_heads * (l->head_dim / 8);
+    k_kv_store<<<(unsigned)((total + 255) / 256), 256, 0, c->stream>>>(
+        c->kv, l->page_size_bytes, l->page_tokens, l->n_kv_heads, l->head_dim, layer, k, v, k_stride, v_stride,
+        n_tokens, c->meta.positions, c->meta.tok_seq, c->meta.page_table, c->meta.pt_stride);
+    CU_LAUNCHED(c, "kv_store");
+}
+
+/* --------------------------------------------------------------- gather */
+
+__global__ void k_gather(float *out, bf16 *out_bf, const float *__restrict__ in, const int32_t *__restrict__ rows,
+                         int cols, int in_stride) {
+    const int i = blockIdx.x;
+    const float *src = in + (size_t)rows[i] * in_stride;
+    for (int d = threadIdx.x; d < cols; d += blockDim.x) {
+        float v = src[d];
+        out[(size_t)i * cols + d] = v;
+        if (out_bf) out_bf[(size_t)i * cols + d] = __float2bfloat16_rn(v);
+    }
+}
+
+void cu_launch_gather(cu_impl *c, float *out, bf16 *out_bf, const float *in, int n_rows, int cols, int in_stride) {
+    if (n_rows <= 0) return;
+    k_gather<<<n_rows, 256, 0, c->stream>>>(out, out_bf, in, c->meta.logit_rows, cols, in_stride);
+    CU_LAUNCHED(c, "gather_rows");
+}
+
+/* --------------------------------------------------------------- argmax */
+
+/* Largest value, lowest index among equals (the reference sampler's rule). */
+__device__ __forceinline__ void better(float &bv, int &bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+__global__ void k_argmax(int32_t *out, const float *__restrict__ logits, int cols, int stride) {
+    const float *x = logits + (size_t)blockIdx.x * stride;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) better(bv, bi, x[i], i);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        better(bv, bi, ov, oi);
+    }
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    if ((threadIdx.x & 31) == 0) {
+        sv[threadIdx.x / 32] = bv;
+        si[threadIdx.x / 32] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        bv = threadIdx.x < blockDim.x / 32 ? sv[threadIdx.x] : -INFINITY;
+        bi = threadIdx.x < blockDim.x / 32 ? si[threadIdx.x] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            better(bv, bi, ov, oi);
+        }
+        if (threadIdx.x == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    }
+}
+
+void cu_launch_argmax(cu_impl *c, int32_t *out, const float *logits, int n_rows, int cols, int stride) {
+    if (n_rows <= 0) return;
+    k_argmax<<<n_rows, 1024, 0, c->stream>>>(out, logits, cols, stride);
+    CU_LAUNCHED(c, "argmax");
+}
+
+/* ------------------------------------------------------------ page copy */
+
+void cu_launch_kv_copy(cu_impl *c, const ns_kv_layout *l, int dst_page, int src_page, int n_slots) {
+    const size_t row = (size_t)l->page_tokens * l->head_dim * 2;
+    uint8_t *dst = c->kv + (size_t)dst_page * l->page_size_bytes;
+    const uint8_t *src = c->kv + (size_t)src_page * l->page_size_bytes;
+    cu_check(c,
+             cudaMemcpy2DAsync(dst, row, src, row, (size_t)n_slots * l->head_dim * 2,
+                               (size_t)l->n_layers * 2 * l->n_kv_heads, cudaMemcpyDeviceToDevice, c->stream),
+             "kv_page_copy");
+}

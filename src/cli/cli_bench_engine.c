@@ -1,0 +1,673 @@
+/* cli_bench_engine.c — `nightshift bench-engine` (see cli_bench_engine.h).
+ *
+ * What is measured, and against what:
+ * - ceilings, in the same run: device copy bandwidth (a large copy,
+ *   counting bytes read + written) and the bf16 GEMM rate (8192^3 through
+ *   cuBLASLt); on --device cpu, memcpy bandwidth and the backend's own
+ *   matmul rate.
+ * - prefill of one prompt of L tokens (chunks of --chunk tokens, logits
+ *   for the last token only), best of a few runs: tokens/s and FLOP/s,
+ *   FLOPs = 2 * L * (layer weight params) + causal attention 4*H*D*L(L+1)/2
+ *   per layer; roofline = FLOPs / measured GEMM rate.
+ * - decode: `batch` sequences each with `ctx` tokens of (random) KV
+ *   already in the pool, one token per sequence per step, greedy sampling
+ *   on the device, warm-up steps first (graph capture), then timed steps:
+ *   tokens/s; roofline = (weight bytes + KV bytes read per step) / copy
+ *   bandwidth. Where distinct KV for every sequence does not fit (long
+ *   contexts at large batch), sequences share copies of the context
+ *   prefix; bytes are still counted per sequence and the line says so
+ *   (shared pages can be served partly from L2, so such figures are
+ *   optimistic).
+ * Invariant: never exits; returns the exit code. All memory it allocates
+ * is released on every path (goto cleanup).
+ */
+#include "cli/cli_bench_engine.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "engine/engine.h"
+#include "engine/sample.h"
+#include "model/model.h"
+#ifdef NS_HAVE_CUDA
+#include "backend/cuda/cuda.h"
+#endif
+
+#define MAX_LIST 8
+
+typedef struct bopts {
+    const char *model_dir, *dummy_cfg, *device;
+    int32_t page_tokens, chunk, steps, threads;
+    int32_t prefill[MAX_LIST], batches[MAX_LIST], contexts[MAX_LIST];
+    int n_prefill, n_batches, n_contexts;
+    bool profile, micro;
+    uint64_t seed;
+    double kv_gb; /* cpu: KV pool budget */
+} bopts;
+
+typedef struct bench {
+    bopts o;
+    ns_backend *be;
+    ns_model *m;
+    ns_engine *e;
+    bool cuda;
+    double bw_gbs;     /* measured copy bandwidth, GB/s (read + write) */
+    double gemm_tfs;   /* measured bf16 GEMM rate, TFLOP/s */
+    double weight_read_bytes; /* weights read per decode step */
+    double layer_params;      /* matrix params of all layers */
+    int32_t *tok, *pos, *ss, *sl, *pt, *lr; /* batch arrays */
+    size_t cap_tok, cap_pt;
+    uint64_t rng;
+} bench;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rnd(bench *B) {
+    B->rng ^= B->rng << 13;
+    B->rng ^= B->rng >> 7;
+    B->rng ^= B->rng << 17;
+    return B->rng;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: nightshift bench-engine (--model DIR | --dummy-weights CONFIG_JSON) [options]\n"
+            "  --device cuda|cpu        backend (default cuda when built in, else cpu)\n"
+            "  --prefill LIST           prompt lengths (default 512,8k,32k)\n"
+            "  --batches LIST           decode batch sizes (default 1,8,32,64)\n"
+            "  --contexts LIST          decode contexts (default 1k,32k)\n"
+            "  --steps N                timed decode steps per point (default 24)\n"
+            "  --chunk N                prefill tokens per step (default 8192)\n"
+            "  --page-tokens N          KV page size (default 16)\n"
+            "  --threads N              cpu threads (default all)\n"
+            "  --kv-gb X                cpu KV pool budget in GB (default 4)\n"
+            "  --profile                per-kernel times for decode b1@1k and prefill 8k (cuda)\n"
+            "  --micro                  matmul path micro-benchmark (cuda)\n"
+            "  --seed N                 dummy-weight seed (default 1)\n");
+}
+
+static int parse_count(const char *s, int32_t *out) {
+    char *end = NULL;
+    double v = strtod(s, &end);
+    if (end == s) return -1;
+    if (*end == 'k' || *end == 'K') {
+        v *= 1024;
+        end++;
+    }
+    if (*end || v < 1 || v > 1e9) return -1;
+    *out = (int32_t)v;
+    return 0;
+}
+
+static int parse_list(const char *s, int32_t *v, int *n) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    *n = 0;
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        if (*n == MAX_LIST || parse_count(tok, &v[*n]) != 0) return -1;
+        (*n)++;
+    }
+    return *n ? 0 : -1;
+}
+
+static int parse_args(int argc, char **argv, bopts *o) {
+    memset(o, 0, sizeof *o);
+#ifdef NS_HAVE_CUDA
+    o->device = "cuda";
+#else
+    o->device = "cpu";
+#endif
+    o->page_tokens = 16;
+    o->chunk = 8192;
+    o->steps = 24;
+    o->seed = 1;
+    o->kv_gb = 4;
+    o->n_prefill = 3;
+    o->prefill[0] = 512, o->prefill[1] = 8192, o->prefill[2] = 32768;
+    o->n_batches = 4;
+    o->batches[0] = 1, o->batches[1] = 8, o->batches[2] = 32, o->batches[3] = 64;
+    o->n_contexts = 2;
+    o->contexts[0] = 1024, o->contexts[1] = 32768;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEED_VALUE                                                    \
+    do {                                                              \
+        if (!v) {                                                     \
+            fprintf(stderr, "bench-engine: %s needs a value\n", a);   \
+            return -1;                                                \
+        }                                                             \
+        i++;                                                          \
+    } while (0)
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 1;
+        } else if (!strcmp(a, "--model")) {
+            NEED_VALUE;
+            o->model_dir = v;
+        } else if (!strcmp(a, "--dummy-weights")) {
+            NEED_VALUE;
+            o->dummy_cfg = v;
+        } else if (!strcmp(a, "--device")) {
+            NEED_VALUE;
+            o->device = v;
+        } else if (!strcmp(a, "--prefill") || !strcmp(a, "--batches") || !strcmp(a, "--contexts")) {
+            NEED_VALUE;
+            int32_t *dst = a[2] == 'p' ? o->prefill : a[2] == 'b' ? o->batches : o->contexts;
+            int *n = a[2] == 'p' ? &o->n_prefill : a[2] == 'b' ? &o->n_batches : &o->n_contexts;
+            if (!strcmp(v, "none")) {
+                *n = 0;
+            } else if (parse_list(v, dst, n) != 0) {
+                fprintf(stderr, "bench-engine: bad list for %s: %s\n", a, v);
+                return -1;
+            }
+        } else if (!strcmp(a, "--steps") || !strcmp(a, "--chunk") || !strcmp(a, "--page-tokens") ||
+                   !strcmp(a, "--threads")) {
+            NEED_VALUE;
+            int32_t x;
+            if (parse_count(v, &x) != 0) {
+                fprintf(stderr, "bench-engine: bad value for %s: %s\n", a, v);
+                return -1;
+            }
+            if (!strcmp(a, "--steps")) o->steps = x;
+            else if (!strcmp(a, "--chunk")) o->chunk = x;
+            else if (!strcmp(a, "--page-tokens")) o->page_tokens = x;
+            else o->threads = x;
+        } else if (!strcmp(a, "--kv-gb")) {
+            NEED_VALUE;
+            o->kv_gb = atof(v);
+        } else if (!strcmp(a, "--seed")) {
+            NEED_VALUE;
+            o->seed = strtoull(v, NULL, 10);
+        } else if (!strcmp(a, "--profile")) {
+            o->profile = true;
+        } else if (!strcmp(a, "--micro")) {
+            o->micro = true;
+        } else {
+            fprintf(stderr, "bench-engine: unknown argument %s\n", a);
+            return -1;
+        }
+#undef NEED_VALUE
+    }
+    if (!!o->model_dir == !!o->dummy_cfg) {
+        fprintf(stderr, "bench-engine: give exactly one of --model DIR or --dummy-weights CONFIG_JSON\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------- ceilings */
+
+static ns_status cpu_ceilings(bench *B, ns_error *err) {
+    const size_t bytes = (size_t)512 << 20;
+    uint8_t *a = malloc(bytes), *b = malloc(bytes);
+    ns_status rc = NS_OK;
+    ns_tensor w = {0}, x = {0}, y = {0};
+    if (!a || !b) {
+        rc = ns_fail(err, NS_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < bytes; i++) a[i] = (uint8_t)(i * 2654435761u >> 13);
+    memcpy(b, a, bytes);
+    double best = 1e30;
+    for (int i = 0; i < 5; i++) {
+        double t0 = now_s();
+        memcpy(b, a, bytes);
+        double t = now_s() - t0;
+        if (t < best) best = t;
+    }
+    B->bw_gbs = 2.0 * (double)bytes / best / 1e9;
+    const int64_t n = 256, k = 2048, m = 2048;
+    rc = B->be->ops->weight_random(B->be, &w, NS_DT_BF16, m, k, 5, 0.05f, err);
+    if (rc == NS_OK) rc = B->be->ops->tensor_alloc(B->be, &x, NS_DT_F32, n, k, err);
+    if (rc == NS_OK) rc = B->be->ops->tensor_alloc(B->be, &y, NS_DT_F32, n, m, err);
+    if (rc != NS_OK) goto cleanup;
+    float *xv = x.data;
+    for (int64_t i = 0; i < n * k; i++) xv[i] = (float)((int64_t)(rnd(B) % 2001) - 1000) / 1000.0f + 1e-3f;
+    best = 1e30;
+    for (int i = 0; i < 4; i++) {
+        double t0 = now_s();
+        B->be->ops->matmul(B->be, &y, &x, &w);
+        rc = B->be->ops->sync(B->be, err);
+        if (rc != NS_OK) goto cleanup;
+        double t = now_s() - t0;
+        if (i && t < best) best = t;
+    }
+    B->gemm_tfs = 2.0 * n * m * k / best / 1e12;
+cleanup:
+    free(a);
+    free(b);
+    if (w.data) B->be->ops->tensor_free(B->be, &w);
+    if (x.data) B->be->ops->tensor_free(B->be, &x);
+    if (y.data) B->be->ops->tensor_free(B->be, &y);
+    return rc;
+}
+
+static ns_status measure_ceilings(bench *B, ns_error *err) {
+#ifdef NS_HAVE_CUDA
+    if (B->cuda) {
+        ns_status rc = ns_cuda_measure_copy_bw(B->be, (size_t)2 << 30, 20, &B->bw_gbs, err);
+        if (rc == NS_OK) rc = ns_cuda_measure_gemm(B->be, 8192, 20, &B->gemm_tfs, err);
+        return rc;
+    }
+#endif
+    return cpu_ceilings(B, err);
+}
+
+/* ------------------------------------------------------------- model */
+
+static void model_costs(bench *B) {
+    const ns_model *m = B->m;
+    double bytes = 0, params = 0;
+    for (int32_t l = 0; l < m->cfg.n_layers; l++) {
+        const ns_layer_weights *w = &m->layers[l];
+        const ns_tensor *ts[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->q_norm,
+                                 &w->k_norm, &w->ffn_norm, &w->w_gate, &w->w_up, &w->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+            if (!ts[i]->data) continue;
+            bytes += (double)ns_tensor_bytes(ts[i]);
+            if (ts[i]->rows > 1) params += (double)ts[i]->rows * (double)ts[i]->cols;
+        }
+    }
+    bytes += (double)ns_tensor_bytes(&m->final_norm) + (double)ns_tensor_bytes(&m->lm_head);
+    B->weight_read_bytes = bytes;
+    B->layer_params = params;
+}
+
+static ns_status open_model(bench *B, ns_error *err) {
+    if (B->o.model_dir) return ns_model_load(B->o.model_dir, B->be, &B->m, err);
+    json_error_t je;
+    json_t *root = json_load_file(B->o.dummy_cfg, 0, &je);
+    if (!root) return ns_fail(err, NS_ERR_IO, "%s: %s (line %d)", B->o.dummy_cfg, je.text, je.line);
+    ns_model_config cfg;
+    ns_status rc = ns_config_from_json(root, NULL, &cfg, err);
+    json_decref(root);
+    if (rc != NS_OK) return rc;
+    double t0 = now_s();
+    rc = ns_model_create_random(&cfg, B->be, NS_DT_BF16, B->o.seed, &B->m, err);
+    if (rc == NS_OK) printf("dummy weights generated on the device in %.2f s\n", now_s() - t0);
+    return rc;
+}
+
+static int32_t max_i32(const int32_t *v, int n) {
+    int32_t m = 0;
+    for (int i = 0; i < n; i++)
+        if (v[i] > m) m = v[i];
+    return m;
+}
+
+static ns_status open_engine(bench *B, ns_error *err) {
+    const ns_model_config *c = &B->m->cfg;
+    const int32_t P = B->o.page_tokens;
+    int32_t max_b = max_i32(B->o.batches, B->o.n_batches), max_ctx = max_i32(B->o.contexts, B->o.n_contexts),
+            max_p = max_i32(B->o.prefill, B->o.n_prefill);
+    ns_engine_opts eo = {0};
+    eo.max_batch_tokens = B->o.chunk > max_b ? B->o.chunk : max_b;
+    if (max_p && max_p < eo.max_batch_tokens && max_p > max_b) eo.max_batch_tokens = max_p;
+    eo.max_logits = max_b > 1 ? max_b : 1;
+    eo.page_tokens = P;
+    eo.kv_dtype = B->cuda ? NS_DT_BF16 : NS_DT_F32;
+    size_t page_bytes = ns_engine_page_bytes(c, P, eo.kv_dtype);
+    int64_t tail = (int64_t)B->o.steps + 16;
+    int64_t need = (max_p + P - 1) / P + 2;
+    int64_t need_dec = (int64_t)max_b * ((max_ctx + tail + P - 1) / P + 1);
+    if (need_dec > need) need = need_dec;
+    double budget = B->o.kv_gb * 1e9;
+#ifdef NS_HAVE_CUDA
+    if (B->cuda) {
+        size_t fr = 0, tot = 0;
+        ns_status rc = ns_cuda_mem_info(B->be, &fr, &tot, err);
+        if (rc != NS_OK) return rc;
+        /* workspace: F32 activations plus bf16 shadows, logits, margin */
+        double T = eo.max_batch_tokens, qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
+        double ws = T * (2.0 * c->hidden_size + 2 * qd + 2 * kvd + 2.0 * c->intermediate_size) * 6.0 +
+                    (double)eo.max_logits * c->vocab_size * 6.0 + 3e9;
+        budget = ((double)fr - ws) * 0.97;
+    }
+#endif
+    int64_t fit = budget > 0 ? (int64_t)(budget / (double)page_bytes) : 0;
+    eo.n_pages = (int32_t)(need < fit ? need : fit);
+    if (eo.n_pages < 16) return ns_fail(err, NS_ERR_NOMEM, "bench-engine: no memory left for a KV pool");
+    printf("engine: %d tokens/step, KV pool %d pages of %d tokens (%.2f GB, %s)\n", eo.max_batch_tokens, eo.n_pages, P,
+           (double)eo.n_pages * (double)page_bytes / 1e9, ns_dtype_name(eo.kv_dtype));
+    return ns_engine_create(B->m, &eo, &B->e, err);
+}
+
+static ns_status fill_kv(bench *B, ns_error *err) {
+#ifdef NS_HAVE_CUDA
+    if (B->cuda) return ns_cuda_kv_fill_random(B->be, 99, err);
+#endif
+    size_t pb = B->be->kv.page_size_bytes;
+    float *page = malloc(pb);
+    if (!page) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < pb / 4; i++) page[i] = (float)((int64_t)(rnd(B) % 2001) - 1000) / 1000.0f + 1e-3f;
+    ns_status rc = NS_OK;
+    for (int32_t p = 0; p < B->be->kv.n_pages && rc == NS_OK; p++) rc = B->be->ops->kv_page_write(B->be, p, page, err);
+    free(page);
+    return rc;
+}
+
+/* --------------------------------------------------------- batches */
+
+static ns_status reserve(bench *B, size_t tokens, size_t pt, ns_error *err) {
+    if (tokens > B->cap_tok) {
+        int32_t **arrs[] = {&B->tok, &B->pos, &B->ss, &B->sl, &B->lr};
+        for (size_t i = 0; i < sizeof arrs / sizeof arrs[0]; i++) {
+            int32_t *p = realloc(*arrs[i], (tokens + 1) * sizeof(int32_t));
+            if (!p) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+            *arrs[i] = p;
+        }
+        B->cap_tok = tokens;
+    }
+    if (pt > B->cap_pt) {
+        int32_t *p = realloc(B->pt, pt * sizeof(int32_t));
+        if (!p) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+        B->pt = p;
+        B->cap_pt = pt;
+    }
+    return NS_OK;
+}
+
+/* ---------------------------------------------------------- prefill */
+
+static double prefill_flops(const bench *B, int32_t L) {
+    const ns_model_config *c = &B->m->cfg;
+    double lin = 2.0 * (double)L * B->layer_params + 2.0 * (double)c->vocab_size * c->hidden_size;
+    double att = 4.0 * c->n_heads * c->head_dim * ((double)L * (L + 1) / 2.0) * c->n_layers;
+    return lin + att;
+}
+
+static ns_status run_prefill(bench *B, int32_t L, double *secs, ns_error *err) {
+    const int32_t P = B->o.page_tokens, pages = (L + P - 1) / P;
+    if (pages > B->be->kv.n_pages) return ns_fail(err, NS_ERR_NOMEM, "prompt of %d tokens does not fit the pool", L);
+    ns_status rc = reserve(B, (size_t)B->o.chunk + 1, (size_t)pages, err);
+    if (rc != NS_OK) return rc;
+    for (int32_t i = 0; i < pages; i++) B->pt[i] = i;
+    rc = B->be->ops->sync(B->be, err);
+    if (rc != NS_OK) return rc;
+    double t0 = now_s();
+    for (int32_t c0 = 0; c0 < L; c0 += B->o.chunk) {
+        int32_t n = L - c0 < B->o.chunk ? L - c0 : B->o.chunk;
+        for (int32_t i = 0; i < n; i++) {
+            B->tok[i] = (int32_t)(rnd(B) % (uint64_t)B->m->cfg.vocab_size);
+            B->pos[i] = c0 + i;
+        }
+        B->ss[0] = 0;
+        B->ss[1] = n;
+        B->sl[0] = c0 + n;
+        bool last = c0 + n == L;
+        B->lr[0] = n - 1;
+        ns_batch b = {.n_tokens = n, .n_seqs = 1, .tokens = B->tok, .positions = B->pos, .seq_start = B->ss,
+                      .seq_len = B->sl, .page_table = B->pt, .max_pages = pages, .logit_rows = B->lr,
+                      .n_logits = last ? 1 : 0};
+        rc = ns_engine_forward(B->e, &b, err);
+        if (rc != NS_OK) return rc;
+    }
+    rc = B->be->ops->sync(B->be, err);
+    *secs = now_s() - t0;
+    return rc;
+}
+
+/* ----------------------------------------------------------- decode */
+
+typedef struct dec_result {
+    double step_s, tok_s, bytes, floor_s;
+    int copies;
+    bool skipped;
+} dec_result;
+
+static ns_status run_decode(bench *B, int32_t ctx, int32_t batch, int steps, int warm, dec_result *r, ns_error *err) {
+    const int32_t P = B->o.page_tokens;
+    const ns_model_config *c = &B->m->cfg;
+    memset(r, 0, sizeof *r);
+    const int32_t shared = ctx / P; /* full pages of context: shareable */
+    const int32_t tail = (ctx + warm + steps + 1 + P - 1) / P - shared + 1;
+    const int32_t max_pages = shared + tail;
+    int64_t avail = (int64_t)B->be->kv.n_pages - (int64_t)batch * tail;
+    int64_t copies = shared ? avail / shared : batch;
+    if (copies > batch) copies = batch;
+    if (copies < 1) {
+        r->skipped = true;
+        return NS_OK;
+    }
+    r->copies = (int)copies;
+    ns_status rc = reserve(B, (size_t)batch, (size_t)batch * (size_t)max_pages, err);
+    if (rc != NS_OK) return rc;
+    int32_t next = (int32_t)(copies * shared);
+    for (int32_t s = 0; s < batch; s++) {
+        int32_t base = (int32_t)(s % copies) * shared;
+        for (int32_t p = 0; p < shared; p++) B->pt[s * max_pages + p] = base + p;
+        for (int32_t p = 0; p < tail; p++) B->pt[s * max_pages + shared + p] = next++;
+    }
+    ns_sampler *smp = calloc((size_t)batch, sizeof *smp);
+    ns_sampler **sp = calloc((size_t)batch, sizeof *sp);
+    int32_t *cur = malloc((size_t)batch * sizeof *cur);
+    if (!smp || !sp || !cur) {
+        rc = ns_fail(err, NS_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    ns_sampling_params gp = ns_sampling_default();
+    for (int32_t s = 0; s < batch; s++) {
+        rc = ns_sampler_init(&smp[s], &gp, c->vocab_size, err);
+        if (rc != NS_OK) goto cleanup;
+        sp[s] = &smp[s];
+        cur[s] = (int32_t)(rnd(B) % (uint64_t)c->vocab_size);
+    }
+    double t0 = 0, kv_tokens = 0;
+    for (int k = 0; k < warm + steps; k++) {
+        if (k == warm) {
+            rc = B->be->ops->sync(B->be, err);
+            if (rc != NS_OK) goto cleanup;
+            t0 = now_s();
+        }
+        for (int32_t s = 0; s < batch; s++) {
+            B->tok[s] = cur[s];
+            B->pos[s] = ctx + k;
+            B->ss[s] = s;
+            B->sl[s] = ctx + k + 1;
+            B->lr[s] = s;
+        }
+        B->ss[batch] = batch;
+        ns_batch b = {.n_tokens = batch, .n_seqs = batch, .tokens = B->tok, .positions = B->pos,
+                      .seq_start = B->ss, .seq_len = B->sl, .page_table = B->pt, .max_pages = max_pages,
+                      .logit_rows = B->lr, .n_logits = batch};
+        rc = ns_engine_forward(B->e, &b, err);
+        if (rc == NS_OK) rc = B->be->ops->sample(B->be, &B->e->logits, batch, sp, cur, err);
+        if (rc != NS_OK) goto cleanup;
+        if (k >= warm) kv_tokens += (double)batch * (ctx + k + 1);
+    }
+    double dt = now_s() - t0;
+    r->step_s = dt / steps;
+    r->tok_s = (double)batch * steps / dt;
+    double kv_bytes_tok = (double)c->n_layers * 2 * c->n_kv_heads * c->head_dim * ns_dtype_size(B->be->kv.dtype);
+    r->bytes = B->weight_read_bytes + kv_bytes_tok * kv_tokens / steps;
+    r->floor_s = r->bytes / (B->bw_gbs * 1e9);
+cleanup:
+    if (smp)
+        for (int32_t s = 0; s < batch; s++) ns_sampler_free(&smp[s]);
+    free(smp);
+    free(sp);
+    free(cur);
+    return rc;
+}
+
+/* ------------------------------------------------------------ report */
+
+static ns_status bench_run(bench *B, ns_error *err) {
+    ns_status rc;
+    const ns_model_config *c;
+#ifdef NS_HAVE_CUDA
+    if (B->cuda) {
+        char name[128];
+        int n_sm = 0;
+        ns_cuda_device_desc(B->be, name, sizeof name, &n_sm);
+        printf("device: %s (%d SMs)\n", name, n_sm);
+    }
+#endif
+    rc = measure_ceilings(B, err);
+    if (rc != NS_OK) return rc;
+    printf("ceilings (measured now): copy bandwidth %.0f GB/s (read+write); bf16 GEMM %.1f TFLOP/s\n", B->bw_gbs,
+           B->gemm_tfs);
+    rc = open_model(B, err);
+    if (rc != NS_OK) return rc;
+    c = &B->m->cfg;
+    model_costs(B);
+    printf("model: %s, %d layers, hidden %d, ff %d, heads %d/%d x %d, vocab %d; weights %.2f GB (%.2f GB read per "
+           "decode step)\n",
+           B->o.model_dir ? B->o.model_dir : B->o.dummy_cfg, c->n_layers, c->hidden_size, c->intermediate_size,
+           c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size, (double)B->m->weight_bytes / 1e9,
+           B->weight_read_bytes / 1e9);
+    rc = open_engine(B, err);
+    if (rc != NS_OK) return rc;
+    rc = fill_kv(B, err);
+    if (rc != NS_OK) return rc;
+
+#ifdef NS_HAVE_CUDA
+    if (B->cuda && B->o.micro) {
+        const int64_t shapes[][2] = {{(int64_t)c->n_heads * c->head_dim, c->hidden_size},
+                                     {(int64_t)c->n_kv_heads * c->head_dim, c->hidden_size},
+                                     {c->intermediate_size, c->hidden_size},
+                                     {c->hidden_size, c->intermediate_size},
+                                     {c->vocab_size, c->hidden_size}};
+        const int64_t ns[] = {1, 4, 8, 64};
+        printf("matmul micro-benchmark (weight bytes / time; GB/s):\n");
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                double t_lt = 0, t_gv = 0;
+                rc = ns_cuda_time_matmul(B->be, ns[ni], shapes[si][0], shapes[si][1], 1, 20, &t_lt, err);
+                if (rc == NS_OK && ns[ni] <= 8)
+                    rc = ns_cuda_time_matmul(B->be, ns[ni], shapes[si][0], shapes[si][1], 2, 20, &t_gv, err);
+                if (rc != NS_OK) return rc;
+                double wb = 2.0 * (double)shapes[si][0] * (double)shapes[si][1];
+                printf("  %6lldx%-6lld n=%-3lld cublasLt %8.1f us %6.0f GB/s", (long long)shapes[si][0],
+                       (long long)shapes[si][1], (long long)ns[ni], t_lt * 1e3, wb / (t_lt * 1e-3) / 1e9);
+                if (t_gv > 0) printf("   gemv %8.1f us %6.0f GB/s", t_gv * 1e3, wb / (t_gv * 1e-3) / 1e9);
+                printf("\n");
+            }
+    }
+#endif
+
+    /* prefill */
+    if (B->o.n_prefill) {
+        double warm_s;
+        rc = run_prefill(B, 512 < B->o.chunk ? 512 : B->o.chunk, &warm_s, err); /* warm-up: plans, allocations */
+        if (rc != NS_OK) return rc;
+    }
+    for (int i = 0; i < B->o.n_prefill; i++) {
+        int32_t L = B->o.prefill[i];
+        int reps = L <= 8192 ? 3 : 2;
+        double best = 1e30;
+        for (int r = 0; r < reps; r++) {
+            double s;
+            rc = run_prefill(B, L, &s, err);
+            if (rc != NS_OK) return rc;
+            if (s < best) best = s;
+        }
+        double fl = prefill_flops(B, L);
+        printf("prefill %6d tokens: %8.3f s  %9.0f tok/s  %7.3g TFLOP/s = %5.1f%% of measured GEMM rate (chunks of "
+               "%d)\n",
+               L, best, L / best, fl / best / 1e12, 100.0 * fl / best / 1e12 / B->gemm_tfs, B->o.chunk);
+        fflush(stdout);
+    }
+
+    /* decode */
+    for (int ci = 0; ci < B->o.n_contexts; ci++) {
+        double tok1 = 0;
+        for (int bi = 0; bi < B->o.n_batches; bi++) {
+            dec_result r;
+            int32_t ctx = B->o.contexts[ci], batch = B->o.batches[bi];
+            rc = run_decode(B, ctx, batch, B->o.steps, 3, &r, err);
+            if (rc != NS_OK) return rc;
+            if (r.skipped) {
+                printf("decode ctx %6d batch %3d: skipped (KV does not fit)\n", ctx, batch);
+                continue;
+            }
+            if (batch == 1) tok1 = r.tok_s;
+            printf("decode ctx %6d batch %3d: %8.3f ms/step %9.1f tok/s  %6.2f GB/step  floor %7.3f ms = %5.1f%% of "
+                   "bandwidth roofline",
+                   ctx, batch, r.step_s * 1e3, r.tok_s, r.bytes / 1e9, r.floor_s * 1e3, 100.0 * r.floor_s / r.step_s);
+            if (tok1 > 0 && batch > 1) printf("  (%.1fx batch 1)", r.tok_s / tok1);
+            if (r.copies < batch) printf("  [context KV shared: %d copies for %d seqs]", r.copies, batch);
+            printf("\n");
+            fflush(stdout);
+        }
+    }
+#ifdef NS_HAVE_CUDA
+    if (B->cuda) {
+        int64_t rep, cap, eag;
+        ns_cuda_graph_stats(B->be, &rep, &cap, &eag);
+        printf("cuda graphs: %lld replays, %lld captures, %lld eager decode tapes\n", (long long)rep, (long long)cap,
+               (long long)eag);
+    }
+    if (B->cuda && B->o.profile) {
+        dec_result r;
+        ns_cuda_set_profiling(B->be, 1);
+        rc = run_decode(B, 1024, 1, 8, 1, &r, err);
+        if (rc != NS_OK) return rc;
+        printf("profile: decode ctx 1024 batch 1, 9 steps, eager with events (%.3f ms/step incl. event overhead):\n",
+               r.step_s * 1e3);
+        ns_cuda_profile_report(B->be, stdout);
+        rc = run_decode(B, 1024, 64, 4, 1, &r, err);
+        if (rc != NS_OK) return rc;
+        printf("profile: decode ctx 1024 batch 64, 5 steps:\n");
+        ns_cuda_profile_report(B->be, stdout);
+        double s;
+        int32_t L = B->o.chunk < 8192 ? B->o.chunk : 8192;
+        if (L <= B->be->kv.n_pages * B->o.page_tokens) {
+            rc = run_prefill(B, L, &s, err);
+            if (rc != NS_OK) return rc;
+            printf("profile: prefill %d tokens (%.3f s):\n", L, s);
+            ns_cuda_profile_report(B->be, stdout);
+        }
+        ns_cuda_set_profiling(B->be, 0);
+    }
+#endif
+    return NS_OK;
+}
+
+int ns_cli_bench_engine(int argc, char **argv) {
+    bench B;
+    memset(&B, 0, sizeof B);
+    int pr = parse_args(argc, argv, &B.o);
+    if (pr != 0) {
+        if (pr < 0) usage(stderr);
+        return pr < 0 ? 2 : 0;
+    }
+    B.rng = 0x9e3779b97f4a7c15ULL ^ B.o.seed;
+    ns_error err = {0};
+    ns_status rc;
+    B.cuda = strcmp(B.o.device, "cuda") == 0;
+    if (B.cuda) {
+#ifdef NS_HAVE_CUDA
+        rc = ns_backend_cuda_create(0, &B.be, &err);
+#else
+        rc = ns_fail(&err, NS_ERR_UNSUPPORTED, "this build has no CUDA backend (rebuild with make CUDA=1)");
+#endif
+    } else if (strcmp(B.o.device, "cpu") == 0) {
+        rc = ns_backend_cpu_create(B.o.threads, &B.be, &err);
+    } else {
+        rc = ns_fail(&err, NS_ERR_INVALID, "unknown device \"%s\" (cpu or cuda)", B.o.device);
+    }
+    if (rc == NS_OK) rc = bench_run(&B, &err);
+    if (rc != NS_OK) fprintf(stderr, "bench-engine: %s\n", err.msg);
+    ns_engine_free(B.e);
+    ns_model_free(B.m);
+    if (B.be) B.be->ops->destroy(B.be);
+    free(B.tok);
+    free(B.pos);
+    free(B.ss);
+    free(B.sl);
+    free(B.pt);
+    free(B.lr);
+    return rc == NS_OK ? 0 : 1;
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh — builds the CUDA backend and the GPU tests with
+# `make CUDA=1 gpu-tests`, runs every GPU test binary and prints
+# "N passed, N failed" (each binary prints TAP-style ok / not ok lines).
+#
+# Assets: NS_SHARED if set, else gpu-assets/shared when present (a copy of
+# the models/goldens the tests need, carried to the GPU machine), else
+# ../shared. On a bare GPU machine gpu-assets/deps holds the headers and
+# small shared libraries the build needs (jansson, xxhash, the cblas
+# header); when the system has no OpenBLAS, tests/gpu/blas_shim.c (a plain
+# reference sgemm) is built in its place, used only by the CPU reference
+# backend inside the tests.
+# Logs of each test go to $NS_GPU_LOG_DIR (default build/cuda/gpu-logs).
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+ASSETS=$ROOT/gpu-assets
+if [ -z "${NS_SHARED:-}" ]; then
+  if [ -d "$ASSETS/shared" ]; then export NS_SHARED=$ASSETS/shared; else export NS_SHARED=$(cd .. && pwd)/shared; fi
+fi
+if [ -z "${CUDA_HOME:-}" ]; then
+  if [ -d /usr/local/cuda ]; then CUDA_HOME=/usr/local/cuda; else CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")"); fi
+fi
+export CUDA_HOME PATH=$CUDA_HOME/bin:$PATH
+export LD_LIBRARY_PATH=$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if [ -d "$ASSETS/deps" ]; then
+  DEPS=$ASSETS/deps
+  export CPATH=$DEPS/include${CPATH:+:$CPATH}
+  export LIBRARY_PATH=$DEPS/lib${LIBRARY_PATH:+:$LIBRARY_PATH}
+  export LD_LIBRARY_PATH=$DEPS/lib:$LD_LIBRARY_PATH
+  if ! echo 'int main(void){return 0;}' | cc -x c - -lopenblas -o /tmp/ns_blas_probe 2>/dev/null; then
+    echo "run.sh: no OpenBLAS here; using tests/gpu/blas_shim.c for the CPU reference"
+    cc -O2 -shared -fPIC -I"$DEPS/include" -o "$DEPS/lib/libopenblas.so" tests/gpu/blas_shim.c || exit 1
+  fi
+fi
+LOGS=${NS_GPU_LOG_DIR:-$ROOT/build/cuda/gpu-logs}
+mkdir -p "$LOGS"
+start=$(date +%s)
+if ! make CUDA=1 -j"$(nproc)" gpu-tests >"$LOGS/build.log" 2>&1; then
+  grep -E "error|Error" "$LOGS/build.log" | head -40
+  tail -20 "$LOGS/build.log"
+  echo "build failed"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+echo "build: $(( $(date +%s) - start ))s"
+passed=0; failed=0; failed_names=()
+for t in build/cuda/gpu-tests/test_*; do
+  [ -x "$t" ] || continue
+  name=$(basename "$t")
+  start=$(date +%s)
+  "$t" >"$LOGS/$name.out" 2>&1
+  rc=$?
+  p=$(grep -c '^ok - ' "$LOGS/$name.out"); f=$(grep -c '^not ok - ' "$LOGS/$name.out")
+  if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi   # crashed
+  passed=$((passed + p)); failed=$((failed + f))
+  printf '%-28s %3d passed %3d failed  (%ss)\n' "$name" "$p" "$f" $(( $(date +%s) - start ))
+  grep -v '^ok - ' "$LOGS/$name.out" | head -150
+  [ "$f" -ne 0 ] && failed_names+=("$name")
+done
+[ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]}"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
