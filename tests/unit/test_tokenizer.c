@@ -11,6 +11,7 @@
 #include <utf8proc.h>
 
 #include "tokenizer/normalize.h"
+#include "tokenizer/pretok.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokutil.h"
 
@@ -488,7 +489,14 @@ TEST(stream_equals_decode_random_ids) {
         "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},"
         "{\"type\":\"Replace\",\"pattern\":{\"String\":\"\xE2\x96\x81" "a\"},\"content\":\"A\"}]}");
     ns_tokenizer *nodec = make_bytefallback("null"); /* tokens joined with spaces */
-    ns_tokenizer *models[] = {g_qwen, g_llama, g_stories, sp, strip2, held, nodec};
+    /* Per-token Strip and regex Replace before the fuse; Metaspace after it. */
+    ns_tokenizer *mixed = make_bytefallback(
+        "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Strip\",\"content\":\"a\",\"start\":1,\"stop\":1},"
+        "{\"type\":\"Replace\",\"pattern\":{\"Regex\":\"b+|<0x4[0-9]>\"},\"content\":\"B\"},"
+        "{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},{\"type\":\"Metaspace\","
+        "\"replacement\":\"\xE2\x96\x81\",\"prepend_scheme\":\"never\"},"
+        "{\"type\":\"Strip\",\"content\":\" \",\"start\":3,\"stop\":3}]}");
+    ns_tokenizer *models[] = {g_qwen, g_llama, g_stories, sp, strip2, held, nodec, mixed};
     int fails = 0;
     for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
         if (!models[m]) continue;
@@ -509,6 +517,7 @@ TEST(stream_equals_decode_random_ids) {
     ns_tokenizer_free(strip2);
     ns_tokenizer_free(held);
     ns_tokenizer_free(nodec);
+    ns_tokenizer_free(mixed);
 }
 
 TEST(roundtrip_random_text) {
@@ -538,6 +547,77 @@ TEST(roundtrip_random_text) {
         free(ids);
     }
     CHECKF(fails == 0, "%d round-trip failures", fails);
+}
+
+/* Runs a pre-tokenizer (JSON) over text; returns the pieces joined by '|'. */
+static void pretok_pieces(const char *json, const char *text, char *out, size_t cap) {
+    json_error_t je;
+    json_t *j = json_loads(json, 0, &je);
+    ns_pretok *p = NULL;
+    ns_error err = {0};
+    out[0] = 0;
+    CHECKF(j && ns_pretok_parse(j, &p, &err) == NS_OK, "%s %s", je.text, err.msg);
+    json_decref(j);
+    if (!p) return;
+    ns_pieces io = {0}, tmp = {0};
+    ns_rx_ctx rx = {0};
+    ns_pieces_add(&io, text, strlen(text), true);
+    CHECK(ns_pretok_run(p, &rx, &io, &tmp, &err) == NS_OK);
+    size_t len = 0;
+    for (size_t i = 0; i < io.n && len + io.v[i].len + 2 < cap; i++) {
+        if (i) out[len++] = '|';
+        memcpy(out + len, io.text.data + io.v[i].off, io.v[i].len);
+        len += io.v[i].len;
+    }
+    out[len] = 0;
+    ns_pieces_free(&io);
+    ns_pieces_free(&tmp);
+    ns_rx_ctx_free(&rx);
+    ns_pretok_free(p);
+}
+
+#define CHECK_PIECES(json, text, want)                   \
+    do {                                                 \
+        char _got[512];                                  \
+        pretok_pieces((json), (text), _got, sizeof _got); \
+        CHECK_EQ_STR(_got, (want));                      \
+    } while (0)
+
+TEST(pretokenizer_behaviors) {
+    /* The examples of tokenizers' SplitDelimiterBehavior documentation. */
+    const char *t = "the-final--countdown";
+#define SPLIT(b, inv) "{\"type\":\"Split\",\"pattern\":{\"String\":\"-\"},\"behavior\":\"" b "\",\"invert\":" inv "}"
+    CHECK_PIECES(SPLIT("Removed", "false"), t, "the|final|countdown");
+    CHECK_PIECES(SPLIT("Isolated", "false"), t, "the|-|final|-|-|countdown");
+    CHECK_PIECES(SPLIT("MergedWithPrevious", "false"), t, "the-|final-|-|countdown");
+    CHECK_PIECES(SPLIT("MergedWithNext", "false"), t, "the|-final|-|-countdown");
+    CHECK_PIECES(SPLIT("Contiguous", "false"), t, "the|-|final|--|countdown");
+    CHECK_PIECES(SPLIT("Removed", "true"), t, "-|-|-");
+    CHECK_PIECES(SPLIT("MergedWithPrevious", "true"), "-a-b", "-a|-b");
+#undef SPLIT
+    /* Regex split (Isolated) with Unicode classes. */
+    CHECK_PIECES("{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\p{N}+\"},\"behavior\":\"Isolated\"}",
+                 "ab12cd\xD9\xA3\xD9\xA4", "ab|12|cd|\xD9\xA3\xD9\xA4");
+    /* \\s is Unicode White_Space: NEL (U+0085) counts, U+180E does not. */
+    CHECK_PIECES("{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\s+\"},\"behavior\":\"Removed\"}",
+                 "a\xC2\x85" "b\xE1\xA0\x8E" "c", "a|b\xE1\xA0\x8E" "c");
+    /* ByteLevel with the GPT-2 regex; spaces become "Ġ" (U+0120). */
+    CHECK_PIECES("{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}",
+                 "Hello my friend, how's it?", "Hello|\xC4\xA0" "my|\xC4\xA0" "friend|,|\xC4\xA0" "how|'s|\xC4\xA0" "it|?");
+    CHECK_PIECES("{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"use_regex\":false}", "hi\n",
+                 "\xC4\xA0" "hi\xC4\x8A");
+    /* Metaspace: prepend + split on the replacement, merged with what follows. */
+    CHECK_PIECES("{\"type\":\"Metaspace\",\"replacement\":\"\xE2\x96\x81\",\"prepend_scheme\":\"always\","
+                 "\"split\":true}",
+                 "Hey  friend!", "\xE2\x96\x81Hey|\xE2\x96\x81|\xE2\x96\x81" "friend!");
+    CHECK_PIECES("{\"type\":\"Metaspace\",\"replacement\":\"\xE2\x96\x81\",\"prepend_scheme\":\"never\","
+                 "\"split\":false}",
+                 "Hey friend", "Hey\xE2\x96\x81" "friend");
+    /* Sequence: Split then Metaspace "first": only the piece at offset 0 gets the prefix. */
+    CHECK_PIECES("{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"String\":\",\"},"
+                 "\"behavior\":\"Removed\"},{\"type\":\"Metaspace\",\"replacement\":\"\xE2\x96\x81\","
+                 "\"prepend_scheme\":\"first\",\"split\":false}]}",
+                 "a,b", "\xE2\x96\x81" "a|b");
 }
 
 TEST(nfc_fast_path_matches_utf8proc) {
@@ -660,6 +740,7 @@ int main(void) {
     RUN(decode_errors);
     RUN(stream_equals_decode_random_ids);
     RUN(roundtrip_random_text);
+    RUN(pretokenizer_behaviors);
     RUN(nfc_fast_path_matches_utf8proc);
     RUN(concurrent_encode);
     ns_tokenizer_free(g_qwen);
