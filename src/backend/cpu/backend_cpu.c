@@ -44,24 +44,40 @@ static void cpu_tensor_free(ns_backend *be, ns_tensor *t) {
 
 static ns_status cpu_weight_from_host(ns_backend *be, ns_tensor *t, const void *src, ns_dtype src_dt, int64_t rows,
                                       int64_t cols, ns_error *err) {
-    /* Matrices in F32/BF16 are used in place (zero copy from the mmap).
+    /* Matrices in F32/BF16 are used in place (zero copy from the mmap)
+     * when suitably aligned. The safetensors format does not promise
+     * alignment (a header whose length is not a multiple of 4 shifts all
+     * data), so misaligned matrices are copied into aligned memory.
      * Vectors (norm weights) and F16 data are converted to owned F32 so
      * the elementwise ops only ever see F32. */
+    const size_t esz = ns_dtype_size(src_dt), n = (size_t)rows * (size_t)cols;
+    const bool aligned = ((uintptr_t)src % esz) == 0;
     if (rows > 1 && (src_dt == NS_DT_F32 || src_dt == NS_DT_BF16)) {
-        memset(t, 0, sizeof *t);
-        t->dtype = src_dt;
-        t->rows = rows;
-        t->cols = cols;
-        t->data = (void *)src;
-        return NS_OK;
+        if (aligned) {
+            memset(t, 0, sizeof *t);
+            t->dtype = src_dt;
+            t->rows = rows;
+            t->cols = cols;
+            t->data = (void *)src;
+            return NS_OK;
+        }
+        ns_status rc = cpu_tensor_alloc(be, t, src_dt, rows, cols, err);
+        if (rc == NS_OK) memcpy(t->data, src, n * esz);
+        return rc;
     }
     ns_status rc = cpu_tensor_alloc(be, t, NS_DT_F32, rows, cols, err);
     if (rc != NS_OK) return rc;
     float *dst = t->data;
-    size_t n = (size_t)rows * (size_t)cols;
-    const uint16_t *h = src;
-    for (size_t i = 0; i < n; i++)
-        dst[i] = src_dt == NS_DT_F32 ? ((const float *)src)[i] : src_dt == NS_DT_BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+    const unsigned char *p = src;
+    for (size_t i = 0; i < n; i++) {
+        if (src_dt == NS_DT_F32) {
+            memcpy(&dst[i], p + i * 4, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, p + i * 2, 2);
+            dst[i] = src_dt == NS_DT_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+        }
+    }
     return NS_OK;
 }
 
