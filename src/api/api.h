@@ -1,0 +1,108 @@
+/* api.h — the OpenAI-compatible API: shared state of the endpoints and
+ * the helpers every endpoint uses (body parsing, parameter validation,
+ * ids). One file per endpoint implements the handlers listed here.
+ *
+ * Life cycle: the server starts with the API in LOADING (every endpoint but
+ * /health answers 503); the loader fills tok/tmpl/sched/cfg and then
+ * publishes READY with a sequentially consistent store, after which those
+ * fields are read-only and shared by all HTTP threads (the tokenizer and
+ * the parsed template are immutable; the scheduler is thread-safe).
+ * DRAINING refuses new generation while shutdown waits for running ones.
+ *
+ * Threads: handlers run on HTTP connection threads. They do all JSON,
+ * template, tokenizer and parsing work; the engine only sees ns_request.
+ */
+#ifndef NS_API_H
+#define NS_API_H
+
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "api/stop.h"
+#include "api/toolcall.h"
+#include "model/model.h"
+#include "sched/sched.h"
+#include "server/server.h"
+
+struct ns_tokenizer;
+struct ns_template;
+
+typedef enum { NS_API_LOADING = 0, NS_API_READY, NS_API_FAILED, NS_API_DRAINING } ns_api_state;
+
+typedef struct ns_api {
+    /* fixed at start-up */
+    char model_name[256];
+    time_t created;
+    size_t max_json_depth;      /* default 128 */
+    ns_server *server;          /* for /metrics counters (may be NULL) */
+    atomic_int state;
+
+    /* published with READY */
+    struct ns_tokenizer *tok;
+    struct ns_template *tmpl;   /* parsed chat template; NULL if the model has none */
+    const char *tmpl_src;
+    bool tmpl_wants_string_args; /* template handles `arguments is string` */
+    ns_sched *sched;
+    ns_model_config cfg;
+    char fingerprint[48];       /* system_fingerprint */
+    ns_toolfmt toolfmt;
+    bool reasoning;             /* template knows <think> */
+    uint64_t (*random_seed)(void);
+} ns_api;
+
+void ns_api_init(ns_api *a, const char *model_name);
+/* The route table (static). */
+const ns_http_route *ns_api_routes(int *n);
+
+/* ---- helpers shared by the endpoints (api.c) ---- */
+
+/* 503 unless READY. Returns true when the handler may proceed. */
+bool ns_api_require_ready(ns_api *a, ns_http_response *r);
+/* Parses the body as a JSON object: invalid UTF-8, depth over the cap,
+ * bad JSON or a non-object are 400s. NULL on failure (r->err set). */
+json_t *ns_api_parse_body(ns_api *a, const ns_http_request *req, ns_http_response *r);
+
+/* Typed field getters: absent or null leaves *out untouched and returns
+ * true; a wrong type or range sets e (naming key) and returns false. */
+bool ns_api_get_bool(json_t *o, const char *key, bool *out, ns_http_error *e);
+bool ns_api_get_int(json_t *o, const char *key, int64_t lo, int64_t hi, int64_t *out, ns_http_error *e);
+bool ns_api_get_num(json_t *o, const char *key, double lo, double hi, double *out, ns_http_error *e);
+bool ns_api_get_str(json_t *o, const char *key, const char **out, ns_http_error *e);
+
+/* Generation parameters common to chat and completions. */
+typedef struct ns_api_gen_params {
+    ns_request_params rp;
+    bool stream, include_usage;
+    const char *stops[NS_STOP_MAX];
+    int n_stops;
+    bool seed_given;
+    bool return_token_ids;
+} ns_api_gen_params;
+
+/* Parses sampling, max_tokens/max_completion_tokens, stop, seed, n,
+ * stream/stream_options, logprobs (chat: bool + top_logprobs; completions:
+ * an integer), ignore_eos. Strings point into body. */
+bool ns_api_parse_gen_params(ns_api *a, json_t *body, bool chat, ns_api_gen_params *p, ns_http_error *e);
+
+/* "prefix-" + 24 random alphanumerics into out (>= 32 bytes). */
+void ns_api_random_id(const char *prefix, char *out, size_t cap);
+/* Checks n_prompt against the context (400 context_length_exceeded). */
+bool ns_api_check_context(ns_api *a, int32_t n_prompt, int64_t max_tokens, const char *param, ns_http_error *e);
+/* Maps a submit failure (never fits -> 400 context_exceeds_capacity with
+ * the numbers and retryable false). */
+void ns_api_submit_error(ns_status st, const ns_capacity *cap, const ns_error *err, ns_http_error *e);
+
+/* ---- endpoints (one file each) ---- */
+void ns_api_chat_completions(void *ud, const ns_http_request *req, ns_http_response *resp);
+void ns_api_completions(void *ud, const ns_http_request *req, ns_http_response *resp);
+void ns_api_models(void *ud, const ns_http_request *req, ns_http_response *resp);
+void ns_api_health(void *ud, const ns_http_request *req, ns_http_response *resp);
+void ns_api_tokenize(void *ud, const ns_http_request *req, ns_http_response *resp);
+void ns_api_detokenize(void *ud, const ns_http_request *req, ns_http_response *resp);
+void ns_api_apply_template(void *ud, const ns_http_request *req, ns_http_response *resp);
+void ns_api_metrics(void *ud, const ns_http_request *req, ns_http_response *resp);
+
+#endif

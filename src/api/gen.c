@@ -1,0 +1,337 @@
+/* gen.c — the HTTP side of one generation (see gen.h). */
+#include "api/gen.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokutil.h"
+#include "util/log.h"
+
+#define TEXT_CAP ((size_t)256 << 20)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+bool ns_gen_start(ns_gen *g, ns_api *a, const int32_t *prompt, int32_t n_prompt, const ns_gen_opts *o,
+                  const ns_http_conn *conn, const char *id, ns_http_error *e) {
+    memset(g, 0, sizeof *g);
+    g->api = a;
+    g->conn = *conn;
+    g->kind = o->kind ? o->kind : "request";
+    g->n_prompt = n_prompt;
+    g->logprobs = o->rp.logprobs;
+    g->top_logprobs = o->rp.top_logprobs;
+    g->ignore_eos = o->rp.ignore_eos;
+    snprintf(g->id, sizeof g->id, "%s", id);
+    ns_buf_init(&g->text, TEXT_CAP);
+    ns_buf_init(&g->reasoning, TEXT_CAP);
+    ns_buf_init(&g->content, TEXT_CAP);
+    ns_buf_init(&g->s1, TEXT_CAP);
+    ns_buf_init(&g->s2, TEXT_CAP);
+    ns_buf_init(&g->s3, TEXT_CAP);
+    ns_reason_init(&g->reason, o->reasoning, o->in_think);
+    g->use_tools = o->toolfmt != NS_TOOLFMT_NONE;
+    ns_error err = {0};
+    ns_status rc = ns_stop_init(&g->stop, o->stops, o->n_stops, &err);
+    if (rc == NS_OK)
+        rc = ns_toolparse_init(&g->tp, o->toolfmt, o->tool_names, o->n_tool_names, o->rp.sampling.seed ^ 0x5bd1e995u);
+    if (rc == NS_OK) rc = ns_detok_create(a->tok, true, &g->detok);
+    if (rc != NS_OK) {
+        ns_http_error_from_status(e, rc, "stop", err.msg[0] ? err.msg : "out of memory");
+        goto fail;
+    }
+    g->req = ns_request_new(prompt, n_prompt, &o->rp);
+    if (!g->req) {
+        ns_http_error_set(e, 500, NULL, "internal_error", "out of memory creating the request");
+        goto fail;
+    }
+    ns_capacity cap = {0};
+    rc = ns_sched_submit(a->sched, g->req, &cap, &err);
+    if (rc != NS_OK) {
+        ns_api_submit_error(rc, &cap, &err, e);
+        goto fail;
+    }
+    g->t0 = now_s();
+    return true;
+fail:
+    if (g->req) ns_request_release(g->req);
+    g->req = NULL;
+    ns_detok_free(g->detok);
+    g->detok = NULL;
+    ns_stop_free(&g->stop);
+    ns_toolparse_free(&g->tp);
+    ns_reason_free(&g->reason);
+    ns_buf_free(&g->text);
+    ns_buf_free(&g->reasoning);
+    ns_buf_free(&g->content);
+    ns_buf_free(&g->s1);
+    ns_buf_free(&g->s2);
+    ns_buf_free(&g->s3);
+    return false;
+}
+
+/* Text after stop strings: reasoning split, then tool-call parsing. */
+static ns_status stage2(ns_gen *g, const char *t, size_t n) {
+    if (n == 0) return NS_OK;
+    ns_status rc = ns_buf_append(&g->text, t, n);
+    if (rc != NS_OK) return rc;
+    ns_buf_reset(&g->s3);
+    rc = ns_reason_feed(&g->reason, t, n, &g->reasoning, &g->s3);
+    if (rc != NS_OK || g->s3.len == 0) return rc;
+    rc = ns_buf_append(&g->content, g->s3.data, g->s3.len);
+    if (rc == NS_OK && g->use_tools) rc = ns_toolparse_feed(&g->tp, g->s3.data, g->s3.len);
+    return rc;
+}
+
+static ns_status feed_text(ns_gen *g, const char *t, size_t n) {
+    if (n == 0 || g->stopped) return NS_OK;
+    ns_buf_reset(&g->s2);
+    bool matched = false;
+    ns_status rc = ns_stop_feed(&g->stop, t, n, &g->s2, &matched);
+    if (rc != NS_OK) return rc;
+    if (matched) {
+        g->stopped = true;
+        ns_request_cancel(g->req);
+    }
+    return stage2(g, g->s2.data, g->s2.len);
+}
+
+static bool is_eos(const ns_gen *g, int32_t tok) { return ns_config_is_eos(&g->api->cfg, tok); }
+
+static ns_status on_token(ns_gen *g, const ns_token_event *ev) {
+    if (g->stopped) return NS_OK;
+    if (g->n_ids == g->cap_ids) {
+        int32_t nc = g->cap_ids ? g->cap_ids * 2 : 64;
+        int32_t *p = realloc(g->ids, (size_t)nc * sizeof *p);
+        if (!p) return NS_ERR_NOMEM;
+        g->ids = p;
+        g->cap_ids = nc;
+    }
+    g->ids[g->n_ids++] = ev->token;
+    if (g->logprobs) {
+        if (g->n_lps == g->cap_lps) {
+            int32_t nc = g->cap_lps ? g->cap_lps * 2 : 64;
+            ns_token_event *p = realloc(g->lps, (size_t)nc * sizeof *p);
+            if (!p) return NS_ERR_NOMEM;
+            g->lps = p;
+            g->cap_lps = nc;
+        }
+        g->lps[g->n_lps++] = *ev;
+    }
+    if (!g->ignore_eos && is_eos(g, ev->token)) return NS_OK;
+    ns_buf_reset(&g->s1);
+    ns_status rc = ns_detok_push(g->detok, ev->token, &g->s1);
+    if (rc == NS_ERR_RANGE) rc = NS_OK; /* an id outside the vocabulary has no text */
+    if (rc != NS_OK) return rc;
+    return feed_text(g, g->s1.data, g->s1.len);
+}
+
+static ns_status finalize(ns_gen *g) {
+    ns_status rc = NS_OK;
+    if (!g->stopped) {
+        ns_buf_reset(&g->s1);
+        rc = ns_detok_flush(g->detok, &g->s1);
+        if (rc == NS_OK) rc = feed_text(g, g->s1.data, g->s1.len);
+        if (rc == NS_OK && !g->stopped) {
+            ns_buf_reset(&g->s2);
+            rc = ns_stop_flush(&g->stop, &g->s2);
+            if (rc == NS_OK) rc = stage2(g, g->s2.data, g->s2.len);
+        }
+    }
+    if (rc != NS_OK) return rc;
+    ns_buf_reset(&g->s3);
+    rc = ns_reason_flush(&g->reason, &g->reasoning, &g->s3);
+    if (rc == NS_OK && g->s3.len) {
+        rc = ns_buf_append(&g->content, g->s3.data, g->s3.len);
+        if (rc == NS_OK && g->use_tools) rc = ns_toolparse_feed(&g->tp, g->s3.data, g->s3.len);
+    }
+    if (rc == NS_OK && g->use_tools) rc = ns_toolparse_finish(&g->tp);
+    ns_request_result_get(g->req, &g->res);
+    return rc;
+}
+
+ns_status ns_gen_pump(ns_gen *g, int timeout_ms) {
+    if (g->done) return NS_OK;
+    ns_token_event ev[32];
+    bool done = false;
+    int n = ns_request_poll(g->req, ev, 32, timeout_ms, &done);
+    ns_status rc = NS_OK;
+    for (int i = 0; i < n && rc == NS_OK; i++) rc = on_token(g, &ev[i]);
+    if (rc != NS_OK) {
+        ns_request_cancel(g->req);
+        return rc;
+    }
+    if (done) {
+        rc = finalize(g);
+        g->done = true;
+        return rc;
+    }
+    if (ns_http_client_gone(&g->conn)) {
+        g->gone = true;
+        ns_request_cancel(g->req);
+        return NS_ERR_CANCELLED;
+    }
+    return NS_OK;
+}
+
+const ns_buf *ns_gen_content(const ns_gen *g) { return g->use_tools ? &g->tp.content : &g->content; }
+
+bool ns_gen_failed(const ns_gen *g, ns_http_error *e) {
+    if (g->res.finish == NS_FINISH_ERROR) {
+        ns_http_error_set(e, 500, NULL, "engine_error", "generation failed: %s",
+                          g->res.error[0] ? g->res.error : "engine error");
+        return true;
+    }
+    if (g->res.finish == NS_FINISH_CANCELLED && !g->stopped) {
+        ns_http_error_set(e, 503, NULL, "cancelled", "the generation was cancelled: %s",
+                          g->res.error[0] ? g->res.error : "cancelled");
+        return true;
+    }
+    return false;
+}
+
+const char *ns_gen_finish_reason(const ns_gen *g, bool streaming) {
+    bool calls = g->use_tools && (streaming ? g->tp.n_calls > 0
+                                            : g->tp.n_calls > 0 && ns_toolparse_all_valid(&g->tp));
+    if (g->stopped) return calls ? "tool_calls" : "stop";
+    switch (g->res.finish) {
+    case NS_FINISH_LENGTH:
+    case NS_FINISH_CONTEXT:
+        return "length";
+    default:
+        return calls ? "tool_calls" : "stop";
+    }
+}
+
+json_t *ns_gen_usage(const ns_gen *g) {
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", g->n_prompt, "completion_tokens", g->n_ids,
+                     "total_tokens", g->n_prompt + g->n_ids, "prompt_tokens_details", "cached_tokens",
+                     g->res.n_cached);
+}
+
+/* A token's text and UTF-8 bytes, as OpenAI reports them. Byte-level BPE
+ * tokens that hold part of a character decode to U+FFFD; their exact
+ * bytes come from the vocabulary piece through the GPT-2 byte alphabet. */
+static void token_text(const ns_gen *g, int32_t id, json_t **str, json_t **bytes) {
+    char *s = NULL;
+    size_t len = 0;
+    ns_error err;
+    if (ns_tokenizer_decode(g->api->tok, &id, 1, false, &s, &len, &err) != NS_OK) {
+        s = NULL;
+        len = 0;
+    }
+    *bytes = json_array();
+    bool repl = s && memmem(s, len, "\xef\xbf\xbd", 3) != NULL;
+    const char *piece = repl ? ns_tokenizer_piece(g->api->tok, id) : NULL;
+    bool done = false;
+    if (piece) {
+        json_t *b = json_array();
+        size_t pl = strlen(piece), i = 0;
+        bool ok = ns_utf8_valid(piece, pl, NULL);
+        while (ok && i < pl) {
+            uint32_t cp;
+            i += ns_utf8_decode(piece, pl, i, &cp);
+            int byte = ns_bytelevel_byte(cp);
+            if (byte < 0) ok = false;
+            else json_array_append_new(b, json_integer(byte));
+        }
+        if (ok) {
+            json_decref(*bytes);
+            *bytes = b;
+            done = true;
+        } else {
+            json_decref(b);
+        }
+    }
+    if (!done)
+        for (size_t i = 0; i < len; i++) json_array_append_new(*bytes, json_integer((unsigned char)s[i]));
+    *str = json_stringn(s ? s : "", len);
+    if (!*str) *str = json_string("");
+    free(s);
+}
+
+void ns_gen_chat_logprobs(const ns_gen *g, int32_t from, int32_t to, json_t *arr) {
+    for (int32_t i = from; i < to && i < g->n_lps; i++) {
+        const ns_token_event *ev = &g->lps[i];
+        json_t *s, *b;
+        token_text(g, ev->token, &s, &b);
+        json_t *tops = json_array();
+        for (int32_t k = 0; k < ev->n_top && k < g->top_logprobs; k++) {
+            json_t *ts, *tb;
+            token_text(g, ev->top_ids[k], &ts, &tb);
+            json_array_append_new(tops, json_pack("{s:o,s:f,s:o}", "token", ts, "logprob", (double)ev->top_logprobs[k],
+                                                  "bytes", tb));
+        }
+        json_array_append_new(arr, json_pack("{s:o,s:f,s:o,s:o}", "token", s, "logprob", (double)ev->logprob, "bytes",
+                                             b, "top_logprobs", tops));
+    }
+}
+
+json_t *ns_gen_completion_logprobs(const ns_gen *g, int32_t from, int32_t to, size_t *text_off) {
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (int32_t i = from; i < to && i < g->n_lps; i++) {
+        const ns_token_event *ev = &g->lps[i];
+        json_t *s, *b;
+        token_text(g, ev->token, &s, &b);
+        json_decref(b);
+        json_array_append_new(offs, json_integer((json_int_t)*text_off));
+        *text_off += json_string_length(s);
+        json_array_append_new(tokens, s);
+        json_array_append_new(lps, json_real(ev->logprob));
+        json_t *top = json_object();
+        for (int32_t k = 0; k < ev->n_top && k < g->top_logprobs; k++) {
+            json_t *ts, *tb;
+            token_text(g, ev->top_ids[k], &ts, &tb);
+            json_decref(tb);
+            json_object_setn_new(top, json_string_value(ts), json_string_length(ts),
+                                 json_real(ev->top_logprobs[k]));
+            json_decref(ts);
+        }
+        json_array_append_new(tops, top);
+    }
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops, "text_offset",
+                     offs);
+}
+
+static const char *finish_name(ns_finish f) {
+    switch (f) {
+    case NS_FINISH_LENGTH: return "length";
+    case NS_FINISH_EOS: return "eos";
+    case NS_FINISH_CANCELLED: return "cancelled";
+    case NS_FINISH_CONTEXT: return "context";
+    case NS_FINISH_ERROR: return "error";
+    default: return "none";
+    }
+}
+
+void ns_gen_free(ns_gen *g) {
+    if (!g->req) return;
+    if (!g->done) {
+        ns_request_cancel(g->req);
+        ns_request_result_get(g->req, &g->res);
+    }
+    const char *why = g->gone ? "client-gone" : g->stopped ? "stop-string" : finish_name(g->res.finish);
+    NS_INFO("%s %s: prompt=%d cached=%d generated=%d finish=%s tool_calls=%d duration=%.3fs%s", g->kind, g->id,
+            g->n_prompt, g->res.n_cached, g->n_ids, why, g->use_tools ? g->tp.n_calls : 0, now_s() - g->t0,
+            g->done ? "" : " (abandoned)");
+    ns_request_release(g->req);
+    g->req = NULL;
+    ns_detok_free(g->detok);
+    ns_stop_free(&g->stop);
+    ns_toolparse_free(&g->tp);
+    ns_reason_free(&g->reason);
+    ns_buf_free(&g->text);
+    ns_buf_free(&g->reasoning);
+    ns_buf_free(&g->content);
+    ns_buf_free(&g->s1);
+    ns_buf_free(&g->s2);
+    ns_buf_free(&g->s3);
+    free(g->ids);
+    free(g->lps);
+}

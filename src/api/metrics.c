@@ -1,0 +1,86 @@
+/* metrics.c — GET /metrics: Prometheus text exposition (version 0.0.4) of
+ * the scheduler's snapshot (requests, tokens, prefix cache, KV pages, step
+ * and latency histograms) and the HTTP server's counters. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "api/api.h"
+
+static void gauge(ns_buf *b, const char *name, const char *help, double v) {
+    ns_buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
+}
+
+static void counter(ns_buf *b, const char *name, const char *help, uint64_t v) {
+    ns_buf_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name, (unsigned long long)v);
+}
+
+static void histogram(ns_buf *b, const char *name, const char *help, const ns_histogram *h) {
+    ns_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i < NS_HIST_BUCKETS; i++) {
+        cum += h->counts[i];
+        if (isinf(h->bounds[i])) break;
+        ns_buf_printf(b, "%s_bucket{le=\"%.6g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+    }
+    ns_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name, (unsigned long long)h->count,
+                  name, h->sum, name, (unsigned long long)h->count);
+}
+
+void ns_api_metrics(void *ud, const ns_http_request *req, ns_http_response *resp) {
+    (void)req;
+    ns_api *a = ud;
+    if (!ns_api_require_ready(a, resp)) return;
+    ns_sched_stats st;
+    ns_sched_get_stats(a->sched, &st);
+    ns_buf b;
+    ns_buf_init(&b, 1u << 20);
+    gauge(&b, "nightshift_requests_running", "Requests prefilling or decoding.", st.requests_running);
+    gauge(&b, "nightshift_requests_waiting", "Requests queued for admission.", st.requests_waiting);
+    counter(&b, "nightshift_requests_total", "Requests submitted to the scheduler.", st.requests_total);
+    counter(&b, "nightshift_requests_rejected_total", "Requests refused because they can never fit.",
+            st.requests_rejected);
+    counter(&b, "nightshift_requests_cancelled_total", "Requests cancelled (client gone, stop string, shutdown).",
+            st.requests_cancelled);
+    counter(&b, "nightshift_prompt_tokens_total", "Prompt tokens submitted.", st.prompt_tokens_total);
+    counter(&b, "nightshift_generated_tokens_total", "Tokens generated.", st.generated_tokens_total);
+    counter(&b, "nightshift_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache.",
+            st.prefix_lookup_tokens_total);
+    counter(&b, "nightshift_prefix_cache_hit_tokens_total", "Prompt tokens whose KV was reused.",
+            st.prefix_hit_tokens_total);
+    gauge(&b, "nightshift_kv_pages_total", "KV pages in the pool.", st.pages_total);
+    ns_buf_printf(&b,
+                  "# HELP nightshift_kv_pages KV pages by state.\n# TYPE nightshift_kv_pages gauge\n"
+                  "nightshift_kv_pages{state=\"used\"} %d\nnightshift_kv_pages{state=\"free\"} %d\n"
+                  "nightshift_kv_pages{state=\"cached\"} %d\n",
+                  st.pages_used, st.pages_free, st.pages_cached);
+    gauge(&b, "nightshift_kv_page_tokens", "Tokens per KV page.", st.page_tokens);
+    histogram(&b, "nightshift_step_duration_seconds", "Engine step wall time.", &st.step_seconds);
+    histogram(&b, "nightshift_batch_tokens", "Tokens per engine step.", &st.batch_tokens);
+    histogram(&b, "nightshift_time_to_first_token_seconds", "Submit to first generated token.", &st.ttft_seconds);
+    histogram(&b, "nightshift_inter_token_latency_seconds", "Time between generated tokens.", &st.itl_seconds);
+    if (a->server) {
+        ns_server_counters c;
+        ns_server_get_counters(a->server, &c);
+        counter(&b, "nightshift_http_requests_total", "HTTP requests received.", c.requests);
+        ns_buf_printf(&b,
+                      "# HELP nightshift_http_responses_total HTTP responses by status class.\n"
+                      "# TYPE nightshift_http_responses_total counter\n"
+                      "nightshift_http_responses_total{class=\"2xx\"} %llu\n"
+                      "nightshift_http_responses_total{class=\"4xx\"} %llu\n"
+                      "nightshift_http_responses_total{class=\"5xx\"} %llu\n",
+                      (unsigned long long)c.responses_2xx, (unsigned long long)c.responses_4xx,
+                      (unsigned long long)c.responses_5xx);
+        counter(&b, "nightshift_http_stream_disconnects_total", "Streams the client left before the end.",
+                c.disconnects);
+    }
+    size_t len = 0;
+    char *text = ns_buf_take(&b, &len);
+    if (!text) {
+        ns_http_error_set(&resp->err, 500, NULL, "internal_error", "out of memory");
+        return;
+    }
+    resp->status = 200;
+    resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    resp->body = text;
+    resp->body_len = len;
+}

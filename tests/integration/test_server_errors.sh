@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Every malformed request gets a 4xx with the OpenAI error shape naming the
+# parameter, and the server stays up (/health 200) throughout.
+cd "$(dirname "$0")/../.." && source tests/integration/common.bash
+start_server --max-body-bytes 1048576
+
+C=/v1/chat/completions
+M='"messages":[{"role":"user","content":"hi"}]'
+expect_error $C '{"messages": [' 400 null invalid_json
+expect_error $C '[1,2,3]' 400 null invalid_json
+expect_error $C '' 400 null invalid_json
+expect_error $C '{"model":"x"}' 400 messages missing_required_parameter
+expect_error $C '{"messages":"hi"}' 400 messages invalid_type
+expect_error $C '{"messages":[]}' 400 messages
+expect_error $C '{"messages":[{"content":"hi"}]}' 400 'messages[0].role'
+expect_error $C '{"messages":[{"role":"wizard","content":"hi"}]}' 400 'messages[0].role'
+expect_error $C '{"messages":[{"role":"user","content":42}]}' 400 'messages[0].content'
+expect_error $C '{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}' 400 'messages[0].content[0].type'
+expect_error $C "{$M,\"max_tokens\":-5}" 400 max_tokens
+expect_error $C "{$M,\"max_tokens\":0}" 400 max_tokens
+expect_error $C "{$M,\"max_tokens\":\"ten\"}" 400 max_tokens invalid_type
+expect_error $C "{$M,\"temperature\":\"hot\"}" 400 temperature invalid_type
+expect_error $C "{$M,\"temperature\":7}" 400 temperature
+expect_error $C "{$M,\"top_p\":0}" 400 top_p
+expect_error $C "{$M,\"n\":2}" 400 n
+expect_error $C "{$M,\"stream\":\"yes\"}" 400 stream
+expect_error $C "{$M,\"stop\":[1]}" 400 stop
+expect_error $C "{$M,\"response_format\":{\"type\":\"json_object\"}}" 400 response_format
+expect_error $C "{$M,\"tools\":{}}" 400 tools
+expect_error $C "{$M,\"tools\":[{\"type\":\"function\",\"function\":{}}]}" 400 'tools[0].function.name'
+expect_error $C "{$M,\"tool_choice\":\"sometimes\"}" 400 tool_choice
+expect_error $C "{$M,\"top_logprobs\":3}" 400 top_logprobs
+expect_error $C '{"messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"function","function":{"name":"f","arguments":5}}]}]}' 400 'messages[0].tool_calls[0].function.arguments'
+# unknown fields are ignored
+post $C "{$M,\"max_tokens\":2,\"frobnicate\":{\"a\":[1]},\"user\":\"u\"}"
+[ "$STATUS" = 200 ] || fail "unknown fields: status $STATUS: $BODY_OUT"
+
+# invalid UTF-8 (a lone continuation byte inside a string)
+printf '{"messages":[{"role":"user","content":"a\x80b"}]}' >"$TMP/bad_utf8.json"
+STATUS=$(curl -s -o "$TMP/resp" -w '%{http_code}' --data-binary @"$TMP/bad_utf8.json" "$BASE$C")
+[ "$STATUS" = 400 ] || fail "invalid UTF-8: status $STATUS"
+[ "$(json_get "$(cat "$TMP/resp")" 'j.error.code')" = invalid_utf8 ] || fail "invalid UTF-8: $(cat "$TMP/resp")"
+
+# JSON nested deeper than the cap
+deep=$(printf '%.0s[' $(seq 1 300))
+expect_error $C "{\"messages\":$deep" 400 null json_too_deep
+
+# oversize body: announced (Content-Length) and chunked
+head -c 2000000 /dev/zero | tr '\0' 'a' >"$TMP/big.txt"
+STATUS=$(curl -s -o "$TMP/resp" -w '%{http_code}' --data-binary @"$TMP/big.txt" "$BASE$C")
+[ "$STATUS" = 413 ] || fail "oversize body: status $STATUS"
+[ "$(json_get "$(cat "$TMP/resp")" 'j.error.code')" = body_too_large ] || fail "oversize: $(cat "$TMP/resp")"
+STATUS=$(curl -s -o "$TMP/resp" -w '%{http_code}' -H 'Transfer-Encoding: chunked' --data-binary @"$TMP/big.txt" "$BASE$C")
+[ "$STATUS" = 413 ] || fail "oversize chunked body: status $STATUS"
+health_ok
+
+# a prompt longer than the model's context (40960 tokens): token ids
+ids=$(node -e 'console.log(JSON.stringify(Array.from({length:41000},(_,i)=>100+(i%1000))))')
+echo "{\"prompt\":$ids,\"max_tokens\":4}" >"$TMP/long.json"
+STATUS=$(curl -s -o "$TMP/resp" -w '%{http_code}' --data-binary @"$TMP/long.json" "$BASE/v1/completions")
+[ "$STATUS" = 400 ] || fail "too-long prompt: status $STATUS: $(head -c 300 "$TMP/resp")"
+R=$(cat "$TMP/resp")
+[ "$(json_get "$R" 'j.error.code')" = context_length_exceeded ] || fail "too-long prompt: $R"
+[ "$(json_get "$R" 'j.error.prompt_tokens')" = 41000 ] || fail "too-long prompt: token count missing: $R"
+[ "$(json_get "$R" 'j.error.context_tokens')" = 40960 ] || fail "too-long prompt: context missing: $R"
+
+# completions-specific validation
+expect_error /v1/completions '{"max_tokens":3}' 400 prompt missing_required_parameter
+expect_error /v1/completions '{"prompt":[1,-2]}' 400 prompt
+expect_error /v1/completions '{"prompt":[999999999]}' 400 prompt
+expect_error /v1/completions '{"prompt":{"a":1}}' 400 prompt invalid_type
+expect_error /v1/completions '{"prompt":["a","b"]}' 400 prompt
+expect_error /v1/completions '{"prompt":"x","echo":true}' 400 echo
+expect_error /tokenize '{"content":5}' 400 content
+expect_error /detokenize '{"tokens":[1,"x"]}' 400 tokens
+expect_error /detokenize '{"tokens":[-1]}' 400 tokens
+
+# routing
+STATUS=$(curl -s -o "$TMP/resp" -w '%{http_code}' "$BASE/v1/nothing")
+[ "$STATUS" = 404 ] || fail "unknown path: $STATUS"
+[ "$(json_get "$(cat "$TMP/resp")" 'j.error.type')" = not_found_error ] || fail "404 shape: $(cat "$TMP/resp")"
+STATUS=$(curl -s -o /dev/null -w '%{http_code}' "$BASE/v1/chat/completions")
+[ "$STATUS" = 405 ] || fail "GET on a POST route: $STATUS"
+
+health_ok
+post $C "{$M,\"max_tokens\":3}"
+[ "$STATUS" = 200 ] || fail "a good request after the bad ones: $STATUS $BODY_OUT"
+kill -0 "$SERVER_PID" || fail "server died"
+echo "ok"
