@@ -564,10 +564,12 @@ static void dummy_decode_check(const char *cfg_text, const char *what) {
             }
             if (sqrt(num / den) > worst) worst = sqrt(num / den);
         }
-        /* CUDA unfused, no graphs, same inputs from the same state */
+        /* CUDA unfused, no graphs, no programmatic dependent launch, same
+         * inputs from the same state */
         memcpy(sg, save, sizeof save);
         ns_cuda_set_fusion(gpu, 0);
         ns_cuda_set_graphs(gpu, 0);
+        ns_cuda_set_pdl(gpu, 0);
         int bitwise = 1;
         for (int k = 0; k < STEPS && rc == NS_OK; k++) {
             for (int i = 0; i < NSQ; i++) dtok[i] = (k * 31 + i * 7 + 1) % V;
@@ -585,6 +587,7 @@ static void dummy_decode_check(const char *cfg_text, const char *what) {
         }
         ns_cuda_set_fusion(gpu, 1);
         ns_cuda_set_graphs(gpu, 1);
+        ns_cuda_set_pdl(gpu, 1);
         CHECKF(rc == NS_OK, "%s decode: %s", what, err.msg);
         printf("#   %s: decode cuda vs cpu worst rel L2 %.3g; fused vs unfused %.3g (%s)\n", what, worst, worst_fu,
                bitwise ? "bit-identical" : "not bit-identical");

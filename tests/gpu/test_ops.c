@@ -683,7 +683,7 @@ TEST(test_attention) {
 TEST(test_attention_long_decode_splits) {
     /* long contexts: many splits, several pages per split */
     const attn_cfg cf = {128, 8, 32, 16};
-    const int layers = 1;
+    const int layers = 2; /* attention_step stores K/V of layers 0 and 1 */
     const int32_t ctx[3] = {5000, 3333, 129};
     int pages = 0;
     for (int s = 0; s < 3; s++) pages += (ctx[s] + cf.P - 1) / cf.P;

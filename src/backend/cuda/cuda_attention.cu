@@ -36,6 +36,7 @@ struct attn_params {
     size_t head_bytes;     /* P * D * 2 */
     const int32_t *seq_start, *seq_len, *page_table, *tiles, *dec_seqs, *tok_seq;
     int pt_stride, P, H, KVH, G;
+    int P_shift;           /* log2(P) when P is a power of two, else -1 */
     int q_stride;          /* floats per token row of q and out */
     float scale_log2;      /* softmax scale * log2(e) */
     float *ws;             /* split partials */
@@ -43,9 +44,20 @@ struct attn_params {
     int n_tokens;
 };
 
+/* Address of K (off = k_off) or V (off = v_off) of kv head kvh at
+ * position pos of sequence s. The matching V row is always the K row plus
+ * (v_off - k_off): same page, same slot. */
 __device__ __forceinline__ const uint8_t *kv_row(const attn_params &p, int s, int pos, int kvh, size_t off) {
-    const int page = p.page_table[(size_t)s * p.pt_stride + pos / p.P];
-    return p.kv + (size_t)page * p.page_bytes + off + (size_t)kvh * p.head_bytes + (size_t)(pos % p.P) * (p.head_bytes / p.P);
+    int pi, slot;
+    if (p.P_shift >= 0) {
+        pi = pos >> p.P_shift;
+        slot = pos & (p.P - 1);
+    } else {
+        pi = pos / p.P;
+        slot = pos - pi * p.P;
+    }
+    const int page = p.page_table[(size_t)s * p.pt_stride + pi];
+    return p.kv + (size_t)page * p.page_bytes + off + (size_t)kvh * p.head_bytes + (size_t)slot * (p.head_bytes / p.P);
 }
 
 /* ============================================================ prefill */
@@ -94,6 +106,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
  * registers before that buffer is first filled. */
 template <int D>
 __global__ __launch_bounds__(128, 3) void k_attn_prefill(attn_params p, size_t k_off, size_t v_off) {
+    PDL_ENTRY();
     constexpr int LD = D + 8; /* padded row: 16 bytes of skew per row keeps ldmatrix conflict-free */
     constexpr int CH = D / 8; /* 16-byte chunks per row */
     static_assert(PF_BM == PF_BN, "Q staging reuses a K buffer");
@@ -122,14 +135,19 @@ __global__ __launch_bounds__(128, 3) void k_attn_prefill(attn_params p, size_t k
         *reinterpret_cast<uint2 *>(Qs + r * LD + c4 * 4) = u;
     }
 
+    /* two threads per key row, each copying half the row: one page
+     * lookup per row and thread (address arithmetic was a large share of
+     * the instructions when every 16-byte chunk looked its page up) */
+    static_assert(PF_BN * 2 == 128, "two threads per K/V row");
     auto load_kv = [&](int kt, int buf) {
         bf16 *kd = Ks + buf * PF_BN * LD, *vd = Vs + buf * PF_BN * LD;
-        for (int i = tid; i < PF_BN * CH; i += 128) {
-            const int r = i / CH, ch = i % CH;
-            const int key = kt * PF_BN + r;
-            const bool ok = key < n_keys;
-            const uint8_t *kr = ok ? kv_row(p, s, key, kvh, k_off) : p.kv;
-            const uint8_t *vr = ok ? kv_row(p, s, key, kvh, v_off) : p.kv;
+        const int r = tid >> 1, c0 = (tid & 1) * (CH / 2);
+        const int key = kt * PF_BN + r;
+        const bool ok = key < n_keys;
+        const uint8_t *kr = ok ? kv_row(p, s, key, kvh, k_off) : p.kv;
+        const uint8_t *vr = ok ? kr + (v_off - k_off) : p.kv;
+#pragma unroll
+        for (int ch = c0; ch < c0 + CH / 2; ch++) {
             cp_async16(kd + r * LD + ch * 8, kr + ch * 16, ok ? 16 : 0);
             cp_async16(vd + r * LD + ch * 8, vr + ch * 16, ok ? 16 : 0);
         }
@@ -265,6 +283,7 @@ __global__ __launch_bounds__(128, 3) void k_attn_prefill(attn_params p, size_t k
  * core kernel does not cover. Tokens of decode sequences are skipped (the
  * decode kernel owns them). */
 __global__ void k_attn_rows(attn_params p, size_t k_off, size_t v_off, int D, int include_decode) {
+    PDL_ENTRY();
     const int t = blockIdx.x, h = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (h >= p.H) return;
     const int s = p.tok_seq[t];
@@ -309,7 +328,7 @@ __global__ void k_attn_rows(attn_params p, size_t k_off, size_t v_off, int D, in
 
 /* ============================================================= decode */
 
-#define DC_TK 128 /* keys per sub-tile held in shared memory */
+#define DC_TK 64 /* keys per tile staged in shared memory */
 
 template <int DPL>
 __device__ __forceinline__ void load_v(const bf16 *src, float v[DPL]) {
@@ -336,12 +355,21 @@ __device__ __forceinline__ void load_v(const bf16 *src, float v[DPL]) {
     }
 }
 
+/* K/V tiles of DC_TK keys are gathered from the pages into shared memory
+ * with cp.async, two stages deep: every load of a tile is in flight at
+ * once and the next tile loads while this one is computed, so a CTA waits
+ * for memory about once per tile instead of once per key group. */
 template <int D, int GB>
 __global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off, size_t v_off) {
+    PDL_ENTRY();
     constexpr int TPK = (D / 8) >= 4 ? 4 : (D / 8); /* threads per key in the QK phase */
     constexpr int CPT = (D / 8) / TPK;              /* 16-byte chunks per thread per key */
     constexpr int KPP = 128 / TPK;                  /* keys per pass */
     constexpr int DPL = D >= 32 ? D / 32 : 1;       /* dims per lane in the PV phase */
+    constexpr int CH = D / 8;                       /* 16-byte chunks per row */
+    extern __shared__ __align__(16) uint8_t dsm[];
+    bf16 *Kst = reinterpret_cast<bf16 *>(dsm);      /* [2][DC_TK][D] */
+    bf16 *Vst = Kst + 2 * DC_TK * D;                /* [2][DC_TK][D] */
     __shared__ __align__(16) float qs[GB][D];
     __shared__ float sc[GB][DC_TK];
     __shared__ float ms[GB], ls[GB], al[GB];
@@ -353,9 +381,27 @@ __global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off
     const int chunk = (((L + nsp - 1) / nsp) + 63) / 64 * 64;
     const int k0 = split * chunk, k1 = min(L, k0 + chunk);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n_tiles = k1 > k0 ? (k1 - k0 + DC_TK - 1) / DC_TK : 0;
+
+    static_assert(DC_TK * 2 == 128, "two threads per K/V row");
+    auto issue = [&](int it, int buf) {
+        const int kb = k0 + it * DC_TK;
+        bf16 *kd = Kst + buf * DC_TK * D, *vd = Vst + buf * DC_TK * D;
+        const int r = tid >> 1, c0 = (tid & 1) * (CH / 2);
+        const bool ok = kb + r < k1;
+        const uint8_t *kr = ok ? kv_row(p, s, kb + r, kvh, k_off) : p.kv;
+        const uint8_t *vr = ok ? kr + (v_off - k_off) : p.kv;
+#pragma unroll
+        for (int ch = c0; ch < c0 + CH / 2; ch++) {
+            cp_async16(kd + r * D + ch * 8, kr + ch * 16, ok ? 16 : 0);
+            cp_async16(vd + r * D + ch * 8, vr + ch * 16, ok ? 16 : 0);
+        }
+        cp_async_commit();
+    };
 
     for (int hg = 0; hg < p.G / GB; hg++) {
         const int h_first = kvh * p.G + hg * GB;
+        if (n_tiles > 0) issue(0, 0);
         for (int i = tid; i < GB * D; i += 128) {
             const int j = i / D, d = i % D;
             qs[j][d] = p.q[(size_t)t * p.q_stride + (size_t)(h_first + j) * D + d] * p.scale_log2;
@@ -369,10 +415,17 @@ __global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off
         for (int j = 0; j < GB; j++)
 #pragma unroll
             for (int e = 0; e < DPL; e++) acc[j][e] = 0.f;
-        __syncthreads();
 
-        for (int kb = k0; kb < k1; kb += DC_TK) {
-            const int nk = min(DC_TK, k1 - kb);
+        for (int it = 0; it < n_tiles; it++) {
+            const int kb = k0 + it * DC_TK, nk = min(DC_TK, k1 - kb);
+            if (it + 1 < n_tiles) {
+                issue(it + 1, (it + 1) & 1);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            const bf16 *Kt = Kst + (it & 1) * DC_TK * D, *Vt = Vst + (it & 1) * DC_TK * D;
             /* scores */
 #pragma unroll
             for (int pass = 0; pass < DC_TK / KPP; pass++) {
@@ -380,23 +433,19 @@ __global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off
                 float dt[GB];
 #pragma unroll
                 for (int j = 0; j < GB; j++) dt[j] = 0.f;
-                if (kl < nk) {
-                    const uint4 *kr = reinterpret_cast<const uint4 *>(kv_row(p, s, kb + kl, kvh, k_off));
-                    uint4 kc[CPT];
+                const uint4 *kr = reinterpret_cast<const uint4 *>(Kt + kl * D);
 #pragma unroll
-                    for (int i = 0; i < CPT; i++) kc[i] = kr[sub + TPK * i];
+                for (int i = 0; i < CPT; i++) {
+                    const uint4 kc = kr[sub + TPK * i];
+                    const int d0 = (sub + TPK * i) * 8;
+                    const uint32_t w[4] = {kc.x, kc.y, kc.z, kc.w};
 #pragma unroll
-                    for (int i = 0; i < CPT; i++) {
-                        const int d0 = (sub + TPK * i) * 8;
-                        const uint32_t w[4] = {kc[i].x, kc[i].y, kc[i].z, kc[i].w};
+                    for (int e = 0; e < 4; e++) {
+                        const float lo = __uint_as_float(w[e] << 16), hi = __uint_as_float(w[e] & 0xffff0000u);
 #pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const float lo = __uint_as_float(w[e] << 16), hi = __uint_as_float(w[e] & 0xffff0000u);
-#pragma unroll
-                            for (int j = 0; j < GB; j++) {
-                                const float2 qq = *reinterpret_cast<const float2 *>(&qs[j][d0 + 2 * e]);
-                                dt[j] = fmaf(lo, qq.x, fmaf(hi, qq.y, dt[j]));
-                            }
+                        for (int j = 0; j < GB; j++) {
+                            const float2 qq = *reinterpret_cast<const float2 *>(&qs[j][d0 + 2 * e]);
+                            dt[j] = fmaf(lo, qq.x, fmaf(hi, qq.y, dt[j]));
                         }
                     }
                 }
@@ -443,24 +492,9 @@ __global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off
                 for (int e = 0; e < DPL; e++) acc[j][e] *= a;
             }
             if (lane * DPL < D) {
-                int kl = warp;
-                for (; kl + 12 < nk; kl += 16) {
-                    float v[4][DPL];
-#pragma unroll
-                    for (int u = 0; u < 4; u++)
-                        load_v<DPL>(reinterpret_cast<const bf16 *>(kv_row(p, s, kb + kl + 4 * u, kvh, v_off)) + lane * DPL, v[u]);
-#pragma unroll
-                    for (int u = 0; u < 4; u++)
-#pragma unroll
-                        for (int j = 0; j < GB; j++) {
-                            const float pj = sc[j][kl + 4 * u];
-#pragma unroll
-                            for (int e = 0; e < DPL; e++) acc[j][e] = fmaf(pj, v[u][e], acc[j][e]);
-                        }
-                }
-                for (; kl < nk; kl += 4) {
+                for (int kl = warp; kl < nk; kl += 4) {
                     float v[DPL];
-                    load_v<DPL>(reinterpret_cast<const bf16 *>(kv_row(p, s, kb + kl, kvh, v_off)) + lane * DPL, v);
+                    load_v<DPL>(Vt + kl * D + lane * DPL, v);
 #pragma unroll
                     for (int j = 0; j < GB; j++) {
                         const float pj = sc[j][kl];
@@ -469,7 +503,7 @@ __global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off
                     }
                 }
             }
-            __syncthreads(); /* sc is rewritten by the next sub-tile */
+            __syncthreads(); /* sc and this K/V buffer are rewritten next */
         }
         /* reduce the 4 warps' partial sums */
         if (lane * DPL < D) {
@@ -510,23 +544,44 @@ __global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off
         __syncthreads();
         if (is_last) {
             __threadfence();
-            for (int i = tid; i < p.G * D; i += 128) {
-                const int j = i / D, d = i % D, h = kvh * p.G + j;
+            /* per head: M and the split weights 2^(m_s - M) cooperatively
+             * (threads over splits), then each thread sums its dims over
+             * the splits with independent loads */
+            __shared__ float wsp[1024];
+            __shared__ float red2[4];
+            for (int j = 0; j < p.G; j++) {
+                const int h = kvh * p.G + j;
                 const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * (D + 2);
-                float M = -INFINITY;
-                for (int sp = 0; sp < nsp; sp++) M = fmaxf(M, __ldcg(wb + (size_t)sp * (D + 2) + D));
-                float Ls = 0.f, o = 0.f;
-                for (int sp = 0; sp < nsp; sp++) {
+                float mloc = -INFINITY;
+                for (int sp = tid; sp < nsp; sp += 128) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * (D + 2) + D));
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
+                if (lane == 0) red2[warp] = mloc;
+                __syncthreads();
+                const float M = fmaxf(fmaxf(red2[0], red2[1]), fmaxf(red2[2], red2[3]));
+                __syncthreads();
+                float lloc = 0.f;
+                for (int sp = tid; sp < nsp; sp += 128) {
                     const float m = __ldcg(wb + (size_t)sp * (D + 2) + D);
-                    if (m == -INFINITY) continue;
-                    const float sc = exp2f(m - M);
-                    Ls += __ldcg(wb + (size_t)sp * (D + 2) + D + 1) * sc;
-                    o += __ldcg(wb + (size_t)sp * (D + 2) + d) * sc;
+                    const float w = m == -INFINITY ? 0.f : exp2f(m - M);
+                    wsp[sp] = w;
+                    lloc += __ldcg(wb + (size_t)sp * (D + 2) + D + 1) * w;
                 }
-                const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
-                const float v = o / Ls;
-                p.out[off] = v;
-                if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) lloc += __shfl_xor_sync(0xffffffffu, lloc, o);
+                if (lane == 0) red2[warp] = lloc;
+                __syncthreads();
+                const float Ls = (red2[0] + red2[1]) + (red2[2] + red2[3]);
+                for (int d = tid; d < D; d += 128) {
+                    float o = 0.f;
+#pragma unroll 8
+                    for (int sp = 0; sp < nsp; sp++) o += __ldcg(wb + (size_t)sp * (D + 2) + d) * wsp[sp];
+                    const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
+                    const float v = o / Ls;
+                    p.out[off] = v;
+                    if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
+                }
+                __syncthreads(); /* wsp and red2 are reused by the next head */
             }
             if (tid == 0) p.cnt[(size_t)di * p.KVH + kvh] = 0;
         }
@@ -534,8 +589,6 @@ __global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off
 }
 
 /* ============================================================ launcher */
-
-typedef void (*attn_fn)(attn_params, size_t, size_t);
 
 template <int D>
 static bool launch_prefill_mma(cu_impl *c, const attn_params &p, size_t k_off, size_t v_off, int n_tiles) {
@@ -547,17 +600,31 @@ static bool launch_prefill_mma(cu_impl *c, const attn_params &p, size_t k_off, s
             return false;
         attr_done = true;
     }
-    k_attn_prefill<D><<<dim3((unsigned)n_tiles, (unsigned)p.H), 128, smem, c->stream>>>(p, k_off, v_off);
+    cu_launch(c, k_attn_prefill<D>, dim3(dim3((unsigned)n_tiles, (unsigned)p.H)), dim3(128), smem, p, k_off, v_off);
     return !CU_LAUNCHED(c, "attention prefill");
 }
 
+template <int D, int GB>
+static bool launch_decode_t(cu_impl *c, const attn_params &p, dim3 grid) {
+    static bool attr_done = false;
+    const int smem = 2 * 2 * DC_TK * D * 2;
+    if (!attr_done) {
+        if (cu_check(c, cudaFuncSetAttribute(k_attn_decode<D, GB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                     "attention decode smem attribute"))
+            return false;
+        attr_done = true;
+    }
+    cu_launch(c, k_attn_decode<D, GB>, dim3(grid), dim3(128), smem, p, p.k_off, p.v_off);
+    return !CU_LAUNCHED(c, "attention decode");
+}
+
 template <int D>
-static attn_fn pick_decode(int gb) {
+static bool launch_decode(cu_impl *c, const attn_params &p, dim3 grid, int gb) {
     switch (gb) {
-    case 8: return k_attn_decode<D, 8>;
-    case 4: return k_attn_decode<D, 4>;
-    case 2: return k_attn_decode<D, 2>;
-    default: return k_attn_decode<D, 1>;
+    case 8: return launch_decode_t<D, 8>(c, p, grid);
+    case 4: return launch_decode_t<D, 4>(c, p, grid);
+    case 2: return launch_decode_t<D, 2>(c, p, grid);
+    default: return launch_decode_t<D, 1>(c, p, grid);
     }
 }
 
@@ -582,6 +649,9 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
     p.tok_seq = m->tok_seq;
     p.pt_stride = m->pt_stride;
     p.P = l->page_tokens;
+    p.P_shift = -1;
+    for (int b = 0; b < 31; b++)
+        if ((1 << b) == p.P) p.P_shift = b;
     p.H = n_heads;
     p.KVH = l->n_kv_heads;
     p.G = n_heads / l->n_kv_heads;
@@ -594,7 +664,7 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
     const bool dec_ok = D == 16 || D == 32 || D == 64 || D == 128 || D == 256;
     if (!dec_ok) {
         /* head dims no fast kernel covers: the row kernel does every token */
-        k_attn_rows<<<dim3((unsigned)m->n_tokens, (unsigned)((n_heads + 3) / 4)), 128, 0, c->stream>>>(p, p.k_off,
+        cu_launch(c, k_attn_rows, dim3(dim3((unsigned)m->n_tokens, (unsigned)((n_heads + 3) / 4))), dim3(128), 0, p, p.k_off,
                                                                                                      p.v_off, D, 1);
         CU_LAUNCHED(c, "attention rows");
         return;
@@ -607,7 +677,7 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
         case 64: ok = launch_prefill_mma<64>(c, p, p.k_off, p.v_off, m->n_tiles); break;
         case 128: ok = launch_prefill_mma<128>(c, p, p.k_off, p.v_off, m->n_tiles); break;
         default:
-            k_attn_rows<<<dim3((unsigned)m->n_tokens, (unsigned)((n_heads + 3) / 4)), 128, 0, c->stream>>>(
+            cu_launch(c, k_attn_rows, dim3(dim3((unsigned)m->n_tokens, (unsigned)((n_heads + 3) / 4))), dim3(128), 0, 
                 p, p.k_off, p.v_off, D, 0);
             ok = !CU_LAUNCHED(c, "attention rows");
             break;
@@ -645,21 +715,14 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
             p.ws = c->attn_ws;
             p.cnt = c->attn_cnt;
         }
-        attn_fn fn = NULL;
+        const dim3 grid((unsigned)nsp, (unsigned)l->n_kv_heads, (unsigned)m->n_dec);
         switch (D) {
-        case 16: fn = pick_decode<16>(gb); break;
-        case 32: fn = pick_decode<32>(gb); break;
-        case 64: fn = pick_decode<64>(gb); break;
-        case 128: fn = pick_decode<128>(gb); break;
-        case 256: fn = pick_decode<256>(gb > 4 ? 4 : gb); break;
-        default: break;
+        case 16: launch_decode<16>(c, p, grid, gb); break;
+        case 32: launch_decode<32>(c, p, grid, gb); break;
+        case 64: launch_decode<64>(c, p, grid, gb); break;
+        case 128: launch_decode<128>(c, p, grid, gb); break;
+        case 256: launch_decode<256>(c, p, grid, gb > 4 ? 4 : gb); break;
+        default: cu_check(c, cudaErrorInvalidValue, "attention decode: unsupported head_dim"); break;
         }
-        if (!fn) {
-            cu_check(c, cudaErrorInvalidValue, "attention decode: head_dim must be 16, 32, 64, 128 or 256");
-            return;
-        }
-        fn<<<dim3((unsigned)nsp, (unsigned)l->n_kv_heads, (unsigned)m->n_dec), 128, 0, c->stream>>>(p, p.k_off,
-                                                                                                   p.v_off);
-        CU_LAUNCHED(c, "attention decode");
     }
 }

@@ -511,7 +511,27 @@ static int32_t try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n) 
     cu_impl *c = IMPL(be);
     const cu_op *o = &ops[i];
     int pi;
-    /* 1. matmuls sharing one input, GEMV path: one launch */
+    /* 1a. gate and up GEMVs followed by swiglu: one launch with the
+     * SwiGLU epilogue */
+    if (gemv_eligible(c, o) && i + 2 < n && gemv_eligible(c, &ops[i + 1]) && same_view(&ops[i + 1].b, &o->b) &&
+        ops[i + 2].kind == OP_SWIGLU) {
+        const cu_op *u = &ops[i + 1], *sw = &ops[i + 2];
+        const ns_tensor *gt = &o->a, *up = &u->a, *out = &sw->a;
+        if (same_view(&sw->b, gt) && same_view(&sw->c, up) && gt->cols == up->cols && out->dtype == NS_DT_F32 &&
+            out->rows == gt->rows && out->cols == gt->cols && gt->data != up->data && out->data != up->data &&
+            out->data != o->b.data) {
+            prof_begin(c, "fused gemv gate/up+swiglu", &pi);
+            cu_note_write(c, gt);
+            cu_note_write(c, up);
+            bf16 *obf = cu_shadow_produce(c, out);
+            cu_gemv_swiglu(c, (float *)gt->data, (float *)up->data, (float *)out->data, obf,
+                           (const bf16 *)o->c.data, (const bf16 *)u->c.data, gt->cols, (const float *)o->b.data,
+                           (int)o->b.rows, (int)o->b.cols);
+            prof_end(c, pi);
+            return 3;
+        }
+    }
+    /* 1b. matmuls sharing one input, GEMV path: one launch */
     if (gemv_eligible(c, o)) {
         int32_t g = 1;
         while (g < 3 && i + g < n && gemv_eligible(c, &ops[i + g]) && same_view(&ops[i + g].b, &o->b)) g++;
@@ -980,13 +1000,13 @@ static void cu_kv_page_copy(ns_backend *be, int32_t dst_page, int32_t src_page, 
 /* ================================================================ batch */
 
 /* Decode partitions along the sequence (flash-decoding): enough CTAs to
- * fill the chip eight times over (they are short and latency-bound),
- * never fewer than 128 keys per split. A power
- * of two so graphs are keyed by few distinct values. */
+ * fill the chip several times over, never fewer than 256 keys (4 tiles)
+ * per split, at most 1024 splits (the merge keeps one weight per split in
+ * shared memory). A power of two so graphs are keyed by few values. */
 static int32_t choose_splits(const cu_impl *c, int32_t n_dec, int32_t n_kv_heads, int32_t max_len) {
     if (n_dec <= 0 || n_kv_heads <= 0) return 1;
     int64_t want = (8LL * c->n_sm + (int64_t)n_dec * n_kv_heads - 1) / ((int64_t)n_dec * n_kv_heads);
-    int64_t by_len = (max_len + 127) / 128;
+    int64_t by_len = (max_len + 255) / 256;
     int64_t s = want < by_len ? want : by_len;
     if (s < 1) s = 1;
     int32_t p = 1;
@@ -1433,6 +1453,7 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     }
     c->graphs_enabled = env_int("NS_CUDA_GRAPHS", 1);
     c->fusion = env_int("NS_CUDA_FUSION", 1);
+    c->pdl = env_int("NS_CUDA_PDL", 1);
     /* measured on H200 (docs/cuda.md): the GEMV kernel beats cuBLASLt up
      * to 2 input rows; from 4 rows on cuBLASLt is as fast or faster */
     c->gemv_max = env_int("NS_CUDA_GEMV_MAX", 2);
@@ -1485,6 +1506,12 @@ extern "C" void ns_cuda_set_fusion(ns_backend *be, int on) {
     cu_impl *c = IMPL(be);
     flush(be);
     c->fusion = on;
+}
+
+extern "C" void ns_cuda_set_pdl(ns_backend *be, int on) {
+    cu_impl *c = IMPL(be);
+    flush(be);
+    c->pdl = on;
 }
 
 extern "C" void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager) {

@@ -27,6 +27,7 @@ __global__ __launch_bounds__(128) void k_qk_norm_rope_store(
     const float *__restrict__ kn, float eps, const float *__restrict__ inv_freq, const int32_t *__restrict__ positions,
     const int32_t *__restrict__ tok_seq, const int32_t *__restrict__ page_table, int pt_stride, uint8_t *kv,
     size_t page_bytes, int P, int layer) {
+    PDL_ENTRY();
     constexpr int D = 32 * E;
     const int w = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x & 31;
     const int t = w / (H + KVH), h = w % (H + KVH);
@@ -85,9 +86,9 @@ void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, 
     q, k, v, n_tokens, n_heads, l->n_kv_heads, q_norm, k_norm, eps, inv_freq, c->meta.positions, c->meta.tok_seq,     \
         c->meta.page_table, c->meta.pt_stride, c->kv, l->page_size_bytes, l->page_tokens, layer
     switch (l->head_dim) {
-    case 64: k_qk_norm_rope_store<2><<<blocks, 128, 0, c->stream>>>(QKRS_ARGS); break;
-    case 128: k_qk_norm_rope_store<4><<<blocks, 128, 0, c->stream>>>(QKRS_ARGS); break;
-    case 256: k_qk_norm_rope_store<8><<<blocks, 128, 0, c->stream>>>(QKRS_ARGS); break;
+    case 64: cu_launch(c, k_qk_norm_rope_store<2>, dim3(blocks), dim3(128), 0, QKRS_ARGS); break;
+    case 128: cu_launch(c, k_qk_norm_rope_store<4>, dim3(blocks), dim3(128), 0, QKRS_ARGS); break;
+    case 256: cu_launch(c, k_qk_norm_rope_store<8>, dim3(blocks), dim3(128), 0, QKRS_ARGS); break;
     default: cu_check(c, cudaErrorInvalidValue, "qk_norm_rope_store: head_dim must be 64, 128 or 256"); return;
     }
 #undef QKRS_ARGS
@@ -98,6 +99,7 @@ void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, 
  * lanes: the same element order and reduction as k_add4 + k_rmsnorm_block. */
 __global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out, bf16 *out_bf,
                               const float *__restrict__ w, int cols, float eps) {
+    PDL_ENTRY();
     const int64_t r = blockIdx.x;
     float *xr = x + r * cols;
     const float *yr = y + r * cols;
@@ -138,6 +140,6 @@ __global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out,
 void cu_launch_add_rmsnorm(cu_impl *c, float *x, const float *y, float *out, bf16 *out_bf, const float *w,
                            int64_t rows, int cols, float eps) {
     if (rows <= 0) return;
-    k_add_rmsnorm<<<(unsigned)rows, 512, 0, c->stream>>>(x, y, out, out_bf, w, cols, eps);
+    cu_launch(c, k_add_rmsnorm, dim3((unsigned)rows), dim3(512), 0, x, y, out, out_bf, w, cols, eps);
     CU_LAUNCHED(c, "add_rmsnorm");
 }

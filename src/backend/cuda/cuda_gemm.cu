@@ -48,7 +48,8 @@ __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
  * launch are paid once per group. */
 struct gemv_segs {
     const bf16 *w0, *w1, *w2;
-    float *o0, *o1, *o2;
+    float *o0, *o1, *o2; /* SwiGLU mode: o2 is the swiglu output */
+    bf16 *obf;           /* SwiGLU mode: its bf16 shadow, or NULL */
     int end0, end1, end2; /* cumulative row ends */
 };
 
@@ -62,76 +63,133 @@ __device__ __forceinline__ void gemv_row(const gemv_segs &s, int r, const bf16 *
     }
 }
 
-template <int N>
+/* KS warps share a row pair, each summing 1/KS of K (split-K), so short
+ * matrices (few rows per SM) still put enough warps on the memory system;
+ * the partial sums meet in shared memory. */
+template <int N, int KS, bool SW>
 __global__ __launch_bounds__(128) void k_gemv(gemv_segs sg, const float *__restrict__ x, int K) {
-    const int warp = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x & 31;
-    const int total = sg.end2;
-    const int row0 = warp * 2;
-    if (row0 >= total) return;
-    const int row1 = row0 + 1 < total ? row0 + 1 : row0;
-    const bf16 *W0, *W1;
-    float *O0, *O1;
-    int l0, l1, M0, M1;
-    gemv_row(sg, row0, W0, O0, l0, M0);
-    gemv_row(sg, row1, W1, O1, l1, M1);
-    const uint4 *w0 = reinterpret_cast<const uint4 *>(W0 + (size_t)l0 * K);
-    const uint4 *w1 = reinterpret_cast<const uint4 *>(W1 + (size_t)l1 * K);
+    PDL_ENTRY();
+    const int wib = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int pair = blockIdx.x * (4 / KS) + wib / KS, kp = wib % KS;
+    /* SW: the pair is row `pair` of gate (segment 0) and of up (segment
+     * 1), and the epilogue applies SwiGLU; else rows 2*pair, 2*pair+1 of
+     * the concatenated segments */
+    const int total = SW ? sg.end0 : sg.end2;
+    const int row0 = SW ? pair : pair * 2;
+    const bool active = row0 < total;
+    const int row1 = SW ? pair + sg.end0 : (row0 + 1 < total ? row0 + 1 : row0);
     const int nch = K / 8;
+    const int cb = kp * (nch / KS), ce = kp == KS - 1 ? nch : cb + nch / KS;
     float acc0[N], acc1[N];
 #pragma unroll
     for (int n = 0; n < N; n++) acc0[n] = acc1[n] = 0.f;
-    int c = lane;
-    for (; c + 96 < nch; c += 128) {
-        uint4 a[4], b[4];
+    const bf16 *W0 = NULL, *W1 = NULL;
+    float *O0 = NULL, *O1 = NULL;
+    int l0 = 0, l1 = 0, M0 = 0, M1 = 0;
+    if (active) {
+        gemv_row(sg, row0, W0, O0, l0, M0);
+        gemv_row(sg, row1, W1, O1, l1, M1);
+        const uint4 *w0 = reinterpret_cast<const uint4 *>(W0 + (size_t)l0 * K);
+        const uint4 *w1 = reinterpret_cast<const uint4 *>(W1 + (size_t)l1 * K);
+        int c = cb + lane;
+        for (; c + 96 < ce; c += 128) {
+            uint4 a[4], b[4];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            a[u] = ld_stream(w0 + c + 32 * u);
-            b[u] = ld_stream(w1 + c + 32 * u);
+            for (int u = 0; u < 4; u++) {
+                a[u] = ld_stream(w0 + c + 32 * u);
+                b[u] = ld_stream(w1 + c + 32 * u);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+#pragma unroll
+                for (int n = 0; n < N; n++) {
+                    const float4 *xv = reinterpret_cast<const float4 *>(x + (size_t)n * K) + 2 * (c + 32 * u);
+                    float4 x0 = __ldg(xv), x1 = __ldg(xv + 1);
+                    acc0[n] += dot8(a[u], x0, x1);
+                    acc1[n] += dot8(b[u], x0, x1);
+                }
+            }
         }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (; c < ce; c += 32) {
+            uint4 a = ld_stream(w0 + c), b = ld_stream(w1 + c);
 #pragma unroll
             for (int n = 0; n < N; n++) {
-                const float4 *xv = reinterpret_cast<const float4 *>(x + (size_t)n * K) + 2 * (c + 32 * u);
+                const float4 *xv = reinterpret_cast<const float4 *>(x + (size_t)n * K) + 2 * c;
                 float4 x0 = __ldg(xv), x1 = __ldg(xv + 1);
-                acc0[n] += dot8(a[u], x0, x1);
-                acc1[n] += dot8(b[u], x0, x1);
+                acc0[n] += dot8(a, x0, x1);
+                acc1[n] += dot8(b, x0, x1);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                acc0[n] += __shfl_xor_sync(0xffffffffu, acc0[n], o);
+                acc1[n] += __shfl_xor_sync(0xffffffffu, acc1[n], o);
             }
         }
     }
-    for (; c < nch; c += 32) {
-        uint4 a = ld_stream(w0 + c), b = ld_stream(w1 + c);
+    if constexpr (KS > 1) {
+        __shared__ float part[4][2][N];
+        if (lane == 0) {
+#pragma unroll
+            for (int n = 0; n < N; n++) {
+                part[wib][0][n] = acc0[n];
+                part[wib][1][n] = acc1[n];
+            }
+        }
+        __syncthreads();
+        if (kp != 0) return;
 #pragma unroll
         for (int n = 0; n < N; n++) {
-            const float4 *xv = reinterpret_cast<const float4 *>(x + (size_t)n * K) + 2 * c;
-            float4 x0 = __ldg(xv), x1 = __ldg(xv + 1);
-            acc0[n] += dot8(a, x0, x1);
-            acc1[n] += dot8(b, x0, x1);
+            acc0[n] = part[wib][0][n];
+            acc1[n] = part[wib][1][n];
+#pragma unroll
+            for (int q = 1; q < KS; q++) {
+                acc0[n] += part[wib + q][0][n];
+                acc1[n] += part[wib + q][1][n];
+            }
         }
     }
-#pragma unroll
-    for (int n = 0; n < N; n++) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            acc0[n] += __shfl_xor_sync(0xffffffffu, acc0[n], o);
-            acc1[n] += __shfl_xor_sync(0xffffffffu, acc1[n], o);
-        }
-    }
-    if (lane == 0) {
+    if (active && lane == 0) {
 #pragma unroll
         for (int n = 0; n < N; n++) {
-            O0[(size_t)n * M0 + l0] = acc0[n];
-            if (row1 != row0) O1[(size_t)n * M1 + l1] = acc1[n];
+            if constexpr (SW) {
+                /* exactly what the unfused ops leave: gate and up as the
+                 * GEMMs wrote them, then out = silu(gate) * up (out may
+                 * be gate itself, written last) */
+                const float g = acc0[n], u = acc1[n];
+                const float y = g / (1.0f + expf(-g)) * u;
+                O0[(size_t)n * M0 + l0] = g;
+                O1[(size_t)n * M1 + l1] = u;
+                sg.o2[(size_t)n * M0 + l0] = y;
+                if (sg.obf) sg.obf[(size_t)n * M0 + l0] = __float2bfloat16_rn(y);
+            } else {
+                O0[(size_t)n * M0 + l0] = acc0[n];
+                if (row1 != row0) O1[(size_t)n * M1 + l1] = acc1[n];
+            }
         }
     }
 }
 
 typedef void (*gemv_fn)(gemv_segs, const float *, int);
 
+#define GEMV_ROW(N, SW) {k_gemv<N, 1, SW>, k_gemv<N, 2, SW>, k_gemv<N, 4, SW>}
+
+/* About 8k warps on an H200-sized chip: split K when there are fewer row
+ * pairs, keeping >= 64 chunks of 8 per warp. */
+static int choose_ks(const cu_impl *c, int64_t pairs, int k) {
+    const int64_t want_warps = 64LL * c->n_sm;
+    int ks = 1;
+    while (ks < 4 && pairs * ks < want_warps && (k / 8) / (ks * 2) >= 64) ks *= 2;
+    return ks;
+}
+
 void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w, const int64_t *m, const float *x,
                    int n, int k) {
-    static const gemv_fn fns[8] = {k_gemv<1>, k_gemv<2>, k_gemv<3>, k_gemv<4>,
-                                   k_gemv<5>, k_gemv<6>, k_gemv<7>, k_gemv<8>};
+    static const gemv_fn fns[8][3] = {GEMV_ROW(1, false), GEMV_ROW(2, false), GEMV_ROW(3, false),
+                                      GEMV_ROW(4, false), GEMV_ROW(5, false), GEMV_ROW(6, false),
+                                      GEMV_ROW(7, false), GEMV_ROW(8, false)};
     /* inputs beyond 8 rows: repeat in groups of 8 */
     for (int n0 = 0; n0 < n; n0 += 8) {
         int nn = n - n0 < 8 ? n - n0 : 8;
@@ -144,9 +202,37 @@ void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w
         sg.end2 = sg.end1 + (nseg > 2 ? (int)m[2] : 0);
         if (nseg > 1) sg.w1 = w[1], sg.o1 = out[1] + (size_t)n0 * m[1];
         if (nseg > 2) sg.w2 = w[2], sg.o2 = out[2] + (size_t)n0 * m[2];
-        const unsigned blocks = (unsigned)((sg.end2 + 7) / 8);
-        fns[nn - 1]<<<blocks, 128, 0, c->stream>>>(sg, x + (size_t)n0 * k, k);
-        if (CU_LAUNCHED(c, "gemv")) return;
+        const int64_t pairs = (sg.end2 + 1) / 2;
+        const int ks = choose_ks(c, pairs, k);
+        const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
+        const int64_t pairs_per_block = 4 / ks;
+        const unsigned blocks = (unsigned)((pairs + pairs_per_block - 1) / pairs_per_block);
+        cu_launch(c, fns[nn - 1][ki], dim3(blocks), dim3(128), 0, sg, x + (size_t)n0 * k, k);
+        if (c->err_status != NS_OK) return;
+    }
+}
+
+void cu_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf, const bf16 *wg, const bf16 *wu,
+                    int64_t m, const float *x, int n, int k) {
+    static const gemv_fn fns[2][3] = {GEMV_ROW(1, true), GEMV_ROW(2, true)};
+    for (int n0 = 0; n0 < n; n0 += 2) {
+        int nn = n - n0 < 2 ? n - n0 : 2;
+        gemv_segs sg;
+        memset(&sg, 0, sizeof sg);
+        sg.w0 = wg;
+        sg.w1 = wu;
+        sg.o0 = gate + (size_t)n0 * m;
+        sg.o1 = up + (size_t)n0 * m;
+        sg.o2 = out + (size_t)n0 * m;
+        sg.obf = out_bf ? out_bf + (size_t)n0 * m : NULL;
+        sg.end0 = (int)m;
+        sg.end1 = sg.end2 = (int)(2 * m);
+        const int ks = choose_ks(c, m, k);
+        const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
+        const int64_t pairs_per_block = 4 / ks;
+        const unsigned blocks = (unsigned)((m + pairs_per_block - 1) / pairs_per_block);
+        cu_launch(c, fns[nn - 1][ki], dim3(blocks), dim3(128), 0, sg, x + (size_t)n0 * k, k);
+        if (c->err_status != NS_OK) return;
     }
 }
 

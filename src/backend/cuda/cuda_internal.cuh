@@ -166,6 +166,7 @@ typedef struct cu_impl {
     cu_graph_entry graphs[CU_MAX_GRAPHS];
     int graphs_enabled;
     int fusion; /* fuse fixed op sequences of recorded tapes */
+    int pdl;    /* programmatic dependent launch between our kernels */
     int64_t stat_replays, stat_captures, stat_eager;
 
     /* options */
@@ -200,6 +201,32 @@ void cu_shadow_invalidate_all(cu_impl *c);
 void cu_bump_generation(cu_impl *c);
 
 /* ------------------------------------------------------------ kernels */
+
+/* Programmatic dependent launch (Hopper): every kernel of this backend
+ * starts with PDL_ENTRY. It lets the next kernel in the stream be launched
+ * right away (its CTAs are placed as SMs free up, so launch latency and
+ * the previous kernel's tail overlap) and then waits until the previous
+ * grid has completed and its memory is visible, before any global access.
+ * Without the launch attribute both instructions are no-ops. */
+#define PDL_ENTRY() asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n" ::: "memory")
+
+/* Launches kernel on c->stream (with the PDL attribute when c->pdl) and
+ * records a launch failure. */
+template <typename... KArgs, typename... Args>
+static inline void cu_launch(cu_impl *c, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Args &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    cu_check(c, cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...), "kernel launch");
+}
+
 /* All launchers enqueue on c->stream and check the launch. */
 /* Exactly the CPU backend's hash_uniform(seed, i) * scale; with round_bf
  * an F32 destination keeps the bf16-rounded value. */
@@ -227,6 +254,10 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
  * out[i][n, m[i]] = x @ w[i]^T. */
 void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w, const int64_t *m, const float *x,
                    int n, int k);
+/* gate/up GEMV with the SwiGLU epilogue: gate = x Wg^T, up = x Wu^T,
+ * out = silu(gate) * up (out may alias gate); out_bf optional shadow. */
+void cu_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf, const bf16 *wg, const bf16 *wu,
+                    int64_t m, const float *x, int n, int k);
 /* fused decode kernels (cuda_fused.cu) */
 void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, float *q, float *k, const float *v,
                                   int n_tokens, int n_heads, const float *q_norm, const float *k_norm, float eps,

@@ -24,6 +24,7 @@ static inline unsigned grid_for(size_t n, unsigned threads, unsigned cap = 65535
 /* ------------------------------------------------------- random weights */
 
 __global__ void k_fill_random(bf16 *dbf, float *df, size_t n, uint64_t seed, float scale, int round_bf) {
+    PDL_ENTRY();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         /* must stay bit-identical to hash_uniform in backend_cpu.c */
         uint64_t z = seed * 0x9e3779b97f4a7c15ULL + (uint64_t)i * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL;
@@ -40,13 +41,14 @@ __global__ void k_fill_random(bf16 *dbf, float *df, size_t n, uint64_t seed, flo
 void cu_launch_fill_random(cu_impl *c, bf16 *dst_bf, float *dst_f, size_t n, uint64_t seed, float scale,
                            bool round_bf) {
     if (!n) return;
-    k_fill_random<<<grid_for(n, 256, 132 * 64), 256, 0, c->stream>>>(dst_bf, dst_f, n, seed, scale, round_bf);
+    cu_launch(c, k_fill_random, dim3(grid_for(n, 256, 132 * 64)), dim3(256), 0, dst_bf, dst_f, n, seed, scale, round_bf);
     CU_LAUNCHED(c, "fill_random");
 }
 
 /* ----------------------------------------------------------- conversion */
 
 __global__ void k_f32_to_bf16(bf16 *__restrict__ dst, const float *__restrict__ src, size_t n) {
+    PDL_ENTRY();
     size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) * 4;
     size_t stride = (size_t)gridDim.x * blockDim.x * 4;
     for (; i + 3 < n; i += stride) {
@@ -61,6 +63,7 @@ __global__ void k_f32_to_bf16(bf16 *__restrict__ dst, const float *__restrict__ 
 }
 
 __global__ void k_f32_to_bf16_scalar(bf16 *__restrict__ dst, const float *__restrict__ src, size_t n) {
+    PDL_ENTRY();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dst[i] = __float2bfloat16_rn(src[i]);
 }
@@ -68,20 +71,21 @@ __global__ void k_f32_to_bf16_scalar(bf16 *__restrict__ dst, const float *__rest
 void cu_launch_f32_to_bf16(cu_impl *c, bf16 *dst, const float *src, size_t n) {
     if (!n) return;
     if (((uintptr_t)src % 16) == 0 && ((uintptr_t)dst % 8) == 0)
-        k_f32_to_bf16<<<grid_for(n / 4 + 1, 256), 256, 0, c->stream>>>(dst, src, n);
+        cu_launch(c, k_f32_to_bf16, dim3(grid_for(n / 4 + 1, 256)), dim3(256), 0, dst, src, n);
     else
-        k_f32_to_bf16_scalar<<<grid_for(n, 256), 256, 0, c->stream>>>(dst, src, n);
+        cu_launch(c, k_f32_to_bf16_scalar, dim3(grid_for(n, 256)), dim3(256), 0, dst, src, n);
     CU_LAUNCHED(c, "f32_to_bf16");
 }
 
 __global__ void k_bf16_to_f32(float *__restrict__ dst, const bf16 *__restrict__ src, size_t n) {
+    PDL_ENTRY();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dst[i] = __bfloat162float(src[i]);
 }
 
 void cu_launch_bf16_to_f32(cu_impl *c, float *dst, const bf16 *src, size_t n) {
     if (!n) return;
-    k_bf16_to_f32<<<grid_for(n, 256), 256, 0, c->stream>>>(dst, src, n);
+    cu_launch(c, k_bf16_to_f32, dim3(grid_for(n, 256)), dim3(256), 0, dst, src, n);
     CU_LAUNCHED(c, "bf16_to_f32");
 }
 
@@ -89,6 +93,7 @@ void cu_launch_bf16_to_f32(cu_impl *c, float *dst, const bf16 *src, size_t n) {
 
 __global__ void k_embed(float *__restrict__ out, const void *__restrict__ table, int is_bf16, const int32_t *tokens,
                         int dim) {
+    PDL_ENTRY();
     const int t = blockIdx.x;
     const size_t row = (size_t)tokens[t] * dim;
     for (int d = threadIdx.x; d < dim; d += blockDim.x) {
@@ -103,7 +108,7 @@ void cu_launch_embed(cu_impl *c, float *out, const ns_tensor *table, int n_token
         cu_check(c, cudaErrorInvalidValue, "embed: more rows than the batch has tokens");
         return;
     }
-    k_embed<<<n_tokens, 256, 0, c->stream>>>(out, table->data, table->dtype == NS_DT_BF16, c->meta.tokens, dim);
+    cu_launch(c, k_embed, dim3(n_tokens), dim3(256), 0, out, table->data, table->dtype == NS_DT_BF16, c->meta.tokens, dim);
     CU_LAUNCHED(c, "embed");
 }
 
@@ -118,6 +123,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 /* One warp per row: rows of up to 1024 columns (q/k norm, small models). */
 __global__ void k_rmsnorm_warp(float *out, bf16 *out_bf, const float *in, const float *__restrict__ w, int64_t rows,
                                int cols, float eps) {
+    PDL_ENTRY();
     const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     if (r >= rows) return;
@@ -147,6 +153,7 @@ __global__ void k_rmsnorm_warp(float *out, bf16 *out_bf, const float *in, const 
 /* One block per row for wide rows (hidden size). */
 __global__ void k_rmsnorm_block(float *out, bf16 *out_bf, const float *in, const float *__restrict__ w, int cols,
                                 float eps) {
+    PDL_ENTRY();
     const int64_t r = blockIdx.x;
     const float *x = in + r * cols;
     __shared__ float part[32];
@@ -199,10 +206,10 @@ void cu_launch_rmsnorm(cu_impl *c, float *out, bf16 *out_bf, const float *in, co
     if (rows <= 0 || cols <= 0) return;
     if (cols <= 1024) {
         const int rpb = 8;
-        k_rmsnorm_warp<<<(unsigned)((rows + rpb - 1) / rpb), rpb * 32, 0, c->stream>>>(out, out_bf, in, w, rows, cols,
+        cu_launch(c, k_rmsnorm_warp, dim3((unsigned)((rows + rpb - 1) / rpb)), dim3(rpb * 32), 0, out, out_bf, in, w, rows, cols,
                                                                                          eps);
     } else {
-        k_rmsnorm_block<<<(unsigned)rows, 512, 0, c->stream>>>(out, out_bf, in, w, cols, eps);
+        cu_launch(c, k_rmsnorm_block, dim3((unsigned)rows), dim3(512), 0, out, out_bf, in, w, cols, eps);
     }
     CU_LAUNCHED(c, "rmsnorm");
 }
@@ -211,6 +218,7 @@ void cu_launch_rmsnorm(cu_impl *c, float *out, bf16 *out_bf, const float *in, co
 
 __global__ void k_rope(float *x, const int32_t *__restrict__ positions, int n_tokens, int n_heads, int half,
                        int head_dim, int row_stride, const float *__restrict__ inv_freq) {
+    PDL_ENTRY();
     const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     const int64_t total = (int64_t)n_tokens * n_heads * half;
     if (idx >= total) return;
@@ -235,7 +243,7 @@ void cu_launch_rope(cu_impl *c, float *x, int n_tokens, int n_heads, int head_di
         return;
     }
     int64_t total = (int64_t)n_tokens * n_heads * (head_dim / 2);
-    k_rope<<<(unsigned)((total + 255) / 256), 256, 0, c->stream>>>(x, c->meta.positions, n_tokens, n_heads,
+    cu_launch(c, k_rope, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, x, c->meta.positions, n_tokens, n_heads,
                                                                    head_dim / 2, head_dim, row_stride, inv_freq);
     CU_LAUNCHED(c, "rope");
 }
@@ -245,6 +253,7 @@ void cu_launch_rope(cu_impl *c, float *x, int n_tokens, int n_heads, int head_di
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
 __global__ void k_swiglu4(float *out, bf16 *out_bf, const float *gate, const float *up, int64_t n4) {
+    PDL_ENTRY();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
         float4 g = reinterpret_cast<const float4 *>(gate)[i];
         float4 u = reinterpret_cast<const float4 *>(up)[i];
@@ -261,6 +270,7 @@ __global__ void k_swiglu4(float *out, bf16 *out_bf, const float *gate, const flo
 }
 
 __global__ void k_swiglu1(float *out, bf16 *out_bf, const float *gate, const float *up, int64_t n) {
+    PDL_ENTRY();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float y = silu(gate[i]) * up[i];
         out[i] = y;
@@ -273,13 +283,14 @@ static bool al16(const void *p) { return ((uintptr_t)p % 16) == 0; }
 void cu_launch_swiglu(cu_impl *c, float *out, bf16 *out_bf, const float *gate, const float *up, int64_t n) {
     if (n <= 0) return;
     if (n % 4 == 0 && al16(out) && al16(gate) && al16(up) && ((uintptr_t)out_bf % 8) == 0)
-        k_swiglu4<<<grid_for((size_t)n / 4, 256), 256, 0, c->stream>>>(out, out_bf, gate, up, n / 4);
+        cu_launch(c, k_swiglu4, dim3(grid_for((size_t)n / 4, 256)), dim3(256), 0, out, out_bf, gate, up, n / 4);
     else
-        k_swiglu1<<<grid_for((size_t)n, 256), 256, 0, c->stream>>>(out, out_bf, gate, up, n);
+        cu_launch(c, k_swiglu1, dim3(grid_for((size_t)n, 256)), dim3(256), 0, out, out_bf, gate, up, n);
     CU_LAUNCHED(c, "swiglu");
 }
 
 __global__ void k_add4(float4 *out, const float4 *x, int64_t n4) {
+    PDL_ENTRY();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
         float4 a = out[i], b = x[i];
         out[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
@@ -287,6 +298,7 @@ __global__ void k_add4(float4 *out, const float4 *x, int64_t n4) {
 }
 
 __global__ void k_add1(float *out, const float *x, int64_t n) {
+    PDL_ENTRY();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         out[i] += x[i];
 }
@@ -294,9 +306,9 @@ __global__ void k_add1(float *out, const float *x, int64_t n) {
 void cu_launch_add(cu_impl *c, float *out, const float *x, int64_t n) {
     if (n <= 0) return;
     if (n % 4 == 0 && al16(out) && al16(x))
-        k_add4<<<grid_for((size_t)n / 4, 256), 256, 0, c->stream>>>((float4 *)out, (const float4 *)x, n / 4);
+        cu_launch(c, k_add4, dim3(grid_for((size_t)n / 4, 256)), dim3(256), 0, (float4 *)out, (const float4 *)x, n / 4);
     else
-        k_add1<<<grid_for((size_t)n, 256), 256, 0, c->stream>>>(out, x, n);
+        cu_launch(c, k_add1, dim3(grid_for((size_t)n, 256)), dim3(256), 0, out, x, n);
     CU_LAUNCHED(c, "add");
 }
 
@@ -307,6 +319,7 @@ __global__ void k_kv_store(uint8_t *kv, size_t page_bytes, int P, int n_kv_heads
                            const float *__restrict__ k, const float *__restrict__ v, int k_stride, int v_stride,
                            int n_tokens, const int32_t *__restrict__ positions, const int32_t *__restrict__ tok_seq,
                            const int32_t *__restrict__ page_table, int pt_stride) {
+    PDL_ENTRY();
     const int chunks = head_dim / 8;
     const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (idx >= (int64_t)n_tokens * n_kv_heads * chunks) return;
@@ -336,7 +349,7 @@ void cu_launch_kv_store(cu_impl *c, const ns_kv_layout *l, int layer, const floa
         return;
     }
     int64_t total = (int64_t)n_tokens * l->n_kv_heads * (l->head_dim / 8);
-    k_kv_store<<<(unsigned)((total + 255) / 256), 256, 0, c->stream>>>(
+    cu_launch(c, k_kv_store, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, 
         c->kv, l->page_size_bytes, l->page_tokens, l->n_kv_heads, l->head_dim, layer, k, v, k_stride, v_stride,
         n_tokens, c->meta.positions, c->meta.tok_seq, c->meta.page_table, c->meta.pt_stride);
     CU_LAUNCHED(c, "kv_store");
@@ -346,6 +359,7 @@ void cu_launch_kv_store(cu_impl *c, const ns_kv_layout *l, int layer, const floa
 
 __global__ void k_gather(float *out, bf16 *out_bf, const float *__restrict__ in, const int32_t *__restrict__ rows,
                          int cols, int in_stride) {
+    PDL_ENTRY();
     const int i = blockIdx.x;
     const float *src = in + (size_t)rows[i] * in_stride;
     for (int d = threadIdx.x; d < cols; d += blockDim.x) {
@@ -357,7 +371,7 @@ __global__ void k_gather(float *out, bf16 *out_bf, const float *__restrict__ in,
 
 void cu_launch_gather(cu_impl *c, float *out, bf16 *out_bf, const float *in, int n_rows, int cols, int in_stride) {
     if (n_rows <= 0) return;
-    k_gather<<<n_rows, 256, 0, c->stream>>>(out, out_bf, in, c->meta.logit_rows, cols, in_stride);
+    cu_launch(c, k_gather, dim3(n_rows), dim3(256), 0, out, out_bf, in, c->meta.logit_rows, cols, in_stride);
     CU_LAUNCHED(c, "gather_rows");
 }
 
@@ -372,6 +386,7 @@ __device__ __forceinline__ void better(float &bv, int &bi, float v, int i) {
 }
 
 __global__ void k_argmax(int32_t *out, const float *__restrict__ logits, int cols, int stride) {
+    PDL_ENTRY();
     const float *x = logits + (size_t)blockIdx.x * stride;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
@@ -404,7 +419,7 @@ __global__ void k_argmax(int32_t *out, const float *__restrict__ logits, int col
 
 void cu_launch_argmax(cu_impl *c, int32_t *out, const float *logits, int n_rows, int cols, int stride) {
     if (n_rows <= 0) return;
-    k_argmax<<<n_rows, 1024, 0, c->stream>>>(out, logits, cols, stride);
+    cu_launch(c, k_argmax, dim3(n_rows), dim3(1024), 0, out, logits, cols, stride);
     CU_LAUNCHED(c, "argmax");
 }
 
