@@ -609,6 +609,30 @@ static ns_status bench_run(bench *B, ns_error *err) {
         printf("cuda graphs: %lld replays, %lld captures, %lld eager decode tapes\n", (long long)rep, (long long)cap,
                (long long)eag);
     }
+    if (B->cuda && B->o.n_batches && B->o.n_contexts) {
+        /* what each decode-path feature is worth: batch 1, 1k context,
+         * with one feature off at a time */
+        struct {
+            const char *name;
+            void (*set)(ns_backend *, int);
+        } feats[] = {{"L2 prefetch", ns_cuda_set_prefetch},
+                     {"programmatic dependent launch", ns_cuda_set_pdl},
+                     {"fused kernels", ns_cuda_set_fusion},
+                     {"CUDA graphs", ns_cuda_set_graphs}};
+        dec_result base;
+        rc = run_decode(B, 1024, 1, B->o.steps, 3, &base, err);
+        if (rc != NS_OK) return rc;
+        printf("ablation, decode ctx 1024 batch 1: all on %.3f ms/step", base.step_s * 1e3);
+        for (size_t i = 0; i < sizeof feats / sizeof feats[0]; i++) {
+            dec_result r;
+            feats[i].set(B->be, 0);
+            rc = run_decode(B, 1024, 1, B->o.steps, 3, &r, err);
+            feats[i].set(B->be, 1);
+            if (rc != NS_OK) return rc;
+            printf("; %s off %.3f", feats[i].name, r.step_s * 1e3);
+        }
+        printf("\n");
+    }
     if (B->cuda && B->o.profile) {
         dec_result r;
         ns_cuda_set_profiling(B->be, 1);

@@ -44,6 +44,8 @@ void ns_cuda_set_graphs(ns_backend *be, int on);
 void ns_cuda_set_fusion(ns_backend *be, int on);
 /* Programmatic dependent launch between kernels: on (default) or off. */
 void ns_cuda_set_pdl(ns_backend *be, int on);
+/* L2 prefetch of the next GEMV's weights by small decode kernels. */
+void ns_cuda_set_prefetch(ns_backend *be, int on);
 void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager);
 
 /* Per-op timing with events (forces eager execution while on). */

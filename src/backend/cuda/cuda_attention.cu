@@ -544,44 +544,82 @@ __global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off
         __syncthreads();
         if (is_last) {
             __threadfence();
-            /* per head: M and the split weights 2^(m_s - M) cooperatively
-             * (threads over splits), then each thread sums its dims over
-             * the splits with independent loads */
-            __shared__ float wsp[1024];
-            __shared__ float red2[4];
-            for (int j = 0; j < p.G; j++) {
-                const int h = kvh * p.G + j;
-                const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * (D + 2);
-                float mloc = -INFINITY;
-                for (int sp = tid; sp < nsp; sp += 128) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * (D + 2) + D));
+            /* warp w owns heads w, w+4, ...: lanes over splits find M,
+             * the split weights 2^(m_s - M) and their sum; then every
+             * thread sums its (head, dim) outputs over the splits with
+             * independent loads. One block barrier in all. */
+            __shared__ float wbuf[1024]; /* [8][128] split weights, or [1024] for one head */
+            __shared__ float lsum[8];
+            float (*wsp)[128] = reinterpret_cast<float (*)[128]>(wbuf);
+            const bool small = nsp <= 128 && p.G <= 8;
+            if (small) {
+                for (int j = warp; j < p.G; j += 4) {
+                    const float *wb = p.ws + ((size_t)di * p.H + kvh * p.G + j) * nsp * (D + 2);
+                    float mloc = -INFINITY;
+                    for (int sp = lane; sp < nsp; sp += 32) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * (D + 2) + D));
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
-                if (lane == 0) red2[warp] = mloc;
-                __syncthreads();
-                const float M = fmaxf(fmaxf(red2[0], red2[1]), fmaxf(red2[2], red2[3]));
-                __syncthreads();
-                float lloc = 0.f;
-                for (int sp = tid; sp < nsp; sp += 128) {
-                    const float m = __ldcg(wb + (size_t)sp * (D + 2) + D);
-                    const float w = m == -INFINITY ? 0.f : exp2f(m - M);
-                    wsp[sp] = w;
-                    lloc += __ldcg(wb + (size_t)sp * (D + 2) + D + 1) * w;
+                    for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
+                    float lloc = 0.f;
+                    for (int sp = lane; sp < nsp; sp += 32) {
+                        const float m = __ldcg(wb + (size_t)sp * (D + 2) + D);
+                        const float w = m == -INFINITY ? 0.f : exp2f(m - mloc);
+                        wsp[j][sp] = w;
+                        lloc += __ldcg(wb + (size_t)sp * (D + 2) + D + 1) * w;
+                    }
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1) lloc += __shfl_xor_sync(0xffffffffu, lloc, o);
+                    if (lane == 0) lsum[j] = lloc;
                 }
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) lloc += __shfl_xor_sync(0xffffffffu, lloc, o);
-                if (lane == 0) red2[warp] = lloc;
                 __syncthreads();
-                const float Ls = (red2[0] + red2[1]) + (red2[2] + red2[3]);
-                for (int d = tid; d < D; d += 128) {
+                for (int i = tid; i < p.G * D; i += 128) {
+                    const int j = i / D, d = i % D, h = kvh * p.G + j;
+                    const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * (D + 2);
                     float o = 0.f;
 #pragma unroll 8
-                    for (int sp = 0; sp < nsp; sp++) o += __ldcg(wb + (size_t)sp * (D + 2) + d) * wsp[sp];
+                    for (int sp = 0; sp < nsp; sp++) o += __ldcg(wb + (size_t)sp * (D + 2) + d) * wsp[j][sp];
                     const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
-                    const float v = o / Ls;
+                    const float v = o / lsum[j];
                     p.out[off] = v;
                     if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
                 }
-                __syncthreads(); /* wsp and red2 are reused by the next head */
+            } else {
+                /* many splits: per head, threads over splits */
+                float *wbig = wbuf;
+                __shared__ float red2[4];
+                for (int j = 0; j < p.G; j++) {
+                    const int h = kvh * p.G + j;
+                    const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * (D + 2);
+                    float mloc = -INFINITY;
+                    for (int sp = tid; sp < nsp; sp += 128) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * (D + 2) + D));
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
+                    if (lane == 0) red2[warp] = mloc;
+                    __syncthreads();
+                    const float M = fmaxf(fmaxf(red2[0], red2[1]), fmaxf(red2[2], red2[3]));
+                    __syncthreads();
+                    float lloc = 0.f;
+                    for (int sp = tid; sp < nsp; sp += 128) {
+                        const float m = __ldcg(wb + (size_t)sp * (D + 2) + D);
+                        const float w = m == -INFINITY ? 0.f : exp2f(m - M);
+                        wbig[sp] = w;
+                        lloc += __ldcg(wb + (size_t)sp * (D + 2) + D + 1) * w;
+                    }
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1) lloc += __shfl_xor_sync(0xffffffffu, lloc, o);
+                    if (lane == 0) red2[warp] = lloc;
+                    __syncthreads();
+                    const float Ls = (red2[0] + red2[1]) + (red2[2] + red2[3]);
+                    for (int d = tid; d < D; d += 128) {
+                        float o = 0.f;
+#pragma unroll 8
+                        for (int sp = 0; sp < nsp; sp++) o += __ldcg(wb + (size_t)sp * (D + 2) + d) * wbig[sp];
+                        const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
+                        const float v = o / Ls;
+                        p.out[off] = v;
+                        if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
+                    }
+                    __syncthreads(); /* wbig and red2 are reused by the next head */
+                }
             }
             if (tid == 0) p.cnt[(size_t)di * p.KVH + kvh] = 0;
         }
@@ -621,7 +659,9 @@ static bool launch_decode_t(cu_impl *c, const attn_params &p, dim3 grid) {
 template <int D>
 static bool launch_decode(cu_impl *c, const attn_params &p, dim3 grid, int gb) {
     switch (gb) {
-    case 8: return launch_decode_t<D, 8>(c, p, grid);
+    case 8:
+        if constexpr (D <= 128) return launch_decode_t<D, 8>(c, p, grid);
+        else return launch_decode_t<D, 4>(c, p, grid);
     case 4: return launch_decode_t<D, 4>(c, p, grid);
     case 2: return launch_decode_t<D, 2>(c, p, grid);
     default: return launch_decode_t<D, 1>(c, p, grid);

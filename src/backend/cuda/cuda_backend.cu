@@ -503,6 +503,32 @@ static void prof_end(cu_impl *c, int pi) {
     if (pi >= 0) cudaEventRecord(c->prof_ev[2 * pi + 1], c->stream);
 }
 
+/* Prefetch plan: the weights of the first matmuls at or after ops[j]
+ * (stopping at the first non-matmul after a matmul), up to 2/3 of L2. */
+static void plan_prefetch(const cu_impl *c, const cu_op *ops, int32_t j, int32_t n, cu_prefetch *pf) {
+    memset(pf, 0, sizeof *pf);
+    if (!c->prefetch || !c->l2_bytes) return;
+    size_t budget = c->l2_bytes * 2 / 3;
+    int k = 0;
+    bool seen = false;
+    for (; j < n && k < 3 && budget > 0; j++) {
+        if (ops[j].kind != OP_MATMUL) {
+            if (seen) break;
+            if (ops[j].kind == OP_RMSNORM || ops[j].kind == OP_ADD || ops[j].kind == OP_GATHER) break;
+            continue; /* skip attention / kv ops between here and the matmul */
+        }
+        seen = true;
+        if (ops[j].c.dtype != NS_DT_BF16) break;
+        size_t b = ns_tensor_bytes(&ops[j].c);
+        if (b > budget) b = budget;
+        if (b > 0xFFFF0000u) b = 0xFFFF0000u;
+        pf->p[k] = ops[j].c.data;
+        pf->bytes[k] = (uint32_t)b;
+        budget -= b;
+        k++;
+    }
+}
+
 /* Runs the engine's fixed op sequences of a recorded tape as fused
  * kernels (see cuda_fused.cu). Returns the number of ops consumed, 0 when
  * nothing at ops[i] can be fused. Each pattern is checked completely
@@ -582,9 +608,11 @@ static int32_t try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n) 
             kn = (const float *)nk->c.data;
             eps = nq->f0;
         }
+        cu_prefetch pf;
+        plan_prefetch(c, ops, base + 3, n, &pf); /* the output projection after attention */
         prof_begin(c, norm ? "fused qk_norm+rope+kv_store" : "fused rope+kv_store", &pi);
         cu_launch_qk_norm_rope_store(c, l, st->i0, (float *)q->data, (float *)k->data, (const float *)v->data, T, H,
-                                     qn, kn, eps, (const float *)rq->b.data);
+                                     qn, kn, eps, (const float *)rq->b.data, &pf);
         prof_end(c, pi);
         cu_note_write(c, q);
         cu_note_write(c, k);
@@ -602,11 +630,13 @@ static int32_t try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n) 
         /* out may alias y (the engine normalizes into the buffer it just
          * added from): each thread reads its y elements before writing the
          * same out elements. */
+        cu_prefetch pf;
+        plan_prefetch(c, ops, i + 2, n, &pf); /* q/k/v or gate/up next */
         prof_begin(c, "fused add+rmsnorm", &pi);
         cu_note_write(c, x);
         bf16 *obf = cu_shadow_produce(c, out);
         cu_launch_add_rmsnorm(c, (float *)x->data, (const float *)y->data, (float *)out->data, obf,
-                              (const float *)w->data, x->rows, (int)x->cols, nm->f0);
+                              (const float *)w->data, x->rows, (int)x->cols, nm->f0, &pf);
         prof_end(c, pi);
         return 2;
     }
@@ -1000,13 +1030,13 @@ static void cu_kv_page_copy(ns_backend *be, int32_t dst_page, int32_t src_page, 
 /* ================================================================ batch */
 
 /* Decode partitions along the sequence (flash-decoding): enough CTAs to
- * fill the chip several times over, never fewer than 256 keys (4 tiles)
+ * fill the chip several times over, never fewer than 64 keys (one tile)
  * per split, at most 1024 splits (the merge keeps one weight per split in
  * shared memory). A power of two so graphs are keyed by few values. */
 static int32_t choose_splits(const cu_impl *c, int32_t n_dec, int32_t n_kv_heads, int32_t max_len) {
     if (n_dec <= 0 || n_kv_heads <= 0) return 1;
     int64_t want = (8LL * c->n_sm + (int64_t)n_dec * n_kv_heads - 1) / ((int64_t)n_dec * n_kv_heads);
-    int64_t by_len = (max_len + 255) / 256;
+    int64_t by_len = (max_len + 63) / 64;
     int64_t s = want < by_len ? want : by_len;
     if (s < 1) s = 1;
     int32_t p = 1;
@@ -1454,6 +1484,8 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     c->graphs_enabled = env_int("NS_CUDA_GRAPHS", 1);
     c->fusion = env_int("NS_CUDA_FUSION", 1);
     c->pdl = env_int("NS_CUDA_PDL", 1);
+    c->prefetch = env_int("NS_CUDA_PREFETCH", 1);
+    c->l2_bytes = (size_t)prop.l2CacheSize;
     /* measured on H200 (docs/cuda.md): the GEMV kernel beats cuBLASLt up
      * to 2 input rows; from 4 rows on cuBLASLt is as fast or faster */
     c->gemv_max = env_int("NS_CUDA_GEMV_MAX", 2);
@@ -1512,6 +1544,12 @@ extern "C" void ns_cuda_set_pdl(ns_backend *be, int on) {
     cu_impl *c = IMPL(be);
     flush(be);
     c->pdl = on;
+}
+
+extern "C" void ns_cuda_set_prefetch(ns_backend *be, int on) {
+    cu_impl *c = IMPL(be);
+    flush(be);
+    c->prefetch = on;
 }
 
 extern "C" void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager) {

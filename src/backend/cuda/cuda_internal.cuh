@@ -167,6 +167,8 @@ typedef struct cu_impl {
     int graphs_enabled;
     int fusion; /* fuse fixed op sequences of recorded tapes */
     int pdl;    /* programmatic dependent launch between our kernels */
+    int prefetch; /* L2 prefetch of the next GEMV's weights in small kernels */
+    size_t l2_bytes;
     int64_t stat_replays, stat_captures, stat_eager;
 
     /* options */
@@ -209,6 +211,32 @@ void cu_bump_generation(cu_impl *c);
  * grid has completed and its memory is visible, before any global access.
  * Without the launch attribute both instructions are no-ops. */
 #define PDL_ENTRY() asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n" ::: "memory")
+#define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
+
+/* Weights the next GEMV will stream, prefetched into L2 by a latency-bound
+ * kernel that runs before it (block 0 issues bulk prefetches before its
+ * PDL wait: weights never depend on earlier kernels). Turns HBM idle time
+ * during small kernels into useful transfer. */
+typedef struct cu_prefetch {
+    const void *p[3];
+    uint32_t bytes[3];
+} cu_prefetch;
+
+__device__ __forceinline__ void l2_prefetch(const cu_prefetch &pf) {
+    if (blockIdx.x | blockIdx.y | blockIdx.z) return;
+#pragma unroll
+    for (int sgi = 0; sgi < 3; sgi++) {
+        const uint32_t bytes = pf.bytes[sgi] & ~15u;
+        const uint32_t n = (bytes + 65535u) / 65536u;
+        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+            const uint32_t sz = bytes - i * 65536u < 65536u ? bytes - i * 65536u : 65536u;
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"((const char *)pf.p[sgi] + (size_t)i * 65536u),
+                         "r"(sz)
+                         : "memory");
+        }
+    }
+}
 
 /* Launches kernel on c->stream (with the PDL attribute when c->pdl) and
  * records a launch failure. */
@@ -261,9 +289,9 @@ void cu_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf
 /* fused decode kernels (cuda_fused.cu) */
 void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, float *q, float *k, const float *v,
                                   int n_tokens, int n_heads, const float *q_norm, const float *k_norm, float eps,
-                                  const float *inv_freq);
+                                  const float *inv_freq, const cu_prefetch *pf);
 void cu_launch_add_rmsnorm(cu_impl *c, float *x, const float *y, float *out, bf16 *out_bf, const float *w,
-                           int64_t rows, int cols, float eps);
+                           int64_t rows, int cols, float eps, const cu_prefetch *pf);
 /* matmul: out[n,m] = in[n,k] @ w[m,k]^T with w BF16 and in given as BF16 */
 void cu_gemm(cu_impl *c, float *out, const bf16 *in_bf, const float *in_f32, const bf16 *w, int64_t n, int64_t m,
              int64_t k);
