@@ -210,7 +210,8 @@ static void respond_whole(chat_job *j, ns_http_response *resp) {
     for (;;) {
         ns_status rc = ns_gen_pump(&j->g, 100);
         if (rc == NS_ERR_CANCELLED) {
-            ns_http_error_set(&resp->err, 400, NULL, "client_disconnected", "the client disconnected");
+            /* nobody reads this; 499 (nginx's "client closed request") is counted as a disconnect */
+            ns_http_error_set(&resp->err, 499, NULL, "client_disconnected", "the client disconnected");
             return;
         }
         if (rc != NS_OK) {

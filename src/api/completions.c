@@ -11,6 +11,7 @@
 #include "tokenizer/tokenizer.h"
 
 #define MAX_PROMPT_IDS (1 << 24)
+#define KEEPALIVE_S 15.0
 
 typedef struct cmpl_job {
     ns_api *a;
@@ -24,7 +25,14 @@ typedef struct cmpl_job {
     bool finished, started;
     size_t sent_text, text_off;
     int32_t sent_lps;
+    double last_emit;
 } cmpl_job;
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static void job_free(cmpl_job *j) {
     if (!j) return;
@@ -169,7 +177,14 @@ static ns_status cmpl_next(void *ctx, ns_buf *out, bool *eof) {
             j->finished = *eof = true;
             return rc;
         }
-        if (out->len) return NS_OK;
+        if (out->len) {
+            j->last_emit = mono_s();
+            return NS_OK;
+        }
+        if (mono_s() - j->last_emit > KEEPALIVE_S) { /* long prefill: keep the connection warm */
+            j->last_emit = mono_s();
+            return ns_sse_keepalive(out);
+        }
     }
 }
 
@@ -182,7 +197,8 @@ static void respond_whole(cmpl_job *j, ns_http_response *resp) {
     for (;;) {
         ns_status rc = ns_gen_pump(&j->g, 100);
         if (rc == NS_ERR_CANCELLED) {
-            ns_http_error_set(&resp->err, 400, NULL, "client_disconnected", "the client disconnected");
+            /* nobody reads this; 499 (nginx's "client closed request") is counted as a disconnect */
+            ns_http_error_set(&resp->err, 499, NULL, "client_disconnected", "the client disconnected");
             return;
         }
         if (rc != NS_OK) {
@@ -238,6 +254,7 @@ void ns_api_completions(void *ud, const ns_http_request *req, ns_http_response *
     };
     if (!ns_gen_start(&j->g, a, j->ids, (int32_t)j->n_ids, &go, &req->conn, j->id, &resp->err)) goto done;
     if (j->gp.stream) {
+        j->last_emit = mono_s();
         resp->status = 200;
         resp->content_type = "text/event-stream";
         resp->stream.ctx = j;

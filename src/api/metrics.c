@@ -70,7 +70,7 @@ void ns_api_metrics(void *ud, const ns_http_request *req, ns_http_response *resp
                       "nightshift_http_responses_total{class=\"5xx\"} %llu\n",
                       (unsigned long long)c.responses_2xx, (unsigned long long)c.responses_4xx,
                       (unsigned long long)c.responses_5xx);
-        counter(&b, "nightshift_http_stream_disconnects_total", "Streams the client left before the end.",
+        counter(&b, "nightshift_http_client_disconnects_total", "Responses the client left before the end.",
                 c.disconnects);
     }
     size_t len = 0;

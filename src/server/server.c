@@ -109,7 +109,8 @@ ns_status ns_sse_error(ns_buf *out, ns_http_error *e) {
 ns_status ns_sse_keepalive(ns_buf *out) { return ns_buf_puts(out, ": keep-alive\n\n"); }
 
 static void count_status(ns_server *s, int status) {
-    if (status < 300) atomic_fetch_add(&s->n_2xx, 1);
+    if (status == 499) atomic_fetch_add(&s->n_gone, 1);
+    else if (status < 300) atomic_fetch_add(&s->n_2xx, 1);
     else if (status < 500) atomic_fetch_add(&s->n_4xx, 1);
     else atomic_fetch_add(&s->n_5xx, 1);
 }
@@ -139,7 +140,7 @@ static enum MHD_Result queue_error(ns_server *s, struct MHD_Connection *mc, ns_h
     size_t len = 0;
     char *body = ns_http_error_json(e, &len);
     int status = e->status;
-    if (status >= 500) NS_WARN("http: %d %s", status, e->message);
+    if (status >= 500 && status != 503) NS_WARN("http: %d %s", status, e->message);
     else NS_DEBUG("http: %d %s", status, e->message);
     ns_http_error_clear(e);
     if (!body) return MHD_NO;

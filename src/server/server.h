@@ -100,7 +100,9 @@ typedef struct ns_server_counters {
 } ns_server_counters;
 void ns_server_get_counters(const ns_server *s, ns_server_counters *c);
 
-/* True when the peer closed its side of the connection. */
+/* True when the peer closed its side of the connection. (A client that
+ * half-closes after sending its request looks gone too; HTTP clients do
+ * not do that.) Handlers answer a request whose client is gone with 499. */
 bool ns_http_client_gone(const ns_http_conn *c);
 /* A request header (NULL when absent). */
 const char *ns_http_header(const ns_http_conn *c, const char *name);

@@ -21,6 +21,8 @@ for _ in $(seq 1 50); do
   running=$(curl -s "$BASE/metrics" | sed -n 's/^nightshift_requests_running //p')
 done
 [ "$running" = 0 ] || fail "requests still running after the clients left: $running"
+gone=$(curl -s "$BASE/metrics" | sed -n 's/^nightshift_http_client_disconnects_total //p')
+[ "${gone:-0}" -ge 2 ] || fail "disconnects not counted: $gone"
 post /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"max_tokens":4}'
 [ "$STATUS" = 200 ] || fail "server unusable after disconnects: $STATUS"
 echo ok

@@ -250,6 +250,18 @@ test('greedy /v1/completions with token-id prompts reproduces the golden continu
   assert.equal(text, d.json.content);
 });
 
+test('completions logprobs in the legacy shape', async () => {
+  const r = await srv.client.completions.create({ model: 'm', prompt: 'Hi', max_tokens: 3, temperature: 0, logprobs: 2 });
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.length, 3);
+  assert.equal(lp.token_logprobs.length, 3);
+  assert.equal(lp.top_logprobs.length, 3);
+  assert.equal(Object.keys(lp.top_logprobs[0]).length, 2);
+  assert.deepEqual(lp.text_offset.slice(0, 1), [0]);
+  assert.equal(lp.tokens.join(''), r.choices[0].text);
+  for (const v of lp.token_logprobs) assert.ok(v <= 0);
+});
+
 test('tokenize / detokenize', async () => {
   const t = await srv.post('/tokenize', { content: 'Hello world' });
   assert.deepEqual(t.json.tokens, [9707, 1879]);

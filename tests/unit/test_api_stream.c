@@ -481,6 +481,26 @@ TEST(routing_and_limits) {
     ns_buf_free(&out);
 }
 
+TEST(health_and_loading) {
+    ns_buf out;
+    ns_buf_init(&out, 0);
+    atomic_store(&g_api.state, NS_API_LOADING);
+    CHECK_EQ_INT(http("GET", "/health", NULL, &out), 503);
+    CHECK(strstr(out.data ? out.data : "", "loading") != NULL);
+    ns_buf_reset(&out);
+    CHECK_EQ_INT(http("POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", &out),
+                 503);
+    json_t *j = json_loads(out.data ? out.data : "", 0, NULL);
+    CHECK_EQ_STR(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "model_loading");
+    CHECK_EQ_STR(json_string_value(json_object_get(json_object_get(j, "error"), "type")), "server_error");
+    json_decref(j);
+    atomic_store(&g_api.state, NS_API_READY);
+    ns_buf_reset(&out);
+    CHECK_EQ_INT(http("GET", "/health", NULL, &out), 200);
+    CHECK_EQ_STR(out.data, "{\"status\":\"ok\"}");
+    ns_buf_free(&out);
+}
+
 int main(void) {
     if (!setup()) {
         printf("not ok - setup\n");
@@ -494,6 +514,7 @@ int main(void) {
     RUN(llama_json_tool_calls);
     RUN(params_reach_the_request);
     RUN(routing_and_limits);
+    RUN(health_and_loading);
     teardown();
     TEST_MAIN_END;
 }
