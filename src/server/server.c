@@ -135,13 +135,16 @@ static enum MHD_Result queue_buffer(ns_server *s, struct MHD_Connection *mc, int
     return r;
 }
 
-/* Renders e through the one error formatter. */
+/* Renders e through the one error formatter, and logs it: client errors
+ * at INFO (what an agent got wrong is worth seeing), server errors at
+ * WARN, 503s (loading, draining) and 499s (client gone) at DEBUG. */
 static enum MHD_Result queue_error(ns_server *s, struct MHD_Connection *mc, ns_http_error *e, int retry_after) {
     size_t len = 0;
     char *body = ns_http_error_json(e, &len);
     int status = e->status;
-    if (status >= 500 && status != 503) NS_WARN("http: %d %s", status, e->message);
-    else NS_DEBUG("http: %d %s", status, e->message);
+    if (status == 503 || status == 499) NS_DEBUG("http: %d %s", status, e->message);
+    else if (status >= 500) NS_WARN("http: %d %s", status, e->message);
+    else NS_INFO("http: %d %s%s%s%s", status, e->message, e->param[0] ? " [param " : "", e->param, e->param[0] ? "]" : "");
     ns_http_error_clear(e);
     if (!body) return MHD_NO;
     return queue_buffer(s, mc, status, "application/json", body, len, retry_after);

@@ -64,6 +64,14 @@ R=$(cat "$TMP/resp")
 [ "$(json_get "$R" 'j.error.prompt_tokens')" = 41000 ] || fail "too-long prompt: token count missing: $R"
 [ "$(json_get "$R" 'j.error.context_tokens')" = 40960 ] || fail "too-long prompt: context missing: $R"
 
+# ... and as chat text
+node -e 'console.log(JSON.stringify({messages:[{role:"user",content:"hello ".repeat(42000)}],max_tokens:4}))' >"$TMP/long_chat.json"
+STATUS=$(curl -s -o "$TMP/resp" -w '%{http_code}' --data-binary @"$TMP/long_chat.json" "$BASE$C")
+R=$(cat "$TMP/resp")
+[ "$STATUS" = 400 ] || fail "too-long chat prompt: status $STATUS: ${R:0:300}"
+[ "$(json_get "$R" '[j.error.code,j.error.param,j.error.prompt_tokens>40960].join()')" = "context_length_exceeded,messages,true" ] ||
+  fail "too-long chat prompt: $R"
+
 # completions-specific validation
 expect_error /v1/completions '{"max_tokens":3}' 400 prompt missing_required_parameter
 expect_error /v1/completions '{"prompt":[1,-2]}' 400 prompt
