@@ -1484,7 +1484,8 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     c->graphs_enabled = env_int("NS_CUDA_GRAPHS", 1);
     c->fusion = env_int("NS_CUDA_FUSION", 1);
     c->pdl = env_int("NS_CUDA_PDL", 1);
-    c->prefetch = env_int("NS_CUDA_PREFETCH", 1);
+    /* off by default: measured slower on H200 (docs/cuda.md, v7) */
+    c->prefetch = env_int("NS_CUDA_PREFETCH", 0);
     c->l2_bytes = (size_t)prop.l2CacheSize;
     /* measured on H200 (docs/cuda.md): the GEMV kernel beats cuBLASLt up
      * to 2 input rows; from 4 rows on cuBLASLt is as fast or faster */
@@ -1537,18 +1538,21 @@ extern "C" void ns_cuda_set_graphs(ns_backend *be, int on) {
 extern "C" void ns_cuda_set_fusion(ns_backend *be, int on) {
     cu_impl *c = IMPL(be);
     flush(be);
+    cu_bump_generation(c); /* captured graphs embody the old setting */
     c->fusion = on;
 }
 
 extern "C" void ns_cuda_set_pdl(ns_backend *be, int on) {
     cu_impl *c = IMPL(be);
     flush(be);
+    cu_bump_generation(c); /* captured graphs embody the old setting */
     c->pdl = on;
 }
 
 extern "C" void ns_cuda_set_prefetch(ns_backend *be, int on) {
     cu_impl *c = IMPL(be);
     flush(be);
+    cu_bump_generation(c); /* captured graphs embody the old setting */
     c->prefetch = on;
 }
 

@@ -26,9 +26,13 @@ __global__ __launch_bounds__(128) void k_qk_norm_rope_store(
     float *q, float *k, const float *__restrict__ v, int T, int H, int KVH, const float *__restrict__ qn,
     const float *__restrict__ kn, float eps, const float *__restrict__ inv_freq, const int32_t *__restrict__ positions,
     const int32_t *__restrict__ tok_seq, const int32_t *__restrict__ page_table, int pt_stride, uint8_t *kv,
-    size_t page_bytes, int P, int layer, cu_prefetch pf) {
+    size_t page_bytes, int P, int layer, cu_prefetch pf, int main_blocks) {
     PDL_TRIGGER();
-    l2_prefetch(pf);
+    if ((int)blockIdx.x >= main_blocks) {
+        l2_prefetch(pf, (int)blockIdx.x - main_blocks);
+        PDL_WAIT();
+        return;
+    }
     PDL_WAIT();
     constexpr int D = 32 * E;
     const int w = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -84,13 +88,14 @@ void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, 
                                   const float *inv_freq, const cu_prefetch *pf) {
     const int warps = n_tokens * (n_heads + l->n_kv_heads);
     const unsigned blocks = (unsigned)((warps + 3) / 4);
+    const unsigned extra = cu_pf_any(pf) ? CU_PF_BLOCKS : 0;
 #define QKRS_ARGS                                                                                                     \
     q, k, v, n_tokens, n_heads, l->n_kv_heads, q_norm, k_norm, eps, inv_freq, c->meta.positions, c->meta.tok_seq,     \
-        c->meta.page_table, c->meta.pt_stride, c->kv, l->page_size_bytes, l->page_tokens, layer, *pf
+        c->meta.page_table, c->meta.pt_stride, c->kv, l->page_size_bytes, l->page_tokens, layer, *pf, (int)blocks
     switch (l->head_dim) {
-    case 64: cu_launch(c, k_qk_norm_rope_store<2>, dim3(blocks), dim3(128), 0, QKRS_ARGS); break;
-    case 128: cu_launch(c, k_qk_norm_rope_store<4>, dim3(blocks), dim3(128), 0, QKRS_ARGS); break;
-    case 256: cu_launch(c, k_qk_norm_rope_store<8>, dim3(blocks), dim3(128), 0, QKRS_ARGS); break;
+    case 64: cu_launch(c, k_qk_norm_rope_store<2>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
+    case 128: cu_launch(c, k_qk_norm_rope_store<4>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
+    case 256: cu_launch(c, k_qk_norm_rope_store<8>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
     default: cu_check(c, cudaErrorInvalidValue, "qk_norm_rope_store: head_dim must be 64, 128 or 256"); return;
     }
 #undef QKRS_ARGS
@@ -100,9 +105,13 @@ void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, 
 /* x += y; out = rmsnorm(x) * w, one 512-thread block per row, float4
  * lanes: the same element order and reduction as k_add4 + k_rmsnorm_block. */
 __global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out, bf16 *out_bf,
-                              const float *__restrict__ w, int cols, float eps, cu_prefetch pf) {
+                              const float *__restrict__ w, int cols, float eps, cu_prefetch pf, int64_t rows) {
     PDL_TRIGGER();
-    l2_prefetch(pf);
+    if ((int64_t)blockIdx.x >= rows) {
+        l2_prefetch(pf, (int)(blockIdx.x - rows));
+        PDL_WAIT();
+        return;
+    }
     PDL_WAIT();
     const int64_t r = blockIdx.x;
     float *xr = x + r * cols;
@@ -144,6 +153,7 @@ __global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out,
 void cu_launch_add_rmsnorm(cu_impl *c, float *x, const float *y, float *out, bf16 *out_bf, const float *w,
                            int64_t rows, int cols, float eps, const cu_prefetch *pf) {
     if (rows <= 0) return;
-    cu_launch(c, k_add_rmsnorm, dim3((unsigned)rows), dim3(512), 0, x, y, out, out_bf, w, cols, eps, *pf);
+    const unsigned extra = cu_pf_any(pf) ? CU_PF_BLOCKS : 0;
+    cu_launch(c, k_add_rmsnorm, dim3((unsigned)rows + extra), dim3(512), 0, x, y, out, out_bf, w, cols, eps, *pf, rows);
     CU_LAUNCHED(c, "add_rmsnorm");
 }

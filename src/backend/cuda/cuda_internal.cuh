@@ -215,26 +215,28 @@ void cu_bump_generation(cu_impl *c);
 #define PDL_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
 
 /* Weights the next GEMV will stream, prefetched into L2 by a latency-bound
- * kernel that runs before it (block 0 issues bulk prefetches before its
- * PDL wait: weights never depend on earlier kernels). Turns HBM idle time
- * during small kernels into useful transfer. */
+ * kernel that runs before it: the kernel gets CU_PF_BLOCKS extra CTAs
+ * that issue per-line prefetches (no completion is tracked, so they exit
+ * at once) before their PDL wait -- weights never depend on earlier
+ * kernels. Turns HBM idle time during small kernels and kernel boundaries
+ * into useful transfer. (A bulk prefetch from one CTA was tried first: it
+ * ran at ~0.2 TB/s and held the kernel; see docs/cuda.md.) */
+#define CU_PF_BLOCKS 64
 typedef struct cu_prefetch {
     const void *p[3];
     uint32_t bytes[3];
 } cu_prefetch;
 
-__device__ __forceinline__ void l2_prefetch(const cu_prefetch &pf) {
-    if (blockIdx.x | blockIdx.y | blockIdx.z) return;
+static inline bool cu_pf_any(const cu_prefetch *pf) { return pf && (pf->bytes[0] | pf->bytes[1] | pf->bytes[2]); }
+
+/* Called by prefetch CTA number pb (0..CU_PF_BLOCKS-1). */
+__device__ __forceinline__ void l2_prefetch(const cu_prefetch &pf, int pb) {
+    const size_t stride = (size_t)CU_PF_BLOCKS * blockDim.x * 128;
 #pragma unroll
     for (int sgi = 0; sgi < 3; sgi++) {
-        const uint32_t bytes = pf.bytes[sgi] & ~15u;
-        const uint32_t n = (bytes + 65535u) / 65536u;
-        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
-            const uint32_t sz = bytes - i * 65536u < 65536u ? bytes - i * 65536u : 65536u;
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"((const char *)pf.p[sgi] + (size_t)i * 65536u),
-                         "r"(sz)
-                         : "memory");
-        }
+        const char *base = (const char *)pf.p[sgi];
+        for (size_t off = ((size_t)pb * blockDim.x + threadIdx.x) * 128; off < pf.bytes[sgi]; off += stride)
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(base + off));
     }
 }
 
