@@ -13,7 +13,10 @@
  * arguments; everything a kernel reads that changes between such steps
  * (tokens, positions, page tables, lengths) lives in the fixed metadata
  * buffers that set_batch refreshes with one async copy per region before
- * the step. The engine needs no changes for this.
+ * the step. The engine needs no changes for this. While a tape runs,
+ * the engine's fixed op sequences are executed by fused kernels
+ * (try_fuse: grouped GEMVs, GEMV+SwiGLU, q/k-norm+RoPE+KV store,
+ * add+RMSNorm), bit-identical to the unfused ops.
  *
  * Invariants
  * - A captured graph bakes device addresses: any free or reallocation of
