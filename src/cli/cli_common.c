@@ -10,6 +10,9 @@
 #include <unistd.h>
 
 #include "model/demo.h"
+#ifdef NS_HAVE_CUDA
+#include "backend/cuda/cuda.h"
+#endif
 #include "tokenizer/tokenizer.h"
 
 void ns_cli_engine_opts_default(ns_cli_engine_opts *o) {
@@ -71,6 +74,23 @@ int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *
     INT_FLAG("--max-batch-tokens", 1, 1 << 20, max_batch_tokens)
     INT_FLAG("--kv-tokens", 1, (long long)1 << 32, kv_tokens)
     INT_FLAG("--kv-pages", 1, INT32_MAX, kv_pages)
+    if (strcmp(a, "--gpu-memory") == 0) {
+        NEED_VAL;
+        char *end;
+        errno = 0;
+        double x = strtod(val, &end);
+        double mult = 1;
+        if (*end == 'K' || *end == 'k') mult = 1024.0, end++;
+        else if (*end == 'M' || *end == 'm') mult = 1024.0 * 1024, end++;
+        else if (*end == 'G' || *end == 'g') mult = 1024.0 * 1024 * 1024, end++;
+        if (*end == 'B' || *end == 'b') end++;
+        if (errno || end == val || *end || !(x > 0) || x * mult > 1e15 || (mult == 1 && x > 1 && x < 1024)) {
+            fprintf(stderr, "nightshift: --gpu-memory must be a fraction in (0, 1] or a size like 40G\n");
+            return -1;
+        }
+        o->gpu_memory = x * mult;
+        return 1;
+    }
     if (strcmp(a, "--kv-memory") == 0) {
         NEED_VAL;
         char *end;
@@ -121,6 +141,30 @@ ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_
         if (pages < 1) {
             rc = ns_fail(err, NS_ERR_INVALID, "--kv-memory %lld bytes is less than one KV page (%zu bytes)",
                          (long long)o->kv_memory, ns_engine_page_bytes(&ce->model->cfg, o->page_tokens, eo.kv_dtype));
+            goto fail;
+        }
+    } else if (o->gpu_memory > 0) {
+        double bytes = o->gpu_memory;
+        if (bytes <= 1.0) {
+#ifdef NS_HAVE_CUDA
+            size_t free_b = 0, total_b = 0;
+            if (strcmp(ce->be->ops->name, "cuda") != 0) {
+                rc = ns_fail(err, NS_ERR_INVALID, "--gpu-memory as a fraction needs --device cuda");
+                goto fail;
+            }
+            rc = ns_cuda_mem_info(ce->be, &free_b, &total_b, err);
+            if (rc != NS_OK) goto fail;
+            /* keep room for the step workspace and cuBLAS: 2 GiB or 5% */
+            double reserve = (double)total_b * 0.05 > 2.0 * (1 << 30) ? (double)total_b * 0.05 : 2.0 * (1 << 30);
+            bytes = ((double)free_b - reserve) * o->gpu_memory;
+#else
+            rc = ns_fail(err, NS_ERR_UNSUPPORTED, "--gpu-memory as a fraction needs a CUDA build (make CUDA=1)");
+            goto fail;
+#endif
+        }
+        pages = (int64_t)(bytes / (double)ns_engine_page_bytes(&ce->model->cfg, o->page_tokens, eo.kv_dtype));
+        if (pages < 1) {
+            rc = ns_fail(err, NS_ERR_INVALID, "--gpu-memory leaves no room for a single KV page");
             goto fail;
         }
     } else {

@@ -20,6 +20,8 @@ typedef struct ns_cli_engine_opts {
     int64_t kv_tokens;          /* pool capacity in tokens (--kv-tokens) */
     int64_t kv_pages;           /* ... or in pages (--kv-pages) */
     int64_t kv_memory;          /* ... or in bytes (--kv-memory, suffixes K/M/G) */
+    double gpu_memory;          /* ... or --gpu-memory: bytes (> 1) or a fraction (<= 1)
+                                 * of the device memory free after loading the weights */
                                 /* none given: the model's context length */
 } ns_cli_engine_opts;
 

@@ -49,7 +49,8 @@ static void usage(FILE *f) {
             "  --timeout S             idle connection timeout in seconds (default 3600)\n"
             "  --shutdown-timeout S    how long running requests may finish on SIGTERM (default 10)\n"
             "  --log-level L           debug|info|warn|error|off (default info)\n"
-            "  engine: --device cpu|cuda --threads N --page-size P --max-batch-tokens N --kv-tokens N\n");
+            "  engine: --device cpu|cuda --threads N --page-size P --max-batch-tokens N\n"
+            "          KV pool: --kv-tokens N | --kv-pages N | --kv-memory SIZE | --gpu-memory FRACTION_OR_SIZE\n");
 }
 
 static int parse_ll(const char *s, long long lo, long long hi, long long *out) {
