@@ -58,6 +58,17 @@ for t in build/cuda/gpu-tests/test_*; do
   grep -v '^ok - ' "$LOGS/$name.out" | head -150
   [ "$f" -ne 0 ] && failed_names+=("$name")
 done
+# End to end: the full binary serving over HTTP on the GPU.
+start=$(date +%s)
+bash tests/gpu/serve_smoke.sh >"$LOGS/serve_smoke.out" 2>&1
+rc=$?
+p=$(grep -c '^ok - ' "$LOGS/serve_smoke.out"); f=$(grep -c '^not ok - ' "$LOGS/serve_smoke.out")
+if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
+passed=$((passed + p)); failed=$((failed + f))
+printf '%-28s %3d passed %3d failed  (%ss)\n' "serve_smoke" "$p" "$f" $(( $(date +%s) - start ))
+grep -v '^ok - ' "$LOGS/serve_smoke.out" | head -60
+[ "$f" -ne 0 ] && failed_names+=("serve_smoke")
+
 [ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]}"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
