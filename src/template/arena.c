@@ -19,7 +19,12 @@ void ns_tarena_init(ns_tarena *a, size_t cap) {
     a->cap = cap;
 }
 
-void *ns_tarena_alloc(ns_tarena *a, size_t n) {
+static void *alloc(ns_tarena *a, size_t n, int zero);
+
+void *ns_tarena_alloc(ns_tarena *a, size_t n) { return alloc(a, n, 1); }
+void *ns_tarena_alloc_raw(ns_tarena *a, size_t n) { return alloc(a, n, 0); }
+
+static void *alloc(ns_tarena *a, size_t n, int zero) {
     if (n > SIZE_MAX / 2) return NULL;
     size_t need = (n + 15) & ~(size_t)15;
     if (need == 0) need = 16;
@@ -40,7 +45,7 @@ void *ns_tarena_alloc(ns_tarena *a, size_t n) {
             nc->next = c->next;
             c->next = nc;
             nc->off = need;
-            memset(nc->data, 0, need);
+            if (zero) memset(nc->data, 0, need);
             return nc->data;
         }
         nc->next = c;
@@ -49,12 +54,12 @@ void *ns_tarena_alloc(ns_tarena *a, size_t n) {
     }
     void *p = c->data + c->off;
     c->off += need;
-    memset(p, 0, need);
+    if (zero) memset(p, 0, need);
     return p;
 }
 
 char *ns_tarena_strndup(ns_tarena *a, const char *s, size_t n) {
-    char *p = ns_tarena_alloc(a, n + 1);
+    char *p = ns_tarena_alloc_raw(a, n + 1);
     if (!p) return NULL;
     if (n) memcpy(p, s, n);
     p[n] = 0;
@@ -62,9 +67,11 @@ char *ns_tarena_strndup(ns_tarena *a, const char *s, size_t n) {
 }
 
 void *ns_tarena_grow(ns_tarena *a, void *old, size_t old_n, size_t new_n) {
-    void *p = ns_tarena_alloc(a, new_n);
+    void *p = ns_tarena_alloc_raw(a, new_n);
     if (!p) return NULL;
-    if (old && old_n) memcpy(p, old, old_n < new_n ? old_n : new_n);
+    size_t keep = old && old_n ? (old_n < new_n ? old_n : new_n) : 0;
+    if (keep) memcpy(p, old, keep);
+    memset((char *)p + keep, 0, new_n - keep);
     return p;
 }
 

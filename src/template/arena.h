@@ -4,7 +4,8 @@
  * value made while rendering lives in another (freed when the render ends),
  * so the interpreter never tracks ownership of individual values.
  *
- * Invariants: allocations are 16-byte aligned and zero-filled; the total of
+ * Invariants: allocations are 16-byte aligned and zero-filled (except
+ * ns_tarena_alloc_raw); the total of
  * all chunk sizes never exceeds cap (0 = unlimited), so a hostile template
  * that builds ever larger strings fails with NULL instead of exhausting
  * memory; nothing is freed before ns_tarena_free.
@@ -26,6 +27,9 @@ void ns_tarena_init(ns_tarena *a, size_t cap);
 /* Returns n zeroed bytes owned by the arena, or NULL when the cap is hit or
  * malloc fails. n == 0 returns a valid unique pointer. */
 void *ns_tarena_alloc(ns_tarena *a, size_t n);
+/* Like ns_tarena_alloc but the bytes are not zeroed (for buffers that are
+ * written before they are read, such as string contents). */
+void *ns_tarena_alloc_raw(ns_tarena *a, size_t n);
 /* Arena copy of n bytes plus a terminating NUL (NULL on failure). */
 char *ns_tarena_strndup(ns_tarena *a, const char *s, size_t n);
 /* Grows an arena array: returns a new block of new_n bytes holding the first

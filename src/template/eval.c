@@ -94,7 +94,7 @@ static ns_status lookup(ns_tctx *c, const char *name, size_t n, ns_tv *out) {
     return NS_OK;
 }
 
-static ns_status emit(ns_tctx *c, const char *p, size_t n) {
+static ns_status emit_str(ns_tctx *c, const char *p, size_t n) {
     if (n > c->max_output || c->out->n > c->max_output - n)
         return ns_trt_fail(c, NS_ERR_NOMEM, "template output exceeds the %zu-byte limit", c->max_output);
     ns_tsb_put(c->out, p, n);
@@ -102,12 +102,12 @@ static ns_status emit(ns_tctx *c, const char *p, size_t n) {
 }
 
 static ns_status emit_value(ns_tctx *c, const ns_tv *v) {
-    if (v->kind == NS_TV_STR) return emit(c, v->u.s.p, v->u.s.n);
+    if (v->kind == NS_TV_STR) return emit_str(c, v->u.s.p, v->u.s.n);
     if (v->kind == NS_TV_UNDEF) return NS_OK;
     ns_tv s;
     ns_status st = ns_tv_to_str(c->a, v, &s, c->err);
     if (st != NS_OK) return st;
-    return emit(c, s.u.s.p, s.u.s.n);
+    return emit_str(c, s.u.s.p, s.u.s.n);
 }
 
 /* Binds `value` to one or more target names (tuple unpacking). */
@@ -187,6 +187,94 @@ ns_status ns_tcall_value(ns_tctx *c, const ns_tv *fn, const ns_tcallargs *args, 
     }
 }
 
+/* A left-deep chain like  a + b + c ~ d  (+ and ~ only). Python builds
+ * every intermediate string; while the running value is a plain string
+ * the parts are kept aside instead and joined once, which keeps Python's
+ * evaluation order and error behaviour but copies each byte once. With
+ * `emit` set, a result that is still in parts goes straight to the output
+ * (*emitted = 1) without being joined at all. */
+#define CHAIN_MAX 64
+static ns_status eval_chain(ns_tctx *c, const ns_tnode *n, ns_tv *out, int emit, int *emitted) {
+    const ns_tnode *chain[CHAIN_MAX];
+    size_t k = 0;
+    const ns_tnode *leaf = n;
+    while (k < CHAIN_MAX && leaf->kind == NS_N_BINARY && (leaf->op == NS_OP_ADD || leaf->op == NS_OP_TILDE)) {
+        chain[k++] = leaf;
+        leaf = leaf->a;
+    }
+    ns_tv parts[CHAIN_MAX + 1];
+    size_t np = 0, total = 0;
+    int pend = 0; /* the running value is the concatenation of parts */
+    ns_tv acc, r;
+    ns_status st = ns_teval(c, leaf, &acc);
+    if (st != NS_OK) return st;
+    if (acc.kind == NS_TV_STR && !acc.safe) {
+        parts[np++] = acc;
+        total = acc.u.s.n;
+        pend = 1;
+    }
+    for (size_t i = k; i-- > 0;) {
+        const ns_tnode *node = chain[i];
+        if ((st = ns_tstep(c, 1)) != NS_OK) return locate(c, node, st);
+        if ((st = ns_teval(c, node->b, &r)) != NS_OK) return st;
+        if (node->op == NS_OP_TILDE) {
+            if (!pend) {
+                if ((st = ns_tv_to_str(c->a, &acc, &acc, c->err)) != NS_OK) return locate(c, node, st);
+                acc.safe = 0;
+                parts[0] = acc;
+                np = 1;
+                total = acc.u.s.n;
+                pend = 1;
+            }
+            if ((st = ns_tv_to_str(c->a, &r, &r, c->err)) != NS_OK) return locate(c, node, st);
+            r.safe = 0;
+        } else if (!pend || r.kind != NS_TV_STR || r.safe) {
+            if (pend) {
+                ns_tsb b;
+                ns_tsb_init(&b, c->a);
+                for (size_t j = 0; j < np; j++) ns_tsb_put(&b, parts[j].u.s.p, parts[j].u.s.n);
+                if (np > 1 && (st = ns_tsb_finish(&b, &acc, c->err)) != NS_OK) return locate(c, node, st);
+                if (np == 1) acc = parts[0];
+            }
+            if ((st = ns_tbinop(c, NS_OP_ADD, &acc, &r, &acc)) != NS_OK) return locate(c, node, st);
+            pend = acc.kind == NS_TV_STR && !acc.safe;
+            np = 0;
+            total = 0;
+            if (pend) {
+                parts[np++] = acc;
+                total = acc.u.s.n;
+            }
+            continue;
+        }
+        parts[np++] = r;
+        total += r.u.s.n;
+    }
+    if (!pend) {
+        *out = acc;
+        return NS_OK;
+    }
+    if (emit) {
+        for (size_t j = 0; j < np; j++)
+            if ((st = emit_str(c, parts[j].u.s.p, parts[j].u.s.n)) != NS_OK) return st;
+        *emitted = 1;
+        return NS_OK;
+    }
+    if (np == 1) {
+        *out = parts[0];
+        return NS_OK;
+    }
+    char *p = ns_tarena_alloc_raw(c->a, total + 1);
+    if (!p) return ns_toom(c);
+    size_t o = 0;
+    for (size_t j = 0; j < np; j++) {
+        memcpy(p + o, parts[j].u.s.p, parts[j].u.s.n);
+        o += parts[j].u.s.n;
+    }
+    p[o] = 0;
+    *out = ns_tv_str(p, o);
+    return NS_OK;
+}
+
 static ns_status eval_node(ns_tctx *c, const ns_tnode *n, ns_tv *out) {
     ns_status st = NS_OK;
     ns_tv l, r;
@@ -256,6 +344,10 @@ static ns_status eval_node(ns_tctx *c, const ns_tnode *n, ns_tv *out) {
         }
         return ns_tunop(c, n->op, &l, out);
     case NS_N_BINARY:
+        if (n->op == NS_OP_ADD || n->op == NS_OP_TILDE) {
+            int emitted = 0;
+            return eval_chain(c, n, out, 0, &emitted);
+        }
         if ((st = ns_teval(c, n->a, &l)) != NS_OK) return st;
         if (n->op == NS_B_AND || n->op == NS_B_OR) {
             int t = ns_tv_truthy(&l);
@@ -454,8 +546,16 @@ static ns_status exec_stmt(ns_tctx *c, const ns_tnode *n, int *flow) {
     if (st != NS_OK) return locate(c, n, st);
     ns_tv v;
     switch (n->kind) {
-    case NS_S_TEXT: st = emit(c, n->name.p, n->name.n); break;
+    case NS_S_TEXT: st = emit_str(c, n->name.p, n->name.n); break;
     case NS_S_OUTPUT:
+        if (n->a->kind == NS_N_BINARY && (n->a->op == NS_OP_ADD || n->a->op == NS_OP_TILDE)) {
+            /* {{ a + b + c }}: write the pieces without joining them */
+            int emitted = 0;
+            st = ns_tstep(c, 1);
+            if (st == NS_OK) st = locate(c, n->a, eval_chain(c, n->a, &v, 1, &emitted));
+            if (st == NS_OK && !emitted) st = emit_value(c, &v);
+            break;
+        }
         st = ns_teval(c, n->a, &v);
         if (st == NS_OK) st = emit_value(c, &v);
         break;

@@ -411,8 +411,11 @@ static ns_status f_indent(ns_tctx *c, const ns_tv *v, const ns_tcallargs *a, ns_
         ind = ns_tv_str(sp, (size_t)w);
     }
     int first = truthy_opt(s[1], 0), blank = truthy_opt(s[2], 0);
-    ns_tv text;
-    if ((st = to_str(c, v, &text)) != NS_OK) return st;
+    /* Jinja starts with `s += "\n"`, which only strings survive */
+    if (v->kind == NS_TV_UNDEF) return ns_tundef_fail(c, v);
+    if (v->kind != NS_TV_STR)
+        return ns_trt_fail(c, NS_ERR_INVALID, "unsupported operand type(s) for +=: '%s' and 'str'", ns_tv_type_name(v));
+    ns_tv text = *v;
     /* Jinja appends "\n" before splitlines() so a trailing newline survives */
     char *tmp = ns_tarena_alloc(c->a, text.u.s.n + 2);
     if (!tmp) return ns_toom(c);
@@ -443,9 +446,20 @@ static ns_tcallargs tail_args(const ns_tcallargs *a, size_t from) {
     return t;
 }
 
+/* Jinja's map/select family start with `if value:`, so a falsy input
+ * (None, 0, "", Undefined) yields nothing instead of failing. */
+static ns_status iter_truthy(ns_tctx *c, const ns_tv *v, const ns_tlist **items) {
+    static const ns_tlist empty = {0, 0, NULL};
+    if (!ns_tv_truthy(v)) {
+        *items = &empty;
+        return NS_OK;
+    }
+    return ns_titer(c, v, items);
+}
+
 static ns_status f_map(ns_tctx *c, const ns_tv *v, const ns_tcallargs *a, ns_tv *out) {
     const ns_tlist *items;
-    ns_status st = ns_titer(c, v, &items);
+    ns_status st = iter_truthy(c, v, &items);
     if (st != NS_OK) return st;
     if ((st = ns_tstep(c, items->n)) != NS_OK) return st;
     ns_tlist *l = ns_tlist_new(c->a, items->n, 0);
@@ -470,7 +484,7 @@ static ns_status f_map(ns_tctx *c, const ns_tv *v, const ns_tcallargs *a, ns_tv 
 /* select/reject (attr_mode 0) and selectattr/rejectattr (attr_mode 1). */
 static ns_status f_select(ns_tctx *c, const ns_tv *v, const ns_tcallargs *a, int want, int attr_mode, ns_tv *out) {
     const ns_tlist *items;
-    ns_status st = ns_titer(c, v, &items);
+    ns_status st = iter_truthy(c, v, &items);
     if (st != NS_OK) return st;
     if ((st = ns_tstep(c, items->n)) != NS_OK) return st;
     size_t ti = attr_mode ? 1 : 0;
@@ -912,7 +926,8 @@ ns_status ns_ttest(ns_tctx *c, const char *name, size_t n, const ns_tv *v, const
     else if (IS("none")) *out = k == NS_TV_NONE;
     else if (IS("string")) *out = k == NS_TV_STR;
     else if (IS("mapping")) *out = k == NS_TV_DICT;
-    else if (IS("sequence")) *out = k == NS_TV_STR || k == NS_TV_LIST || k == NS_TV_DICT;
+    /* Undefined has __len__ and __getitem__, so Jinja calls it a sequence */
+    else if (IS("sequence")) *out = k == NS_TV_STR || k == NS_TV_LIST || k == NS_TV_DICT || k == NS_TV_UNDEF;
     else if (IS("iterable")) *out = k == NS_TV_STR || k == NS_TV_LIST || k == NS_TV_DICT || k == NS_TV_UNDEF;
     else if (IS("number")) *out = k == NS_TV_INT || k == NS_TV_FLOAT || k == NS_TV_BOOL;
     else if (IS("integer")) *out = k == NS_TV_INT;

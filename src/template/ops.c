@@ -48,10 +48,11 @@ static ns_status concat_str(ns_tctx *c, const ns_tv *l, const ns_tv *r, ns_tv *o
     } else if (b.u.s.n == 0) {
         *out = a;
     } else {
-        char *p = ns_tarena_alloc(c->a, a.u.s.n + b.u.s.n + 1);
+        char *p = ns_tarena_alloc_raw(c->a, a.u.s.n + b.u.s.n + 1);
         if (!p) return ns_toom(c);
         memcpy(p, a.u.s.p, a.u.s.n);
         memcpy(p + a.u.s.n, b.u.s.p, b.u.s.n);
+        p[a.u.s.n + b.u.s.n] = 0;
         *out = ns_tv_str(p, a.u.s.n + b.u.s.n);
     }
     out->safe = (uint8_t)safe;
@@ -63,9 +64,10 @@ static ns_status repeat(ns_tctx *c, const ns_tv *seq, int64_t times, ns_tv *out)
     if (seq->kind == NS_TV_STR) {
         size_t n = seq->u.s.n;
         if (n && (uint64_t)times > (((size_t)1 << 40) / n)) return ns_toom(c);
-        char *p = ns_tarena_alloc(c->a, n * (size_t)times + 1);
+        char *p = ns_tarena_alloc_raw(c->a, n * (size_t)times + 1);
         if (!p) return ns_toom(c);
         for (int64_t i = 0; i < times; i++) memcpy(p + (size_t)i * n, seq->u.s.p, n);
+        p[n * (size_t)times] = 0;
         *out = ns_tv_str(p, n * (size_t)times);
         return NS_OK;
     }
@@ -238,7 +240,11 @@ ns_status ns_tcontains(ns_tctx *c, const ns_tv *container, const ns_tv *item, in
             }
         return NS_OK;
     }
-    case NS_TV_DICT: *res = ns_tdict_get(container->u.d, item, NULL); return NS_OK;
+    case NS_TV_DICT:
+        if (!ns_tv_hashable(item))
+            return ns_trt_fail(c, NS_ERR_INVALID, "unhashable type: '%s'", ns_tv_type_name(item));
+        *res = ns_tdict_get(container->u.d, item, NULL);
+        return NS_OK;
     default:
         return ns_trt_fail(c, NS_ERR_INVALID, "argument of type '%s' is not iterable", ns_tv_type_name(container));
     }
@@ -469,17 +475,17 @@ static int slice_index(const ns_tv *v, int64_t *out) {
 ns_status ns_tslice(ns_tctx *c, const ns_tv *obj, const ns_tv *start, const ns_tv *stop, const ns_tv *step,
                     ns_tv *out) {
     if (obj->kind == NS_TV_UNDEF) return ns_tundef_fail(c, obj);
+    /* Jinja compiles slices to a plain Python subscript (no sandbox
+     * getitem fallback), so every misuse is an error, not an Undefined */
     const ns_tv *parts[3] = {start, stop, step};
     for (int i = 0; i < 3; i++)
         if (parts[i] && parts[i]->kind != NS_TV_NONE && !is_intlike(parts[i])) {
             if (parts[i]->kind == NS_TV_UNDEF) return ns_tundef_fail(c, parts[i]);
-            *out = ns_tmk_undef(c, "slice indices must be integers or None");
-            return NS_OK;
+            return ns_trt_fail(c, NS_ERR_INVALID, "slice indices must be integers or None or have an __index__ method");
         }
-    if (obj->kind != NS_TV_LIST && obj->kind != NS_TV_STR) {
-        *out = ns_tmk_undef(c, "'%s' object is not subscriptable", ns_tv_type_name(obj));
-        return NS_OK;
-    }
+    if (obj->kind == NS_TV_DICT) return ns_trt_fail(c, NS_ERR_INVALID, "unhashable type: 'slice'");
+    if (obj->kind != NS_TV_LIST && obj->kind != NS_TV_STR)
+        return ns_trt_fail(c, NS_ERR_INVALID, "'%s' object is not subscriptable", ns_tv_type_name(obj));
     int64_t st_v = 1;
     slice_index(step, &st_v);
     if (st_v == 0) return ns_trt_fail(c, NS_ERR_INVALID, "slice step cannot be zero");

@@ -29,7 +29,8 @@ ns_status ns_tcontains(ns_tctx *c, const ns_tv *container, const ns_tv *item, in
 ns_status ns_tgetattr(ns_tctx *c, const ns_tv *obj, const char *name, size_t n, ns_tv *out);
 /* Jinja `obj[key]`: item first, then attribute for string keys. */
 ns_status ns_tgetitem(ns_tctx *c, const ns_tv *obj, const ns_tv *key, ns_tv *out);
-/* obj[start:stop:step]; NULL parts mean None. */
+/* obj[start:stop:step]; NULL parts mean None. Only str, list and tuple
+ * slice; anything else fails (Jinja slices without the sandbox fallback). */
 ns_status ns_tslice(ns_tctx *c, const ns_tv *obj, const ns_tv *start, const ns_tv *stop, const ns_tv *step,
                     ns_tv *out);
 /* The items Python's iter(v) yields: list/tuple items, dict keys, string

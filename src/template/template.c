@@ -62,7 +62,7 @@ ns_status ns_template_render(const ns_template *t, const json_t *context, size_t
 
     ns_status st = NS_OK;
     ns_tsb sb;
-    ns_tsb_init(&sb, &arena);
+    ns_tsb_init_heap(&sb); /* handed to the caller as is */
     c.out = &sb;
     if (context) {
         ns_tv ctxv;
@@ -80,16 +80,16 @@ ns_status ns_template_render(const ns_template *t, const json_t *context, size_t
         st = ns_texec_body(&c, &t->body, &flow);
     }
     if (st == NS_OK) {
-        char *res = malloc(sb.n + 1);
+        size_t n = 0;
+        char *res = ns_tsb_take(&sb, &n);
         if (!res) {
-            st = ns_fail(err, NS_ERR_NOMEM, "out of memory copying template output");
+            st = ns_fail(err, NS_ERR_NOMEM, "out of memory building template output");
         } else {
-            if (sb.n) memcpy(res, sb.p, sb.n);
-            res[sb.n] = 0;
             *out = res;
-            if (len_out) *len_out = sb.n;
+            if (len_out) *len_out = n;
         }
     }
+    ns_tsb_release(&sb);
     ns_tarena_free(&arena);
     return st;
 }

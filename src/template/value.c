@@ -15,6 +15,32 @@ void ns_tsb_init(ns_tsb *b, ns_tarena *a) {
     b->p = NULL;
     b->n = b->cap = 0;
     b->oom = 0;
+    b->heap = 0;
+}
+
+void ns_tsb_init_heap(ns_tsb *b) {
+    ns_tsb_init(b, NULL);
+    b->heap = 1;
+}
+
+char *ns_tsb_take(ns_tsb *b, size_t *len) {
+    if (b->oom || !b->heap) return NULL;
+    if (!b->p) {
+        b->p = malloc(1);
+        if (!b->p) return NULL;
+        b->p[0] = 0;
+    }
+    char *p = b->p;
+    if (len) *len = b->n;
+    b->p = NULL;
+    b->n = b->cap = 0;
+    return p;
+}
+
+void ns_tsb_release(ns_tsb *b) {
+    if (b->heap) free(b->p);
+    b->p = NULL;
+    b->n = b->cap = 0;
 }
 
 static int sb_reserve(ns_tsb *b, size_t extra) {
@@ -26,7 +52,7 @@ static int sb_reserve(ns_tsb *b, size_t extra) {
     if (b->n + extra + 1 <= b->cap) return 1;
     size_t nc = b->cap ? b->cap * 2 : 64;
     while (nc < b->n + extra + 1) nc *= 2;
-    char *np = ns_tarena_grow(b->a, b->p, b->n, nc);
+    char *np = b->heap ? realloc(b->p, nc) : ns_tarena_grow(b->a, b->p, b->n, nc);
     if (!np) {
         b->oom = 1;
         return 0;
@@ -169,6 +195,11 @@ static int tv_hash(const ns_tv *v, uint64_t *h, int depth) {
         *h = mix64((uint64_t)(uintptr_t)v->u.obj);
         return 1;
     }
+}
+
+int ns_tv_hashable(const ns_tv *v) {
+    uint64_t h;
+    return tv_hash(v, &h, 0);
 }
 
 ns_tdict *ns_tdict_new(ns_tarena *a, size_t cap_hint) {

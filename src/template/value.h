@@ -132,9 +132,18 @@ typedef struct ns_tsb {
     char *p;
     size_t n, cap;
     int oom;
+    int heap; /* storage is malloc'd (realloc growth) instead of arena */
 } ns_tsb;
 
 void ns_tsb_init(ns_tsb *b, ns_tarena *a);
+/* A builder whose storage is malloc'd, for the top-level render output:
+ * realloc grows big buffers without copying, and ns_tsb_take hands the
+ * bytes to the caller. The owner must ns_tsb_take or ns_tsb_release it. */
+void ns_tsb_init_heap(ns_tsb *b);
+/* Heap builders: transfers the NUL-terminated bytes (never NULL unless the
+ * builder ran out of memory) to the caller. */
+char *ns_tsb_take(ns_tsb *b, size_t *len);
+void ns_tsb_release(ns_tsb *b);
 void ns_tsb_put(ns_tsb *b, const char *s, size_t n);
 void ns_tsb_puts(ns_tsb *b, const char *s);
 void ns_tsb_putc(ns_tsb *b, char c);
@@ -161,6 +170,8 @@ ns_tdict *ns_tdict_new(ns_tarena *a, size_t cap_hint);
 /* Finds key; returns 1 and sets *out (if non-NULL) when present. */
 int ns_tdict_get(const ns_tdict *d, const ns_tv *key, ns_tv *out);
 int ns_tdict_get_str(const ns_tdict *d, const char *k, size_t kn, ns_tv *out);
+/* Whether v can be a dict key (Python hashability: no list/dict/namespace). */
+int ns_tv_hashable(const ns_tv *v);
 /* Inserts or replaces; fails for unhashable keys or when out of arena. */
 ns_status ns_tdict_set(ns_tarena *a, ns_tdict *d, ns_tv key, ns_tv val, ns_error *err);
 
