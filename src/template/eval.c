@@ -8,6 +8,7 @@
 #include "template/lexer.h"
 #include "template/methods.h"
 #include "template/ops.h"
+#include "template/stackguard.h"
 
 /* ---- errors, limits, small helpers ---------------------------------------------------- */
 
@@ -39,6 +40,8 @@ ns_tv ns_tmk_undef(ns_tctx *c, const char *fmt, ...) {
 }
 
 ns_status ns_tstep(ns_tctx *c, uint64_t n) {
+    if (ns_tstack_exhausted(c->stack_floor))
+        return ns_trt_fail(c, NS_ERR_RANGE, "template nested too deeply for the available stack");
     c->steps += n;
     if (c->steps > c->max_steps)
         return ns_trt_fail(c, NS_ERR_RANGE, "template exceeded its evaluation budget (%llu steps)",
@@ -193,7 +196,7 @@ ns_status ns_tcall_value(ns_tctx *c, const ns_tv *fn, const ns_tcallargs *args, 
  * evaluation order and error behaviour but copies each byte once. With
  * `emit` set, a result that is still in parts goes straight to the output
  * (*emitted = 1) without being joined at all. */
-#define CHAIN_MAX 64
+#define CHAIN_MAX 16 /* longer chains nest: small frames matter more */
 static ns_status eval_chain(ns_tctx *c, const ns_tnode *n, ns_tv *out, int emit, int *emitted) {
     const ns_tnode *chain[CHAIN_MAX];
     size_t k = 0;

@@ -12,7 +12,8 @@
  *
  * Limits (so hostile templates cannot hang or exhaust the process): a step
  * budget counted per statement, expression and loop iteration; a macro call
- * depth; an output cap; and the arena byte cap. Hitting one fails the render
+ * depth; a check of the C stack actually left on the calling thread at
+ * every recursion point; an output cap; and the arena byte cap. Hitting one fails the render
  * (NS_ERR_RANGE for steps/depth, NS_ERR_NOMEM for output/memory).
  *
  * Errors: the first failing node prefixes the message with
@@ -81,6 +82,7 @@ typedef struct ns_tctx {
     size_t max_output;
     uint64_t steps, max_steps;
     int depth, max_depth;
+    uintptr_t stack_floor; /* see stackguard.h */
 } ns_tctx;
 
 enum { NS_FLOW_NORMAL = 0, NS_FLOW_BREAK, NS_FLOW_CONTINUE };

@@ -1,5 +1,7 @@
 #include "template/parser.h"
 
+#include "template/stackguard.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -10,6 +12,7 @@ typedef struct {
     size_t n, i;
     int depth;
     int loop_depth; /* for bodies enclosing the current point (reset by macro) */
+    uintptr_t stack_floor;
     ns_error *err;
 } parser;
 
@@ -130,7 +133,8 @@ static ns_tnodes nvec_done(nvec *v) {
     } while (0)
 
 static ns_status enter(parser *P) {
-    if (++P->depth > NS_TPL_MAX_PARSE_DEPTH) return pfail(P, cur(P), "template nested too deeply");
+    if (++P->depth > NS_TPL_MAX_PARSE_DEPTH || ns_tstack_exhausted(P->stack_floor))
+        return pfail(P, cur(P), "template nested too deeply");
     return NS_OK;
 }
 
@@ -1061,5 +1065,6 @@ ns_status ns_tparse(ns_tarena *a, const ns_ttok *toks, size_t ntoks, ns_tnodes *
     P.t = toks;
     P.n = ntoks;
     P.err = err;
+    P.stack_floor = ns_tstack_floor();
     return parse_body(&P, NULL, out);
 }

@@ -7,6 +7,7 @@
 #include "template/eval.h"
 #include "template/lexer.h"
 #include "template/parser.h"
+#include "template/stackguard.h"
 #include "template/ustr.h"
 
 struct ns_template {
@@ -59,6 +60,7 @@ ns_status ns_template_render(const ns_template *t, const json_t *context, size_t
     c.max_output = max_output;
     c.max_steps = NS_TEMPLATE_MAX_STEPS;
     c.max_depth = NS_TEMPLATE_MAX_DEPTH;
+    c.stack_floor = ns_tstack_floor();
 
     ns_status st = NS_OK;
     ns_tsb sb;

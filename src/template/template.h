@@ -17,8 +17,11 @@
  * for a filter/test/method this engine lacks). A template's own
  * raise_exception(msg) fails with NS_ERR_INVALID and exactly msg. Limits:
  * output beyond max_output and render memory beyond a multiple of it fail
- * with NS_ERR_NOMEM; too many evaluation steps or too deep macro recursion
- * fail with NS_ERR_RANGE, so hostile templates cannot hang or overflow.
+ * with NS_ERR_NOMEM; too many evaluation steps, too deep macro recursion,
+ * or recursion that would exhaust the calling thread's C stack fail with
+ * NS_ERR_RANGE, so hostile templates cannot hang or overflow. Real chat
+ * templates need well under 256 KiB of stack; a thread with less may see
+ * NS_ERR_RANGE for deeply nested templates.
  */
 #ifndef NS_TEMPLATE_TEMPLATE_H
 #define NS_TEMPLATE_TEMPLATE_H

@@ -504,6 +504,41 @@ TEST(concurrent_renders_share_a_template) {
     ns_template_free(t);
 }
 
+typedef struct {
+    ns_status deep, shallow;
+    char msg[512];
+} small_stack_result;
+
+static void *render_on_small_stack(void *p) {
+    small_stack_result *r = p;
+    ns_error err;
+    char *out = render_ctx("{% macro r(n) %}{% for i in [1] %}{% if true %}{{ ((n + 1)) ~ r(n + 1) }}{% endif %}"
+                           "{% endfor %}{% endmacro %}{{ r(0) }}",
+                           "{}", 0, &r->deep, &err);
+    snprintf(r->msg, sizeof r->msg, "%s", err.msg);
+    free(out);
+    out = render_ctx("{% for m in messages %}{{ m.role }}:{{ m.content|trim }};{% endfor %}",
+                     "{\"messages\": [{\"role\": \"user\", \"content\": \" hi \"}]}", 0, &r->shallow, &err);
+    if (r->shallow == NS_OK && strcmp(out, "user:hi;") != 0) r->shallow = NS_ERR_INTERNAL;
+    free(out);
+    return NULL;
+}
+
+TEST(small_thread_stack_fails_cleanly) {
+    /* a server worker may have a small stack: deep recursion must stop with
+     * an error before it overflows, while ordinary templates still render */
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setstacksize(&at, 256 * 1024);
+    pthread_t th;
+    small_stack_result r = {0};
+    CHECK(pthread_create(&th, &at, render_on_small_stack, &r) == 0);
+    pthread_join(th, NULL);
+    pthread_attr_destroy(&at);
+    CHECKF(r.deep == NS_ERR_RANGE, "deep: %s (%s)", ns_status_name(r.deep), r.msg);
+    CHECK(r.shallow == NS_OK);
+}
+
 int main(void) {
     RUN(control_flow_and_scoping);
     RUN(whitespace_control);
@@ -516,5 +551,6 @@ int main(void) {
     RUN(api_contract);
     RUN(strftime_now_and_dates);
     RUN(concurrent_renders_share_a_template);
+    RUN(small_thread_stack_fails_cleanly);
     TEST_MAIN_END;
 }
