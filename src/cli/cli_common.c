@@ -37,6 +37,22 @@ static int parse_int(const char *s, long long lo, long long hi, long long *out) 
     return 0;
 }
 
+/* "512M", "8G", "1.5GiB", "4096" -> bytes (K/M/G are powers of 1024). */
+static int parse_size(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double x = strtod(s, &end);
+    double mult = 1;
+    if (*end == 'K' || *end == 'k') mult = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm') mult = 1024.0 * 1024, end++;
+    else if (*end == 'G' || *end == 'g') mult = 1024.0 * 1024 * 1024, end++;
+    if (mult > 1 && *end == 'i') end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (errno || end == s || *end || !(x > 0) || x * mult > 1e15) return -1;
+    *out = x * mult;
+    return 0;
+}
+
 int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     const char *val = *i + 1 < argc ? argv[*i + 1] : NULL;
@@ -76,36 +92,23 @@ int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *
     INT_FLAG("--kv-pages", 1, INT32_MAX, kv_pages)
     if (strcmp(a, "--gpu-memory") == 0) {
         NEED_VAL;
-        char *end;
-        errno = 0;
-        double x = strtod(val, &end);
-        double mult = 1;
-        if (*end == 'K' || *end == 'k') mult = 1024.0, end++;
-        else if (*end == 'M' || *end == 'm') mult = 1024.0 * 1024, end++;
-        else if (*end == 'G' || *end == 'g') mult = 1024.0 * 1024 * 1024, end++;
-        if (*end == 'B' || *end == 'b') end++;
-        if (errno || end == val || *end || !(x > 0) || x * mult > 1e15 || (mult == 1 && x > 1 && x < 1024)) {
+        double x;
+        /* a bare number <= 1 is a fraction; otherwise a size */
+        if (parse_size(val, &x) != 0 || (x > 1 && x < 1024)) {
             fprintf(stderr, "nightshift: --gpu-memory must be a fraction in (0, 1] or a size like 40G\n");
             return -1;
         }
-        o->gpu_memory = x * mult;
+        o->gpu_memory = x;
         return 1;
     }
     if (strcmp(a, "--kv-memory") == 0) {
         NEED_VAL;
-        char *end;
-        errno = 0;
-        double x = strtod(val, &end);
-        double mult = 1;
-        if (*end == 'K' || *end == 'k') mult = 1024.0, end++;
-        else if (*end == 'M' || *end == 'm') mult = 1024.0 * 1024, end++;
-        else if (*end == 'G' || *end == 'g') mult = 1024.0 * 1024 * 1024, end++;
-        if (*end == 'B' || *end == 'b') end++;
-        if (errno || end == val || *end || !(x > 0) || x * mult > 1e15) {
+        double x;
+        if (parse_size(val, &x) != 0 || x < 1) {
             fprintf(stderr, "nightshift: --kv-memory must be a size like 512M or 8G\n");
             return -1;
         }
-        o->kv_memory = (int64_t)(x * mult);
+        o->kv_memory = (int64_t)x;
         return 1;
     }
 #undef INT_FLAG
