@@ -35,7 +35,7 @@ typedef enum {
     NS_S_TEXT,     /* name: literal text */
     NS_S_OUTPUT,   /* {{ a }} */
     NS_S_IF,       /* a; body; else_body (elif is a nested IF in else_body) */
-    NS_S_FOR,      /* names (targets) in a [if b]; body; else_body; flag: recursive */
+    NS_S_FOR,      /* names (targets) in a [if b]; body; else_body; flag: recursive (loop() re-enters) */
     NS_S_SET,      /* names = a | ns attr: b.name = a | block: names, body, a=filter */
     NS_S_MACRO,    /* name(params) body */
     NS_S_CALLBLOCK,/* {% call(params) a %} body */

@@ -168,6 +168,7 @@ static ns_status eval_filter(ns_tctx *c, const ns_tnode *n, const ns_tv *base, n
 }
 
 static ns_status call_macro(ns_tctx *c, const ns_tmacro *m, const ns_tcallargs *a, const ns_tv *caller, ns_tv *out);
+static ns_status call_loop(ns_tctx *c, const ns_tloop *L, const ns_tcallargs *a, ns_tv *out);
 
 ns_status ns_tcall_value(ns_tctx *c, const ns_tv *fn, const ns_tcallargs *args, ns_tv *out) {
     switch (fn->kind) {
@@ -184,7 +185,7 @@ ns_status ns_tcall_value(ns_tctx *c, const ns_tv *fn, const ns_tcallargs *args, 
         }
         return NS_OK;
     }
-    case NS_TV_LOOP: return ns_trt_fail(c, NS_ERR_UNSUPPORTED, "recursive loop calls are not supported");
+    case NS_TV_LOOP: return call_loop(c, fn->u.obj, args, out);
     case NS_TV_UNDEF: return ns_tundef_fail(c, fn);
     default: return ns_trt_fail(c, NS_ERR_INVALID, "'%s' object is not callable", ns_tv_type_name(fn));
     }
@@ -465,14 +466,15 @@ static ns_status call_macro(ns_tctx *c, const ns_tmacro *m, const ns_tcallargs *
 
 /* ---- statements ----------------------------------------------------------------------------------- */
 
-static ns_status exec_for(ns_tctx *c, const ns_tnode *n) {
-    ns_tv iterable;
-    ns_status st = ns_teval(c, n->a, &iterable);
-    if (st != NS_OK) return st;
+/* Runs for-statement n over `iterable` in scope `outer`; depth0 > 0 when
+ * re-entered through loop(...) of a recursive loop. */
+static ns_status run_for(ns_tctx *c, const ns_tnode *n, const ns_tv *iterable, ns_tframe *outer, int depth0) {
     const ns_tlist *items;
-    if ((st = ns_titer(c, &iterable, &items)) != NS_OK) return locate(c, n->a, st);
+    ns_status st = ns_titer(c, iterable, &items);
+    if (st != NS_OK) return locate(c, n->a, st);
     ns_tframe *saved = c->frame;
-    ns_tframe *f = new_frame(c, saved);
+    c->frame = outer;
+    ns_tframe *f = new_frame(c, outer);
     if (!f) return ns_toom(c);
     if (n->b) {
         /* `for x in y if cond`: filter first so loop.length/index count kept items */
@@ -486,10 +488,13 @@ static ns_status exec_for(ns_tctx *c, const ns_tnode *n) {
             if (st == NS_OK) st = ns_teval(c, n->b, &cond);
             if (st == NS_OK && ns_tv_truthy(&cond)) st = ns_tvec_push(c->a, &kept, items->v[i], c->err);
         }
-        c->frame = saved;
+        c->frame = outer;
         ns_tv kl;
         if (st == NS_OK) st = ns_tvec_finish(c->a, &kept, 0, &kl, c->err);
-        if (st != NS_OK) return st;
+        if (st != NS_OK) {
+            c->frame = saved;
+            return st;
+        }
         items = kl.u.l;
     }
     int flow = NS_FLOW_NORMAL;
@@ -502,8 +507,14 @@ static ns_status exec_for(ns_tctx *c, const ns_tnode *n) {
         return st;
     }
     ns_tloop *L = ns_tarena_alloc(c->a, sizeof *L);
-    if (!L) return ns_toom(c);
+    if (!L) {
+        c->frame = saved;
+        return ns_toom(c);
+    }
     L->items = items;
+    L->node = n;
+    L->outer = outer;
+    L->depth0 = depth0;
     ns_tv loopv = {0};
     loopv.kind = NS_TV_LOOP;
     loopv.u.obj = L;
@@ -518,11 +529,38 @@ static ns_status exec_for(ns_tctx *c, const ns_tnode *n) {
         c->frame = f;
         flow = NS_FLOW_NORMAL;
         st = ns_texec_body(c, &n->body, &flow);
-        c->frame = saved;
+        c->frame = outer;
         if (st != NS_OK || flow == NS_FLOW_BREAK) break;
     }
     c->frame = saved;
     return st;
+}
+
+static ns_status exec_for(ns_tctx *c, const ns_tnode *n) {
+    ns_tv iterable;
+    ns_status st = ns_teval(c, n->a, &iterable);
+    if (st != NS_OK) return st;
+    return run_for(c, n, &iterable, c->frame, 0);
+}
+
+/* loop(items) inside a recursive for: renders the loop body over items one
+ * level deeper and returns the text. */
+static ns_status call_loop(ns_tctx *c, const ns_tloop *L, const ns_tcallargs *a, ns_tv *out) {
+    if (!L->node->flag)
+        return ns_trt_fail(c, NS_ERR_INVALID, "The loop must have the 'recursive' marker to be called recursively.");
+    if (a->npos != 1 || a->nkw) return ns_trt_fail(c, NS_ERR_INVALID, "loop() takes exactly one argument");
+    if (c->depth >= c->max_depth)
+        return ns_trt_fail(c, NS_ERR_RANGE, "maximum recursion depth (%d) exceeded", c->max_depth);
+    ns_tsb sb;
+    ns_tsb_init(&sb, c->a);
+    ns_tsb *saved = c->out;
+    c->out = &sb;
+    c->depth++;
+    ns_status st = run_for(c, L->node, &a->pos[0], L->outer, L->depth0 + 1);
+    c->depth--;
+    c->out = saved;
+    if (st != NS_OK) return st;
+    return ns_tsb_finish(&sb, out, c->err);
 }
 
 static ns_status exec_set(ns_tctx *c, const ns_tnode *n) {

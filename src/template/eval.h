@@ -44,6 +44,9 @@ typedef struct ns_tloop {
     size_t index0;
     int changed_set;
     ns_tv changed_last;
+    const ns_tnode *node; /* the for statement, for loop(...) in recursive loops */
+    ns_tframe *outer;     /* scope the loop runs in */
+    int depth0;           /* recursion level, 0 for the outermost loop */
 } ns_tloop;
 
 typedef struct ns_tmethod {

@@ -344,8 +344,8 @@ static ns_status loop_attr(ns_tctx *c, const ns_tv *obj, const char *name, size_
     else if (str_eq(name, n, "first")) *out = ns_tv_bool(i == 0);
     else if (str_eq(name, n, "last")) *out = ns_tv_bool(i + 1 == len);
     else if (str_eq(name, n, "length")) *out = ns_tv_int((int64_t)len);
-    else if (str_eq(name, n, "depth")) *out = ns_tv_int(1);
-    else if (str_eq(name, n, "depth0")) *out = ns_tv_int(0);
+    else if (str_eq(name, n, "depth")) *out = ns_tv_int(L->depth0 + 1);
+    else if (str_eq(name, n, "depth0")) *out = ns_tv_int(L->depth0);
     else if (str_eq(name, n, "previtem"))
         *out = i > 0 ? L->items->v[i - 1] : ns_tmk_undef(c, "there is no previous item");
     else if (str_eq(name, n, "nextitem"))

@@ -821,7 +821,10 @@ static ns_status parse_for(parser *P, const ns_ttok *at, ns_tnode **out) {
         advance(P);
         TRY(parse_expression(P, 1, &n->b));
     }
-    if (is_name(P, "recursive")) return pfail(P, cur(P), "recursive for loops are not supported");
+    if (is_name(P, "recursive")) {
+        advance(P);
+        n->flag = 1;
+    }
     TRY(expect_block_end(P));
     static const char *const body_ends[] = {"endfor", "else", NULL};
     static const char *const else_ends[] = {"endfor", NULL};

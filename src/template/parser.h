@@ -3,7 +3,7 @@
  * Follows Jinja2's grammar and operator precedence (condexpr < or < and <
  * not < comparisons/in < + - < ~ < * / // % < ** (left-assoc, as Jinja) <
  * unary - + < postfix . [] () and filters/tests). Supported statements:
- * if/elif/else, for (tuple targets, inline "if" filter, else), set (plain,
+ * if/elif/else, for (tuple targets, inline "if" filter, else, recursive), set (plain,
  * tuple unpacking, namespace attribute, block set), macro, call, filter,
  * with, break/continue (HF enables loopcontrols) and generation (HF's
  * AssistantTracker tag, rendered as its body). extends/include/import are

@@ -162,6 +162,12 @@ static const rcase CONTROL[] = {
     {"a{# comment #}b{#- trimmed -#}  c",
      "{}",
      "abc"},
+    {"{% for n in tree recursive %}<{{ n.name }}:{{ loop.depth }}{% if n.kids %}[{{ loop(n.kids) }}]{% endif %}>{% endfor %}",
+     "{\"tree\": [{\"name\": \"a\", \"kids\": [{\"name\": \"a1\"}, {\"name\": \"a2\", \"kids\": [{\"name\": \"a21\"}]}]}, {\"name\": \"b\", \"kids\": [{\"name\": \"b1\"}]}, {\"name\": \"c\"}]}",
+     "<a:1[<a1:2><a2:2[<a21:3>]>]><b:1[<b1:2>]><c:1>"},
+    {"{% for n in tree if n.name != 'b' recursive %}{{ loop.index }}{{ n.name }}{{ loop(n.kids or [])|upper }}{% endfor %}",
+     "{\"tree\": [{\"name\": \"a\", \"kids\": [{\"name\": \"a1\"}, {\"name\": \"a2\", \"kids\": [{\"name\": \"a21\"}]}]}, {\"name\": \"b\", \"kids\": [{\"name\": \"b1\"}]}, {\"name\": \"c\"}]}",
+     "1a1A12A21A212c"},
 };
 
 static const rcase WHITESPACE[] = {
@@ -293,6 +299,7 @@ TEST(syntax_error_names_line_and_column) {
     expect_fail("{{ (1 }}", NULL, 0, NS_ERR_FORMAT, "template:1:");
     expect_fail("{# never closed", NULL, 0, NS_ERR_FORMAT, "comment");
     expect_fail("{% break %}", NULL, 0, NS_ERR_FORMAT, "outside of a loop");
+    expect_fail("{% for i in [1] %}{{ loop([2]) }}{% endfor %}", "{}", 0, NS_ERR_INVALID, "'recursive' marker");
     expect_fail("{{ a is defined is defined }}", NULL, 0, NS_ERR_FORMAT, "chain");
     expect_fail("{% macro m(a=1, b) %}{% endmacro %}", NULL, 0, NS_ERR_FORMAT, "non-default");
     /* the parse error text is what the API returns directly */
