@@ -498,14 +498,9 @@ static ns_status run_for(ns_tctx *c, const ns_tnode *n, const ns_tv *iterable, n
         items = kl.u.l;
     }
     int flow = NS_FLOW_NORMAL;
-    if (items->n == 0) {
-        f->vars->n = 0;
-        f->vars->idx = NULL;
-        c->frame = f;
-        st = ns_texec_body(c, &n->else_body, &flow);
-        c->frame = saved;
-        return st;
-    }
+    /* Jinja clears its "no iteration" flag at the end of the loop body, so
+     * {% else %} also runs when every iteration ended in break/continue */
+    int completed = 0;
     ns_tloop *L = ns_tarena_alloc(c->a, sizeof *L);
     if (!L) {
         c->frame = saved;
@@ -531,6 +526,15 @@ static ns_status run_for(ns_tctx *c, const ns_tnode *n, const ns_tv *iterable, n
         st = ns_texec_body(c, &n->body, &flow);
         c->frame = outer;
         if (st != NS_OK || flow == NS_FLOW_BREAK) break;
+        if (flow == NS_FLOW_NORMAL) completed = 1;
+    }
+    if (st == NS_OK && !completed && n->else_body.n) {
+        /* the loop variables are gone in the else block */
+        f->vars->n = 0;
+        f->vars->idx = NULL;
+        c->frame = f;
+        flow = NS_FLOW_NORMAL;
+        st = ns_texec_body(c, &n->else_body, &flow);
     }
     c->frame = saved;
     return st;

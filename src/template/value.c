@@ -510,8 +510,21 @@ static void repr_str(ns_tsb *b, const char *s, size_t n) {
     ns_tsb_putc(b, q);
 }
 
-static void tv_print(ns_tsb *b, const ns_tv *v, int repr, int depth) {
-    if (depth > NS_TV_MAX_DEPTH) {
+/* Containers being printed, innermost last: Python's repr prints a
+ * container that contains itself as [...] or {...}. */
+typedef struct print_stack {
+    const void *open[NS_TV_MAX_DEPTH + 2];
+    int n;
+} print_stack;
+
+static int on_stack(const print_stack *ps, const void *p) {
+    for (int i = 0; i < ps->n; i++)
+        if (ps->open[i] == p) return 1;
+    return 0;
+}
+
+static void tv_print(ns_tsb *b, const ns_tv *v, int repr, print_stack *ps) {
+    if (ps->n > NS_TV_MAX_DEPTH) {
         ns_tsb_puts(b, "...");
         return;
     }
@@ -537,13 +550,19 @@ static void tv_print(ns_tsb *b, const ns_tv *v, int repr, int depth) {
         return;
     case NS_TV_LIST: {
         const ns_tlist *l = v->u.l;
+        if (on_stack(ps, l)) {
+            ns_tsb_puts(b, l->tuple ? "(...)" : "[...]");
+            return;
+        }
+        ps->open[ps->n++] = l;
         ns_tsb_putc(b, l->tuple ? '(' : '[');
         for (size_t i = 0; i < l->n; i++) {
             if (i) ns_tsb_puts(b, ", ");
-            tv_print(b, &l->v[i], 1, depth + 1);
+            tv_print(b, &l->v[i], 1, ps);
         }
         if (l->tuple && l->n == 1) ns_tsb_putc(b, ',');
         ns_tsb_putc(b, l->tuple ? ')' : ']');
+        ps->n--;
         return;
     }
     case NS_TV_NS:
@@ -551,14 +570,20 @@ static void tv_print(ns_tsb *b, const ns_tv *v, int repr, int depth) {
         /* fall through */
     case NS_TV_DICT: {
         const ns_tdict *d = v->u.d;
-        ns_tsb_putc(b, '{');
-        for (size_t i = 0; i < d->n; i++) {
-            if (i) ns_tsb_puts(b, ", ");
-            tv_print(b, &d->keys[i], 1, depth + 1);
-            ns_tsb_puts(b, ": ");
-            tv_print(b, &d->vals[i], 1, depth + 1);
+        if (on_stack(ps, d)) {
+            ns_tsb_puts(b, "{...}");
+        } else {
+            ps->open[ps->n++] = d;
+            ns_tsb_putc(b, '{');
+            for (size_t i = 0; i < d->n; i++) {
+                if (i) ns_tsb_puts(b, ", ");
+                tv_print(b, &d->keys[i], 1, ps);
+                ns_tsb_puts(b, ": ");
+                tv_print(b, &d->vals[i], 1, ps);
+            }
+            ns_tsb_putc(b, '}');
+            ps->n--;
         }
-        ns_tsb_putc(b, '}');
         if (v->kind == NS_TV_NS) ns_tsb_putc(b, '>');
         return;
     }
@@ -568,8 +593,17 @@ static void tv_print(ns_tsb *b, const ns_tv *v, int repr, int depth) {
     }
 }
 
-void ns_tv_str_append(ns_tsb *b, const ns_tv *v) { tv_print(b, v, 0, 0); }
-void ns_tv_repr_append(ns_tsb *b, const ns_tv *v) { tv_print(b, v, 1, 0); }
+void ns_tv_str_append(ns_tsb *b, const ns_tv *v) {
+    print_stack ps;
+    ps.n = 0;
+    tv_print(b, v, 0, &ps);
+}
+
+void ns_tv_repr_append(ns_tsb *b, const ns_tv *v) {
+    print_stack ps;
+    ps.n = 0;
+    tv_print(b, v, 1, &ps);
+}
 
 ns_status ns_tv_to_str(ns_tarena *a, const ns_tv *v, ns_tv *out, ns_error *err) {
     if (v->kind == NS_TV_STR) {
