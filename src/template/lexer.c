@@ -310,10 +310,12 @@ static ns_status lex_tag(lexer *L, int is_block, size_t tag_start) {
             const char *close = is_block ? "%}" : "}}";
             char sign = 0;
             size_t endpos = 0;
-            if ((s[p] == '-' || (is_block && s[p] == '+')) && p + 2 < L->n + 1 && strncmp(s + p + 1, close, 2) == 0) {
+            /* "-%}" / "+%}" / "-}}" (the source is NUL-terminated, so
+             * comparing past its end just fails) */
+            if ((s[p] == '-' || (is_block && s[p] == '+')) && strncmp(s + p + 1, close, 2) == 0) {
                 sign = s[p];
                 endpos = p + 3;
-            } else if (p + 1 < L->n && strncmp(s + p, close, 2) == 0) {
+            } else if (strncmp(s + p, close, 2) == 0) {
                 endpos = p + 2;
             }
             if (endpos) {
