@@ -77,6 +77,12 @@ static void mm_task(void *p, int64_t b, int64_t e, int tid) {
     float *scratch = x->c->scratch[tid];
     const float *in = x->in->data;
     float *out = x->out->data;
+    if (x->w->dtype == NS_DT_BF16 && n <= 2) {
+        const uint16_t *w = x->w->data;
+        for (int64_t j = b; j < e; j++)
+            for (int64_t i = 0; i < n; i++) out[i * m + j] = dot_bf16(in + i * k, w + j * k, k);
+        return;
+    }
     for (int64_t j = b; j < e; j++) {
         const float *wr = row_f32(x->w, j, scratch);
         for (int64_t i = 0; i < n; i++) out[i * m + j] = dot(in + i * k, wr, k);
