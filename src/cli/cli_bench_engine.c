@@ -618,6 +618,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
             void (*set)(ns_backend *, int);
             int dflt;
         } feats[] = {{"L2 prefetch on", ns_cuda_set_prefetch, 0},
+                     {"early constant loads off", ns_cuda_set_early_loads, 1},
                      {"programmatic dependent launch off", ns_cuda_set_pdl, 1},
                      {"fused kernels off", ns_cuda_set_fusion, 1},
                      {"CUDA graphs off", ns_cuda_set_graphs, 1}};

@@ -46,6 +46,10 @@ void ns_cuda_set_fusion(ns_backend *be, int on);
 void ns_cuda_set_pdl(ns_backend *be, int on);
 /* L2 prefetch of the next GEMV's weights by small decode kernels. */
 void ns_cuda_set_prefetch(ns_backend *be, int on);
+/* Small kernels of decode tapes (add+RMSNorm, q/k-norm+RoPE+KV store,
+ * decode attention) read constants and batch metadata before their PDL
+ * wait, overlapping the previous kernel: on (default) or off. */
+void ns_cuda_set_early_loads(ns_backend *be, int on);
 void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager);
 
 /* Per-op timing with events (forces eager execution while on). */

@@ -360,8 +360,13 @@ __device__ __forceinline__ void load_v(const bf16 *src, float v[DPL]) {
  * once and the next tile loads while this one is computed, so a CTA waits
  * for memory about once per tile instead of once per key group. */
 template <int D, int GB>
-__global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off, size_t v_off) {
-    PDL_ENTRY();
+__global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off, size_t v_off, int early) {
+    /* early: the batch metadata (sequence, length, page table) comes from
+     * set_batch's uploads, never from an earlier kernel, so its chain of
+     * dependent loads runs before the PDL wait, overlapping the previous
+     * kernel; only q and the K/V rows wait. */
+    PDL_TRIGGER();
+    if (!early) PDL_WAIT();
     constexpr int TPK = (D / 8) >= 4 ? 4 : (D / 8); /* threads per key in the QK phase */
     constexpr int CPT = (D / 8) / TPK;              /* 16-byte chunks per thread per key */
     constexpr int KPP = 128 / TPK;                  /* keys per pass */
@@ -384,12 +389,15 @@ __global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off
     const int n_tiles = k1 > k0 ? (k1 - k0 + DC_TK - 1) / DC_TK : 0;
 
     static_assert(DC_TK * 2 == 128, "two threads per K/V row");
+    /* this thread's K row of the first tile (every head group starts there) */
+    const uint8_t *kr_first = k0 + (tid >> 1) < k1 ? kv_row(p, s, k0 + (tid >> 1), kvh, k_off) : p.kv;
+    if (early) PDL_WAIT();
     auto issue = [&](int it, int buf) {
         const int kb = k0 + it * DC_TK;
         bf16 *kd = Kst + buf * DC_TK * D, *vd = Vst + buf * DC_TK * D;
         const int r = tid >> 1, c0 = (tid & 1) * (CH / 2);
         const bool ok = kb + r < k1;
-        const uint8_t *kr = ok ? kv_row(p, s, kb + r, kvh, k_off) : p.kv;
+        const uint8_t *kr = !ok ? p.kv : it == 0 ? kr_first : kv_row(p, s, kb + r, kvh, k_off);
         const uint8_t *vr = ok ? kr + (v_off - k_off) : p.kv;
 #pragma unroll
         for (int ch = c0; ch < c0 + CH / 2; ch++) {
@@ -652,7 +660,7 @@ static bool launch_decode_t(cu_impl *c, const attn_params &p, dim3 grid) {
             return false;
         attr_done = true;
     }
-    cu_launch(c, k_attn_decode<D, GB>, dim3(grid), dim3(128), smem, p, p.k_off, p.v_off);
+    cu_launch(c, k_attn_decode<D, GB>, dim3(grid), dim3(128), smem, p, p.k_off, p.v_off, (int)c->tape_early);
     return !CU_LAUNCHED(c, "attention decode");
 }
 

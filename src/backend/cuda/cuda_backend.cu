@@ -646,10 +646,57 @@ static int32_t try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n) 
     return 0;
 }
 
+static int cmp_range(const void *a, const void *b) {
+    const uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* True when no op of the tape writes (as its output `a`) any byte of a
+ * constant the fused decode kernels read before their PDL wait: RMSNorm
+ * weights and RoPE frequencies (and matmul weights). Kernels before the
+ * tape cannot overlap it: set_batch's uploads sit between them in the
+ * stream. */
+static bool tape_weights_unwritten(cu_impl *c, const cu_op *ops, int32_t n) {
+    if (n > c->cap_wr) {
+        uintptr_t *p = (uintptr_t *)realloc(c->wr, (size_t)n * 2 * sizeof *p);
+        if (!p) return false;
+        c->wr = p;
+        c->cap_wr = n;
+    }
+    int32_t k = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (!ops[i].a.data) continue;
+        c->wr[2 * k] = (uintptr_t)ops[i].a.data;
+        c->wr[2 * k + 1] = (uintptr_t)ops[i].a.data + ns_tensor_bytes(&ops[i].a);
+        k++;
+    }
+    qsort(c->wr, (size_t)k, 2 * sizeof *c->wr, cmp_range);
+    /* prefix maximum of the range ends: a weight [lo, hi) overlaps some
+     * written range iff the last range starting below hi ends above lo */
+    for (int32_t j = 1; j < k; j++)
+        if (c->wr[2 * j + 1] < c->wr[2 * j - 1]) c->wr[2 * j + 1] = c->wr[2 * j - 1];
+    for (int32_t i = 0; i < n; i++) {
+        const ns_tensor *w = ops[i].kind == OP_MATMUL || ops[i].kind == OP_RMSNORM ? &ops[i].c
+                             : ops[i].kind == OP_ROPE                            ? &ops[i].b
+                                                                                 : NULL;
+        if (!w || !w->data) continue;
+        const uintptr_t lo = (uintptr_t)w->data, hi = lo + ns_tensor_bytes(w);
+        int32_t a = 0, b = k; /* first range with start >= hi */
+        while (a < b) {
+            const int32_t m = (a + b) / 2;
+            if (c->wr[2 * m] < hi) a = m + 1;
+            else b = m;
+        }
+        if (a > 0 && c->wr[2 * (a - 1) + 1] > lo) return false;
+    }
+    return true;
+}
+
 static void run_tape(ns_backend *be, const cu_op *ops, int32_t n) {
     cu_impl *c = IMPL(be);
+    c->tape_early = c->early_loads && c->pdl && tape_weights_unwritten(c, ops, n);
     for (int32_t i = 0; i < n;) {
-        if (c->err_status != NS_OK) return;
+        if (c->err_status != NS_OK) break;
         int32_t used = c->fusion ? try_fuse(be, ops, i, n) : 0;
         if (used > 0) {
             i += used;
@@ -658,6 +705,7 @@ static void run_tape(ns_backend *be, const cu_op *ops, int32_t n) {
         exec_op_be(be, &ops[i]);
         i++;
     }
+    c->tape_early = false;
 }
 
 /* Executes the recorded tape (eager / capture / replay). */
@@ -1039,7 +1087,8 @@ static void cu_kv_page_copy(ns_backend *be, int32_t dst_page, int32_t src_page, 
 static int32_t choose_splits(const cu_impl *c, int32_t n_dec, int32_t n_kv_heads, int32_t max_len) {
     if (n_dec <= 0 || n_kv_heads <= 0) return 1;
     int64_t want = (8LL * c->n_sm + (int64_t)n_dec * n_kv_heads - 1) / ((int64_t)n_dec * n_kv_heads);
-    int64_t by_len = (max_len + 63) / 64;
+    const int64_t sk = c->split_keys;
+    int64_t by_len = (max_len + sk - 1) / sk;
     int64_t s = want < by_len ? want : by_len;
     if (s < 1) s = 1;
     int32_t p = 1;
@@ -1396,6 +1445,7 @@ static void cu_destroy(ns_backend *be) {
         }
         free(c->prof_label_of);
         free(c->tape);
+        free(c->wr);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }
@@ -1489,10 +1539,18 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     c->pdl = env_int("NS_CUDA_PDL", 1);
     /* off by default: measured slower on H200 (docs/cuda.md, v7) */
     c->prefetch = env_int("NS_CUDA_PREFETCH", 0);
+    c->early_loads = env_int("NS_CUDA_EARLY_LOADS", 1);
+    /* fewest keys per decode-attention split (a multiple of 64) */
+    c->split_keys = env_int("NS_CUDA_SPLIT_KEYS", 64);
+    if (c->split_keys < 64 || c->split_keys % 64) c->split_keys = 64;
     c->l2_bytes = (size_t)prop.l2CacheSize;
     /* measured on H200 (docs/cuda.md): the GEMV kernel beats cuBLASLt up
      * to 2 input rows; from 4 rows on cuBLASLt is as fast or faster */
     c->gemv_max = env_int("NS_CUDA_GEMV_MAX", 2);
+    /* 128 warps/SM splits gate/up (12288 row pairs) in two along K:
+     * measured 1% faster decode on H200 than 64 (docs/cuda.md, v11) */
+    c->gemv_warps = env_int("NS_CUDA_GEMV_WARPS", 128);
+    if (c->gemv_warps < 1) c->gemv_warps = 128;
     c->prof_ev = (cudaEvent_t *)calloc(2 * CU_PROF_EVENTS, sizeof(cudaEvent_t));
     c->prof_label_of = (int32_t *)calloc(CU_PROF_EVENTS, sizeof(int32_t));
     if (!c->prof_ev || !c->prof_label_of) {
@@ -1557,6 +1615,13 @@ extern "C" void ns_cuda_set_prefetch(ns_backend *be, int on) {
     flush(be);
     cu_bump_generation(c); /* captured graphs embody the old setting */
     c->prefetch = on;
+}
+
+extern "C" void ns_cuda_set_early_loads(ns_backend *be, int on) {
+    cu_impl *c = IMPL(be);
+    flush(be);
+    cu_bump_generation(c); /* captured graphs embody the old setting */
+    c->early_loads = on;
 }
 
 extern "C" void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager) {

@@ -26,24 +26,60 @@ __global__ __launch_bounds__(128) void k_qk_norm_rope_store(
     float *q, float *k, const float *__restrict__ v, int T, int H, int KVH, const float *__restrict__ qn,
     const float *__restrict__ kn, float eps, const float *__restrict__ inv_freq, const int32_t *__restrict__ positions,
     const int32_t *__restrict__ tok_seq, const int32_t *__restrict__ page_table, int pt_stride, uint8_t *kv,
-    size_t page_bytes, int P, int layer, cu_prefetch pf, int main_blocks) {
+    size_t page_bytes, int P, int layer, cu_prefetch pf, int main_blocks, int early) {
     PDL_TRIGGER();
     if ((int)blockIdx.x >= main_blocks) {
         l2_prefetch(pf, (int)blockIdx.x - main_blocks);
         PDL_WAIT();
         return;
     }
-    PDL_WAIT();
+    /* early: the norm weights, RoPE frequencies and batch metadata (and so
+     * the rotation and the KV slot address) never come from an earlier
+     * kernel of the tape; they are read and computed before the PDL wait,
+     * overlapping the previous kernel. Only q, k and v wait. */
+    if (!early) PDL_WAIT();
     constexpr int D = 32 * E;
     const int w = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x & 31;
     const int t = w / (H + KVH), h = w % (H + KVH);
-    if (t >= T) return;
+    if (t >= T) {
+        if (early) PDL_WAIT();
+        return;
+    }
     const bool is_q = h < H;
     float *vec = is_q ? q + ((size_t)t * H + h) * D : k + ((size_t)t * KVH + (h - H)) * D;
     const float *nw = is_q ? qn : kn;
-    float x[E];
+    float wn[E];
+    if (nw) {
+#pragma unroll
+        for (int e = 0; e < E; e++) wn[e] = nw[lane + 32 * e];
+    }
+    const int pos = positions[t];
+    float sn[E / 2], cs[E / 2];
+#pragma unroll
+    for (int e = 0; e < E / 2; e++) {
+        const int i = lane + 32 * e;
+        const float ang = (float)pos * inv_freq[i];
+        sincosf(ang, &sn[e], &cs[e]);
+    }
+    bf16 *kd = NULL, *vd = NULL;
+    if (!is_q) {
+        const int kvh = h - H;
+        const int seq = tok_seq[t];
+        const int page = page_table[(size_t)seq * pt_stride + pos / P];
+        const int slot = pos % P;
+        bf16 *pg = (bf16 *)(kv + (size_t)page * page_bytes);
+        kd = pg + ((((size_t)layer * 2 + 0) * KVH + kvh) * P + slot) * D;
+        vd = pg + ((((size_t)layer * 2 + 1) * KVH + kvh) * P + slot) * D;
+    }
+    if (early) PDL_WAIT();
+    float x[E], vv[E];
 #pragma unroll
     for (int e = 0; e < E; e++) x[e] = vec[lane + 32 * e];
+    if (!is_q) {
+        const float *vs = v + ((size_t)t * KVH + (h - H)) * D;
+#pragma unroll
+        for (int e = 0; e < E; e++) vv[e] = vs[lane + 32 * e];
+    }
     if (nw) {
         float ss = 0.f;
 #pragma unroll
@@ -51,15 +87,11 @@ __global__ __launch_bounds__(128) void k_qk_norm_rope_store(
         ss = fused_warp_sum(ss);
         const float inv = 1.0f / sqrtf(ss / (float)D + eps);
 #pragma unroll
-        for (int e = 0; e < E; e++) x[e] = (x[e] * inv) * nw[lane + 32 * e];
+        for (int e = 0; e < E; e++) x[e] = (x[e] * inv) * wn[e];
     }
-    const int pos = positions[t];
 #pragma unroll
     for (int e = 0; e < E / 2; e++) {
-        const int i = lane + 32 * e;
-        const float ang = (float)pos * inv_freq[i];
-        float s, co;
-        sincosf(ang, &s, &co);
+        const float s = sn[e], co = cs[e];
         const float x0 = x[e], x1 = x[e + E / 2];
         x[e] = x0 * co - x1 * s;
         x[e + E / 2] = x1 * co + x0 * s;
@@ -67,18 +99,10 @@ __global__ __launch_bounds__(128) void k_qk_norm_rope_store(
 #pragma unroll
     for (int e = 0; e < E; e++) vec[lane + 32 * e] = x[e];
     if (!is_q) {
-        const int kvh = h - H;
-        const int seq = tok_seq[t];
-        const int page = page_table[(size_t)seq * pt_stride + pos / P];
-        const int slot = pos % P;
-        bf16 *pg = (bf16 *)(kv + (size_t)page * page_bytes);
-        bf16 *kd = pg + ((((size_t)layer * 2 + 0) * KVH + kvh) * P + slot) * D;
-        bf16 *vd = pg + ((((size_t)layer * 2 + 1) * KVH + kvh) * P + slot) * D;
-        const float *vs = v + ((size_t)t * KVH + kvh) * D;
 #pragma unroll
         for (int e = 0; e < E; e++) {
             kd[lane + 32 * e] = __float2bfloat16_rn(x[e]);
-            vd[lane + 32 * e] = __float2bfloat16_rn(vs[lane + 32 * e]);
+            vd[lane + 32 * e] = __float2bfloat16_rn(vv[e]);
         }
     }
 }
@@ -91,7 +115,8 @@ void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, 
     const unsigned extra = cu_pf_any(pf) ? CU_PF_BLOCKS : 0;
 #define QKRS_ARGS                                                                                                     \
     q, k, v, n_tokens, n_heads, l->n_kv_heads, q_norm, k_norm, eps, inv_freq, c->meta.positions, c->meta.tok_seq,     \
-        c->meta.page_table, c->meta.pt_stride, c->kv, l->page_size_bytes, l->page_tokens, layer, *pf, (int)blocks
+        c->meta.page_table, c->meta.pt_stride, c->kv, l->page_size_bytes, l->page_tokens, layer, *pf, (int)blocks, \
+        (int)c->tape_early
     switch (l->head_dim) {
     case 64: cu_launch(c, k_qk_norm_rope_store<2>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
     case 128: cu_launch(c, k_qk_norm_rope_store<4>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
@@ -103,22 +128,46 @@ void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, 
 }
 
 /* x += y; out = rmsnorm(x) * w, one 512-thread block per row, float4
- * lanes: the same element order and reduction as k_add4 + k_rmsnorm_block. */
+ * lanes: the same element order and reduction as k_add4 + k_rmsnorm_block.
+ * The first AR_REG float4 of each thread stay in registers between the
+ * two passes, and their norm weights are read before the PDL wait when
+ * early (norm weights never come from an earlier kernel of the tape). */
+#define AR_REG 4
 __global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out, bf16 *out_bf,
-                              const float *__restrict__ w, int cols, float eps, cu_prefetch pf, int64_t rows) {
+                              const float *__restrict__ w, int cols, float eps, cu_prefetch pf, int64_t rows,
+                              int early) {
     PDL_TRIGGER();
     if ((int64_t)blockIdx.x >= rows) {
         l2_prefetch(pf, (int)(blockIdx.x - rows));
         PDL_WAIT();
         return;
     }
-    PDL_WAIT();
+    if (!early) PDL_WAIT();
+    const int step = blockDim.x * 4;
+    float4 wv[AR_REG], xv[AR_REG];
+#pragma unroll
+    for (int i = 0; i < AR_REG; i++) {
+        const int d = threadIdx.x * 4 + i * step;
+        if (d < cols) wv[i] = *reinterpret_cast<const float4 *>(w + d);
+    }
+    if (early) PDL_WAIT();
     const int64_t r = blockIdx.x;
     float *xr = x + r * cols;
     const float *yr = y + r * cols;
     __shared__ float part[32];
     float ss = 0.f;
-    for (int d = threadIdx.x * 4; d < cols; d += blockDim.x * 4) {
+#pragma unroll
+    for (int i = 0; i < AR_REG; i++) {
+        const int d = threadIdx.x * 4 + i * step;
+        if (d < cols) {
+            float4 a = *reinterpret_cast<const float4 *>(xr + d), b = *reinterpret_cast<const float4 *>(yr + d);
+            a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+            *reinterpret_cast<float4 *>(xr + d) = a;
+            xv[i] = a;
+            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        }
+    }
+    for (int d = threadIdx.x * 4 + AR_REG * step; d < cols; d += step) {
         float4 a = *reinterpret_cast<const float4 *>(xr + d), b = *reinterpret_cast<const float4 *>(yr + d);
         a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
         *reinterpret_cast<float4 *>(xr + d) = a;
@@ -135,9 +184,7 @@ __global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out,
     __syncthreads();
     const float inv = 1.0f / sqrtf(part[0] / (float)cols + eps);
     float *o = out + r * cols;
-    for (int d = threadIdx.x * 4; d < cols; d += blockDim.x * 4) {
-        float4 a = *reinterpret_cast<const float4 *>(xr + d);
-        float4 ww = *reinterpret_cast<const float4 *>(w + d);
+    auto emit = [&](int d, float4 a, float4 ww) {
         float4 yv = make_float4((a.x * inv) * ww.x, (a.y * inv) * ww.y, (a.z * inv) * ww.z, (a.w * inv) * ww.w);
         *reinterpret_cast<float4 *>(o + d) = yv;
         if (out_bf) {
@@ -147,13 +194,21 @@ __global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out,
             u.y = *reinterpret_cast<uint32_t *>(&p1);
             *reinterpret_cast<uint2 *>(out_bf + r * cols + d) = u;
         }
+    };
+#pragma unroll
+    for (int i = 0; i < AR_REG; i++) {
+        const int d = threadIdx.x * 4 + i * step;
+        if (d < cols) emit(d, xv[i], wv[i]);
     }
+    for (int d = threadIdx.x * 4 + AR_REG * step; d < cols; d += step)
+        emit(d, *reinterpret_cast<const float4 *>(xr + d), *reinterpret_cast<const float4 *>(w + d));
 }
 
 void cu_launch_add_rmsnorm(cu_impl *c, float *x, const float *y, float *out, bf16 *out_bf, const float *w,
                            int64_t rows, int cols, float eps, const cu_prefetch *pf) {
     if (rows <= 0) return;
     const unsigned extra = cu_pf_any(pf) ? CU_PF_BLOCKS : 0;
-    cu_launch(c, k_add_rmsnorm, dim3((unsigned)rows + extra), dim3(512), 0, x, y, out, out_bf, w, cols, eps, *pf, rows);
+    cu_launch(c, k_add_rmsnorm, dim3((unsigned)rows + extra), dim3(512), 0, x, y, out, out_bf, w, cols, eps, *pf, rows,
+              (int)c->tape_early);
     CU_LAUNCHED(c, "add_rmsnorm");
 }

@@ -176,10 +176,10 @@ typedef void (*gemv_fn)(gemv_segs, const float *, int);
 
 #define GEMV_ROW(N, SW) {k_gemv<N, 1, SW>, k_gemv<N, 2, SW>, k_gemv<N, 4, SW>}
 
-/* About 8k warps on an H200-sized chip: split K when there are fewer row
- * pairs, keeping >= 64 chunks of 8 per warp. */
+/* gemv_warps per SM (default 128, ~17k warps on an H200): split K when
+ * there are fewer row pairs, keeping >= 64 chunks of 8 per warp. */
 static int choose_ks(const cu_impl *c, int64_t pairs, int k) {
-    const int64_t want_warps = 64LL * c->n_sm;
+    const int64_t want_warps = (int64_t)c->gemv_warps * c->n_sm;
     int ks = 1;
     while (ks < 4 && pairs * ks < want_warps && (k / 8) / (ks * 2) >= 64) ks *= 2;
     return ks;

@@ -168,11 +168,17 @@ typedef struct cu_impl {
     int fusion; /* fuse fixed op sequences of recorded tapes */
     int pdl;    /* programmatic dependent launch between our kernels */
     int prefetch; /* L2 prefetch of the next GEMV's weights in small kernels */
+    int split_keys; /* fewest keys per decode-attention split */
+    int early_loads; /* decode tapes: small kernels read constants and metadata before the PDL wait */
+    bool tape_early; /* run_tape: this tape's norm weights / RoPE frequencies are written by none of its ops */
+    uintptr_t *wr;   /* run_tape scratch: written ranges [lo, hi) pairs */
+    int32_t cap_wr;
     size_t l2_bytes;
     int64_t stat_replays, stat_captures, stat_eager;
 
     /* options */
     int gemv_max; /* use the GEMV kernel for n <= gemv_max */
+    int gemv_warps; /* split K until the GEMV has this many warps per SM */
 
     /* profiling (eager only): events around each op, resolved at sync */
     int profiling;
@@ -209,7 +215,10 @@ void cu_bump_generation(cu_impl *c);
  * right away (its CTAs are placed as SMs free up, so launch latency and
  * the previous kernel's tail overlap) and then waits until the previous
  * grid has completed and its memory is visible, before any global access.
- * Without the launch attribute both instructions are no-ops. */
+ * Without the launch attribute both instructions are no-ops. In recorded
+ * decode tapes the small kernels (add+RMSNorm, q/k-norm+RoPE+KV store,
+ * decode attention) split it: trigger, read constants and batch metadata
+ * (never written by an earlier kernel of the tape), then wait. */
 #define PDL_ENTRY() asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n" ::: "memory")
 #define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
 #define PDL_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
