@@ -14,6 +14,7 @@
 #include "backend/cuda/cuda.h"
 #endif
 #include "tokenizer/tokenizer.h"
+#include "util/log.h"
 
 void ns_cli_engine_opts_default(ns_cli_engine_opts *o) {
     memset(o, 0, sizeof *o);
@@ -21,6 +22,7 @@ void ns_cli_engine_opts_default(ns_cli_engine_opts *o) {
     o->page_tokens = 16;
     o->max_batch_tokens = 512;
     o->max_logits = 1;
+    o->default_pool_contexts = 1;
 }
 
 int ns_cli_default_threads(void) {
@@ -146,8 +148,8 @@ ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_
                          (long long)o->kv_memory, ns_engine_page_bytes(&ce->model->cfg, o->page_tokens, eo.kv_dtype));
             goto fail;
         }
-    } else if (o->gpu_memory > 0) {
-        double bytes = o->gpu_memory;
+    } else if (o->gpu_memory > 0 || (!o->kv_tokens && strcmp(ce->be->ops->name, "cuda") == 0)) {
+        double bytes = o->gpu_memory > 0 ? o->gpu_memory : 0.9;
         if (bytes <= 1.0) {
 #ifdef NS_HAVE_CUDA
             size_t free_b = 0, total_b = 0;
@@ -170,14 +172,30 @@ ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_
             rc = ns_fail(err, NS_ERR_INVALID, "--gpu-memory leaves no room for a single KV page");
             goto fail;
         }
+    } else if (o->kv_tokens) {
+        pages = (o->kv_tokens + o->page_tokens - 1) / o->page_tokens;
     } else {
-        int64_t kv_tokens = o->kv_tokens ? o->kv_tokens : ce->model->cfg.max_position_embeddings;
-        pages = (kv_tokens + o->page_tokens - 1) / o->page_tokens;
+        /* A request without max_tokens reserves up to a whole context, so a
+         * pool of one context would serialize such requests. Default to
+         * several contexts, but never more than a quarter of the RAM. */
+        const int64_t ctx = ce->model->cfg.max_position_embeddings;
+        const int64_t page_bytes = (int64_t)ns_engine_page_bytes(&ce->model->cfg, o->page_tokens, eo.kv_dtype);
+        int64_t want = ((int64_t)ctx * (o->default_pool_contexts > 0 ? o->default_pool_contexts : 1) + o->page_tokens - 1) /
+                       o->page_tokens;
+        long phys = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
+        int64_t cap = phys > 0 && psz > 0 ? (int64_t)phys * psz / 4 / page_bytes : want;
+        int64_t one_ctx = (ctx + o->page_tokens - 1) / o->page_tokens;
+        pages = want < cap ? want : cap;
+        if (pages < one_ctx) pages = one_ctx;
     }
     if (pages > INT32_MAX) pages = INT32_MAX;
     eo.n_pages = (int32_t)pages;
     rc = ns_engine_create(ce->model, &eo, &ce->engine, err);
     if (rc != NS_OK) goto fail;
+    NS_INFO("KV pool: %d pages of %d tokens = %lld tokens, %.1f MiB (%s)", eo.n_pages, eo.page_tokens,
+            (long long)eo.n_pages * eo.page_tokens,
+            (double)eo.n_pages * (double)ns_engine_page_bytes(&ce->model->cfg, eo.page_tokens, eo.kv_dtype) / 1048576.0,
+            ns_dtype_name(eo.kv_dtype));
     return NS_OK;
 fail:
     ns_cli_engine_close(ce);

@@ -22,7 +22,11 @@ typedef struct ns_cli_engine_opts {
     int64_t kv_memory;          /* ... or in bytes (--kv-memory, suffixes K/M/G) */
     double gpu_memory;          /* ... or --gpu-memory: bytes (> 1) or a fraction (<= 1)
                                  * of the device memory free after loading the weights */
-                                /* none given: the model's context length */
+                                /* none given: default_pool_contexts x the model's
+                                 * context (CPU, capped at a quarter of RAM), or 90% of
+                                 * the free device memory (CUDA) */
+    int32_t default_pool_contexts; /* 1 for one-shot CLI commands; serve uses 4 so
+                                    * several unbounded requests fit at once */
 } ns_cli_engine_opts;
 
 typedef struct ns_cli_engine {

@@ -215,6 +215,7 @@ int ns_cli_serve(int argc, char **argv) {
     serve_opts o;
     memset(&o, 0, sizeof o);
     ns_cli_engine_opts_default(&o.eng);
+    o.eng.default_pool_contexts = 4;
     o.http.host = "127.0.0.1";
     o.http.port = 8080;
     o.http.api_key = getenv("NIGHTSHIFT_API_KEY");
