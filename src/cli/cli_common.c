@@ -168,6 +168,13 @@ ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_
 #endif
         }
         pages = (int64_t)(bytes / (double)ns_engine_page_bytes(&ce->model->cfg, o->page_tokens, eo.kv_dtype));
+        if (o->gpu_memory <= 0) {
+            /* Default sizing: a small model would get tens of millions of
+             * pages (and host-side page tables to match); 64 contexts is
+             * more than any workload of it needs. */
+            int64_t cap = 64 * (((int64_t)ce->model->cfg.max_position_embeddings + o->page_tokens - 1) / o->page_tokens);
+            if (pages > cap) pages = cap;
+        }
         if (pages < 1) {
             rc = ns_fail(err, NS_ERR_INVALID, "--gpu-memory leaves no room for a single KV page");
             goto fail;
