@@ -161,7 +161,7 @@ ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_
             if (rc != NS_OK) goto fail;
             /* keep room for the step workspace and cuBLAS: 2 GiB or 5% */
             double reserve = (double)total_b * 0.05 > 2.0 * (1 << 30) ? (double)total_b * 0.05 : 2.0 * (1 << 30);
-            bytes = ((double)free_b - reserve) * o->gpu_memory;
+            bytes = ((double)free_b - reserve) * bytes; /* bytes holds the fraction here */
 #else
             rc = ns_fail(err, NS_ERR_UNSUPPORTED, "--gpu-memory as a fraction needs a CUDA build (make CUDA=1)");
             goto fail;
