@@ -241,11 +241,52 @@ TEST(small_pool_waits_and_rejects) {
     ns_engine_free(e);
 }
 
+/* Requests without max_tokens reserve up to a whole context: with a pool of
+ * four contexts, two of them must run at the same time, not one after the
+ * other. */
+TEST(unbounded_requests_share_a_larger_pool) {
+    setup();
+    if (!g_model) return;
+    const int32_t ctx = g_model->cfg.max_position_embeddings;
+    ns_engine *e = make_engine(4 * ctx / P, 64, 4);
+    ns_sched *s = make_sched(e, 4);
+    int32_t prompt[20];
+    ns_request *rs[2];
+    for (int i = 0; i < 2; i++) {
+        make_prompt(prompt, 20, 0, (uint32_t)i + 300);
+        prompt[0] = 1;
+        ns_request_params p = {.sampling = ns_sampling_default(), .max_tokens = 0, .ignore_eos = true};
+        rs[i] = ns_request_new(prompt, 20, &p);
+        ns_capacity cap;
+        ns_error err = {0};
+        CHECK(ns_sched_submit(s, rs[i], &cap, &err) == NS_OK);
+        CHECK_EQ_INT(cap.max_tokens, ctx - 20);
+    }
+    int32_t max_running = 0;
+    for (int i = 0; i < 20000; i++) {
+        ns_sched_stats st;
+        ns_sched_get_stats(s, &st);
+        if (st.requests_running > max_running) max_running = st.requests_running;
+        if (max_running == 2) break;
+        usleep(500);
+    }
+    CHECK_EQ_INT(max_running, 2);
+    for (int i = 0; i < 2; i++) {
+        ns_request_cancel(rs[i]);
+        int32_t dummy[8];
+        collect(rs[i], dummy, 8);
+        ns_request_release(rs[i]);
+    }
+    ns_sched_free(s);
+    ns_engine_free(e);
+}
+
 int main(void) {
     RUN(batched_equals_alone);
     RUN(agent_replay_hits_cache);
     RUN(cancel_mid_prefill_keeps_pages);
     RUN(small_pool_waits_and_rejects);
+    RUN(unbounded_requests_share_a_larger_pool);
     ns_model_free(g_model);
     if (g_be) g_be->ops->destroy(g_be);
     TEST_MAIN_END;
