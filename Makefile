@@ -33,7 +33,7 @@ CUDA_HOME ?= /usr/local/cuda
 CFLAGS  += -DNS_HAVE_CUDA=1 -I$(CUDA_HOME)/include
 CU_SRC  := $(shell find src/backend/cuda -name '*.cu' | sort)
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++
-NVFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Isrc -Xcompiler -fPIC,-Wall --expt-relaxed-constexpr
+NVFLAGS ?= -O3 -std=c++17 -MMD -MP $(CUDA_ARCH) -Isrc -Xcompiler -fPIC,-Wall --expt-relaxed-constexpr
 endif
 
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)

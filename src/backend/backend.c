@@ -2,8 +2,6 @@
 
 #include <string.h>
 
-size_t ns_dtype_size(ns_dtype dt) { return dt == NS_DT_F32 ? 4 : 2; }
-
 const char *ns_dtype_name(ns_dtype dt) {
     switch (dt) {
     case NS_DT_F32: return "f32";

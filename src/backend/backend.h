@@ -37,7 +37,8 @@
 
 typedef enum { NS_DT_F32 = 0, NS_DT_BF16 = 1, NS_DT_F16 = 2 } ns_dtype;
 
-size_t ns_dtype_size(ns_dtype dt);
+/* Inline: it sits inside ns_kv_offset, on the attention hot path. */
+static inline size_t ns_dtype_size(ns_dtype dt) { return dt == NS_DT_F32 ? 4 : 2; }
 const char *ns_dtype_name(ns_dtype dt);
 
 typedef struct ns_tensor {

@@ -1,9 +1,7 @@
 #include "engine/sample.h"
+#include "util/vmath.h"
 
 #include <float.h>
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,28 +225,6 @@ int32_t ns_sampler_sample(ns_sampler *s, float *logits) {
     return s->scratch_ids[nc - 1];
 }
 
-#ifdef __AVX2__
-/* exp for 8 floats: Cody-Waite reduction to |r| <= ln2/2, then a degree-6
- * polynomial; relative error ~1e-7, far inside the 1e-3 logprob tolerance.
- * logsumexp runs over the whole vocabulary for every logprob, so libm's
- * scalar exp would dominate a long eval. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-#endif
-
 double ns_logsumexp(const float *logits, int32_t n) {
     float mx = -FLT_MAX;
     for (int32_t i = 0; i < n; i++)
@@ -261,7 +237,7 @@ double ns_logsumexp(const float *logits, int32_t n) {
         /* float partial sums over blocks of <= 1024, accumulated in double */
         __m256 acc = _mm256_setzero_ps();
         int32_t end = i + 1024 < n ? i + 1024 : n;
-        for (; i + 8 <= end; i += 8) acc = _mm256_add_ps(acc, exp8(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vm)));
+        for (; i + 8 <= end; i += 8) acc = _mm256_add_ps(acc, ns_exp8(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vm)));
         float t[8];
         _mm256_storeu_ps(t, acc);
         for (int k = 0; k < 8; k++) sum += t[k];

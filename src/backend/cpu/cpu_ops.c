@@ -9,6 +9,7 @@
 #include <cblas.h>
 
 #include "backend/cpu/cpu_internal.h"
+#include "util/vmath.h"
 
 /* ---------------------------------------------------------------- embed */
 
@@ -226,36 +227,47 @@ typedef struct {
     float scale;
 } att_ctx;
 
-/* Task index = token * n_heads + head. Online softmax over the token's
- * causal window, walking the sequence's pages. */
+/* Task index = token * n_heads + head. Softmax over the token's causal
+ * window one page at a time: inside a page the K (and V) rows of one
+ * layer and kv head are contiguous, so a page is a dense block of scores;
+ * one online-softmax rescale per page, vectorized exp, then the weighted V
+ * rows. (Scalar expf and per-key page arithmetic made attention ~90% of a
+ * long CPU prefill.) */
 static void att_task(void *p, int64_t b, int64_t e, int tid) {
     att_ctx *a = p;
     cpu_impl *c = a->c;
     const ns_kv_layout *l = &a->be->kv;
     const int D = l->head_dim, group = a->n_heads / l->n_kv_heads, P = l->page_tokens;
-    float *acc = c->scratch[tid];
+    float *acc = c->scratch[tid], *sc = acc + D;
     for (int64_t task = b; task < e; task++) {
         const int32_t t = (int32_t)(task / a->n_heads);
         const int h = (int)(task % a->n_heads), kvh = h / group;
         const int32_t s = c->tok_seq[t], pos = c->positions[t];
         const float *q = (const float *)a->q->data + (size_t)t * (size_t)a->q->cols + (size_t)h * (size_t)D;
         const int32_t *pt = c->page_table + (size_t)s * (size_t)c->max_pages;
+        const size_t k_off = ns_kv_offset(l, a->layer, 0, kvh, 0), v_off = ns_kv_offset(l, a->layer, 1, kvh, 0);
         float mx = -INFINITY, sum = 0.0f;
         memset(acc, 0, (size_t)D * sizeof(float));
-        for (int32_t j = 0; j <= pos; j++) {
-            const uint8_t *page = c->kv + (size_t)pt[j / P] * l->page_size_bytes;
-            const float *kr = (const float *)(page + ns_kv_offset(l, a->layer, 0, kvh, j % P));
-            const float *vr = (const float *)(page + ns_kv_offset(l, a->layer, 1, kvh, j % P));
-            const float sc = dot(q, kr, D) * a->scale;
-            if (sc > mx) {
-                const float corr = expf(mx - sc);
+        for (int32_t j0 = 0; j0 <= pos; j0 += P) {
+            const int32_t n = pos + 1 - j0 < P ? pos + 1 - j0 : P;
+            const uint8_t *page = c->kv + (size_t)pt[j0 / P] * l->page_size_bytes;
+            const float *kr = (const float *)(page + k_off), *vr = (const float *)(page + v_off);
+            float bm = -INFINITY;
+            for (int32_t jj = 0; jj < n; jj++) {
+                sc[jj] = dot(q, kr + (size_t)jj * (size_t)D, D) * a->scale;
+                if (sc[jj] > bm) bm = sc[jj];
+            }
+            if (bm > mx) {
+                const float corr = expf(mx - bm);
                 sum *= corr;
                 for (int i = 0; i < D; i++) acc[i] *= corr;
-                mx = sc;
+                mx = bm;
             }
-            const float w = expf(sc - mx);
-            sum += w;
-            axpy(acc, w, vr, D);
+            ns_vexp_inplace(sc, n, mx);
+            for (int32_t jj = 0; jj < n; jj++) {
+                sum += sc[jj];
+                axpy(acc, sc[jj], vr + (size_t)jj * (size_t)D, D);
+            }
         }
         float *o = (float *)a->out->data + (size_t)t * (size_t)a->out->cols + (size_t)h * (size_t)D;
         const float inv = 1.0f / sum;
@@ -265,6 +277,10 @@ static void att_task(void *p, int64_t b, int64_t e, int tid) {
 
 void cpu_attention(ns_backend *be, ns_tensor *out, const ns_tensor *q, int layer, int n_heads, float scale) {
     cpu_impl *c = be->impl;
+    if (ns_cpu_scratch_reserve(c, (size_t)be->kv.head_dim + (size_t)be->kv.page_tokens) != 0) {
+        for (int64_t i = 0; i < out->rows * out->cols; i++) ((float *)out->data)[i] = NAN;
+        return;
+    }
     att_ctx a = {be, c, out, q, layer, n_heads, scale};
     ns_pool_run(c->pool, (int64_t)c->n_tokens * n_heads, 1, att_task, &a);
 }
