@@ -18,6 +18,22 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Releases the output pipeline (detokenizer, stop matcher, parsers and
+ * their buffers); shared by the failed-start and the finish paths. */
+static void free_parsers(ns_gen *g) {
+    ns_detok_free(g->detok);
+    g->detok = NULL;
+    ns_stop_free(&g->stop);
+    ns_toolparse_free(&g->tp);
+    ns_reason_free(&g->reason);
+    ns_buf_free(&g->text);
+    ns_buf_free(&g->reasoning);
+    ns_buf_free(&g->content);
+    ns_buf_free(&g->s1);
+    ns_buf_free(&g->s2);
+    ns_buf_free(&g->s3);
+}
+
 bool ns_gen_start(ns_gen *g, ns_api *a, const int32_t *prompt, int32_t n_prompt, const ns_gen_opts *o,
                   const ns_http_conn *conn, const char *id, ns_http_error *e) {
     memset(g, 0, sizeof *g);
@@ -62,17 +78,7 @@ bool ns_gen_start(ns_gen *g, ns_api *a, const int32_t *prompt, int32_t n_prompt,
 fail:
     if (g->req) ns_request_release(g->req);
     g->req = NULL;
-    ns_detok_free(g->detok);
-    g->detok = NULL;
-    ns_stop_free(&g->stop);
-    ns_toolparse_free(&g->tp);
-    ns_reason_free(&g->reason);
-    ns_buf_free(&g->text);
-    ns_buf_free(&g->reasoning);
-    ns_buf_free(&g->content);
-    ns_buf_free(&g->s1);
-    ns_buf_free(&g->s2);
-    ns_buf_free(&g->s3);
+    free_parsers(g);
     return false;
 }
 
@@ -322,16 +328,7 @@ void ns_gen_free(ns_gen *g) {
             g->done ? "" : " (abandoned)");
     ns_request_release(g->req);
     g->req = NULL;
-    ns_detok_free(g->detok);
-    ns_stop_free(&g->stop);
-    ns_toolparse_free(&g->tp);
-    ns_reason_free(&g->reason);
-    ns_buf_free(&g->text);
-    ns_buf_free(&g->reasoning);
-    ns_buf_free(&g->content);
-    ns_buf_free(&g->s1);
-    ns_buf_free(&g->s2);
-    ns_buf_free(&g->s3);
+    free_parsers(g);
     free(g->ids);
     free(g->lps);
 }
