@@ -37,8 +37,14 @@ NVFLAGS ?= -O3 -std=c++17 -MMD -MP $(CUDA_ARCH) -Isrc -Xcompiler -fPIC,-Wall --e
 endif
 
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
-TEST_SRC := $(sort $(wildcard tests/unit/test_*.c tests/golden/test_*.c))
+# Unit tests mirror src/: tests/unit/<module>/test_*.c. Every test binary
+# lands flat in $(BUILD)/tests/ (tests/run runs $(BUILD)/tests/test_*), so
+# test file names must be unique across directories.
+TEST_SRC := $(sort $(wildcard tests/unit/test_*.c tests/unit/*/test_*.c tests/golden/test_*.c))
 TEST_BIN := $(patsubst %.c,$(BUILD)/tests/%,$(notdir $(TEST_SRC)))
+ifneq ($(words $(sort $(TEST_BIN))),$(words $(TEST_BIN)))
+$(error two test files share a name: $(sort $(notdir $(TEST_SRC))) vs $(notdir $(TEST_SRC)))
+endif
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
@@ -60,13 +66,13 @@ $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 
-$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libnightshift.a
-	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libnightshift.a $(LDFLAGS) $(LDLIBS)
-
-$(BUILD)/tests/%: tests/golden/%.c $(BUILD)/libnightshift.a
-	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libnightshift.a $(LDFLAGS) $(LDLIBS)
+# One rule per test source: $(BUILD)/tests/test_x <- tests/.../test_x.c
+define TEST_RULE
+$(BUILD)/tests/$(basename $(notdir $(1))): $(1) $(BUILD)/libnightshift.a
+	@mkdir -p $$(@D)
+	$$(CC) $$(CFLAGS) -Itests -o $$@ $$< $(BUILD)/libnightshift.a $$(LDFLAGS) $$(LDLIBS)
+endef
+$(foreach t,$(TEST_SRC),$(eval $(call TEST_RULE,$(t))))
 
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libnightshift.a
 	@mkdir -p $(@D)
