@@ -83,10 +83,10 @@ tests: $(BUILD)/nightshift $(TEST_BIN)
 # GPU tests (tests/gpu) and the engine benchmark binary: built only with
 # CUDA=1 (`make CUDA=1 gpu-tests`), run by tests/gpu/run.sh on a machine
 # with a GPU; CI only compiles them. They link a core library (util,
-# backend, engine, model, cli bench) instead of the whole tree, so the GPU
+# sample, backend, engine, model, cli bench) instead of the whole tree, so the GPU
 # runs do not depend on the server/tokenizer/template code compiling.
 ifdef CUDA
-CORE_SRC := $(shell find src/util src/backend src/engine src/model -name '*.c' | sort) src/cli/cli_bench_engine.c
+CORE_SRC := $(shell find src/util src/sample src/backend src/engine src/model -name '*.c' | sort) src/cli/cli_bench_engine.c
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
 GPU_LDLIBS := -lopenblas -ljansson -lxxhash -lm -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++
 GPU_TEST_SRC := $(sort $(wildcard tests/gpu/test_*.c))

@@ -5,7 +5,7 @@
  * the ops. All ops are *enqueued* in call order on the backend's single
  * stream (the CPU backend simply runs them, spreading each op over its
  * thread pool); nothing is visible to the host until a sync point:
- * tensor_download, sample, kv_page_read, or sync.
+ * tensor_download, sample, kv_page_read, kv_page_write, or sync.
  *
  * Invariants
  * - Tensors are 2-D, row-major, rows x cols with cols contiguous. A tensor
@@ -91,8 +91,9 @@ typedef struct ns_batch {
     int32_t n_logits;
 } ns_batch;
 
-/* Parameters a sampler op needs for one logits row. Defined by the engine
- * (src/engine/sample.h); opaque here. */
+/* A sequence's sampling parameters and state (RNG, penalty counts), used
+ * by the sample op for one logits row. Defined in src/sample/sample.h,
+ * which sits below both the backends and the engine; opaque here. */
 struct ns_sampler;
 
 typedef struct ns_backend ns_backend;
@@ -164,9 +165,11 @@ typedef struct ns_backend_ops {
 
     /* ---- sampling (sync point) ----
      * Samples one token per row of logits (F32 [n_rows, vocab]) with
-     * samplers[i]; writes out_tokens[i]. Samplers carry their RNG and
-     * penalty state and are updated (the engine's reference semantics live
-     * in src/engine/sample.c; a backend must match them). */
+     * samplers[i]; writes out_tokens[i]. The reference semantics are
+     * ns_sampler_sample (src/sample/sample.c); a backend must match them.
+     * A sampler's RNG advances when it draws; the sampled token is not
+     * accepted into its penalty history (the caller does that with
+     * ns_sampler_accept). */
     ns_status (*sample)(ns_backend *be, const ns_tensor *logits, int n_rows, struct ns_sampler *const *samplers,
                         int32_t *out_tokens, ns_error *err);
 
@@ -181,13 +184,17 @@ struct ns_backend {
     void *impl;         /* backend private state */
 };
 
-/* Constructors. Each returns a backend the caller owns (ops->destroy). */
+/* Constructors. Each returns a backend the caller owns (ops->destroy).
+ * The KV pool is sized later, by kv_alloc. */
 ns_status ns_backend_cpu_create(int n_threads, ns_backend **out, ns_error *err);
 #ifdef NS_HAVE_CUDA
-/* gpu_memory_bytes: budget the KV pool may use (0 = decide from free memory). */
+/* Opens CUDA device `device` (NS_ERR_RANGE if it does not exist,
+ * NS_ERR_UNSUPPORTED without a GPU or below sm_80). */
 ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_error *err);
 #endif
-/* Creates "cpu" or "cuda" by name; NS_ERR_UNSUPPORTED if not built in. */
+/* Creates "cpu" (also for name NULL) or "cuda" (device 0; n_threads is
+ * ignored) by name; NS_ERR_UNSUPPORTED if CUDA is not built in,
+ * NS_ERR_INVALID for any other name. */
 ns_status ns_backend_create(const char *name, int n_threads, ns_backend **out, ns_error *err);
 
 #endif

@@ -15,8 +15,8 @@
 #define NS_ENGINE_H
 
 #include "backend/backend.h"
-#include "engine/sample.h"
 #include "model/model.h"
+#include "sample/sample.h"
 
 typedef struct ns_engine_opts {
     int32_t max_batch_tokens; /* new tokens per step (workspace rows) */

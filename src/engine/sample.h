@@ -1,75 +1,11 @@
-/* sample.h — token sampling: the reference semantics every backend matches.
- *
- * Pipeline per logits row (in this order, as Hugging Face's processors):
- *   1. penalties over the sequence's token history (prompt + generated,
- *      or the last penalty_last_n of them): repetition (HF: divide positive
- *      logits, multiply negative ones), then presence and frequency
- *      (OpenAI: logit -= presence*[count>0] + frequency*count);
- *   2. temperature <= 0 -> greedy argmax (lowest id wins ties), done;
- *   3. logits / temperature; top-k; softmax; top-p (smallest prefix of the
- *      sorted distribution whose mass >= p, at least one token); min-p
- *      (drop p < min_p * p_max); renormalize; draw with the sampler's RNG.
- * Reproducibility: the RNG is xoshiro256** seeded from `seed` through
- * splitmix64, and draws exactly one double per sampled token, so the same
- * seed, logits and params give the same tokens on every backend.
- * Ownership: a sampler owns its history/count arrays; ns_sampler_free
- * releases them. The struct is plain so a paused request can keep it.
- */
-#ifndef NS_SAMPLE_H
-#define NS_SAMPLE_H
+/* engine/sample.h — the engine's sampling interface. The sampler itself
+ * (parameters, state, the reference semantics every backend matches) lives
+ * below both the engine and the backends, in src/sample/sample.h; this
+ * header only forwards to it for code that reaches sampling through the
+ * engine. New code should include "sample/sample.h" directly. */
+#ifndef NS_ENGINE_SAMPLE_H
+#define NS_ENGINE_SAMPLE_H
 
-#include <stdbool.h>
-#include <stdint.h>
-
-#include "util/status.h"
-
-typedef struct ns_sampling_params {
-    float temperature;        /* <= 0: greedy */
-    int32_t top_k;            /* <= 0: off */
-    float top_p;              /* >= 1: off */
-    float min_p;              /* <= 0: off */
-    float repetition_penalty; /* 1: off; must be > 0 */
-    float presence_penalty;   /* 0: off */
-    float frequency_penalty;  /* 0: off */
-    int32_t penalty_last_n;   /* <= 0: whole history */
-    uint64_t seed;
-} ns_sampling_params;
-
-/* Greedy, no penalties, seed 0. */
-ns_sampling_params ns_sampling_default(void);
-/* Checks ranges; fills err naming the offending parameter. */
-ns_status ns_sampling_validate(const ns_sampling_params *p, ns_error *err);
-
-typedef struct ns_sampler {
-    ns_sampling_params p;
-    int32_t n_vocab;
-    uint64_t rng[4];
-    /* penalty state (allocated only when a penalty is on) */
-    uint32_t *counts;    /* [n_vocab] occurrences inside the window */
-    int32_t *ring;       /* [penalty_last_n] when windowed */
-    int64_t n_seen;      /* tokens accepted so far */
-    /* scratch for sorting candidates (allocated lazily) */
-    int32_t *scratch_ids;
-    float *scratch_vals;
-} ns_sampler;
-
-ns_status ns_sampler_init(ns_sampler *s, const ns_sampling_params *p, int32_t n_vocab, ns_error *err);
-void ns_sampler_free(ns_sampler *s);
-/* Records a token of the sequence (prompt tokens and each sampled token). */
-void ns_sampler_accept(ns_sampler *s, int32_t token);
-bool ns_sampler_has_penalties(const ns_sampler *s);
-bool ns_sampler_is_greedy(const ns_sampler *s);
-/* Samples from logits (modified in place: penalties/temperature applied).
- * Does NOT call accept; the engine accepts the token it keeps. */
-int32_t ns_sampler_sample(ns_sampler *s, float *logits);
-
-/* Deep copy (for pausing/forking); dst is overwritten. */
-ns_status ns_sampler_copy(ns_sampler *dst, const ns_sampler *src);
-
-/* Log-softmax helpers on raw logits (model distribution, as OpenAI's
- * logprobs report it). */
-double ns_logsumexp(const float *logits, int32_t n);
-/* Writes the k most likely ids and their log-probs, descending. */
-void ns_top_logprobs(const float *logits, int32_t n, int32_t k, int32_t *ids, float *logprobs);
+#include "sample/sample.h"
 
 #endif

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_internal.h"
-#include "engine/sample.h"
+#include "sample/sample.h"
 
 #include "backend/cpu/cpu_internal.h"
 

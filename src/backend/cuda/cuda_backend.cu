@@ -33,7 +33,7 @@
 #include "backend/cuda/cuda_internal.cuh"
 
 extern "C" {
-#include "engine/sample.h"
+#include "sample/sample.h"
 }
 
 static inline cu_impl *IMPL(ns_backend *be) { return (cu_impl *)be->impl; }

@@ -1,6 +1,6 @@
 /* Sampler semantics: greedy, seeded reproducibility, top-k/top-p/min-p
  * restriction, penalties. */
-#include "engine/sample.h"
+#include "sample/sample.h"
 #include "test.h"
 
 #define V 64

@@ -1,4 +1,4 @@
-#include "engine/sample.h"
+#include "sample/sample.h"
 #include "util/vmath.h"
 
 #include <float.h>
