@@ -1,6 +1,9 @@
 # nightshift — one Makefile for everything.
 #   make                          build/nightshift (CPU backend)
-#   make test                     build and run the whole suite (tests/run)
+#   make run [PORT=8080] [ARGS=...]  set up, build, serve the demo model on 127.0.0.1
+#   make test                     set up, build and run the whole suite (tests/run)
+#   (run and test first call scripts/setup, which installs what is missing;
+#    SETUP=0 skips it)
 #   make SANITIZE=address,undefined [test]   same under ASan/UBSan, in build/san
 #   make CUDA=1                   add the CUDA backend (nvcc), in build/cuda
 #   make bench                    build the benchmark binaries
@@ -108,8 +111,31 @@ $(BUILD)/gpu-tests/bench_engine: bench/bench_engine_main.c $(BUILD)/libns_core.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libns_core.a $(LDFLAGS) $(GPU_LDLIBS)
 endif
 
-test: tests
+# `make run` and `make test` first run scripts/setup: it installs what is
+# missing (Debian packages, the npm test clients) and is quick when nothing
+# is. SETUP=0 skips it. The build then runs in a sub-make so that it starts
+# only after setup, also under -j.
+SETUP ?= 1
+PORT  ?= 8080
+ARGS  ?=
+.PHONY: setup run
+setup:
+ifneq ($(SETUP),0)
+	scripts/setup
+endif
+
+test: setup
+	@$(MAKE) --no-print-directory tests
 	tests/run $(BUILD)
+
+# Serves build/nightshift on 127.0.0.1:$(PORT); without --model in ARGS that
+# is the built-in demo model (random weights: its output is noise).
+run: setup
+	@$(MAKE) --no-print-directory $(BUILD)/nightshift
+	@echo "nightshift: serving on http://127.0.0.1:$(PORT) (Ctrl-C stops it)"
+	@echo "  point an OpenAI client at it:  OPENAI_BASE_URL=http://127.0.0.1:$(PORT)/v1  (any API key)"
+	@echo "  try:  curl -s http://127.0.0.1:$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\":\"nightshift\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":16}'"
+	exec $(BUILD)/nightshift serve --host 127.0.0.1 --port $(PORT) $(ARGS)
 
 bench: $(BUILD)/nightshift $(BENCH_BIN)
 

@@ -4,8 +4,9 @@
  * with RUN(name), and ends with TEST_MAIN_END. Each test prints one line,
  * "ok - name" or "not ok - name", TAP style; tests/run counts these lines
  * across all binaries and prints the "N passed, N failed" summary.
- * NS_SHARED (env) points at ../shared; tests that need it call
- * test_shared_path().
+ * Test assets (models/, goldens/) live in tests/fixtures; NS_SHARED (env)
+ * overrides that with a directory of the same layout. Tests that need them
+ * call test_shared_path().
  */
 #ifndef NS_TEST_H
 #define NS_TEST_H
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int t_failed_total = 0, t_passed_total = 0;
 static int t_cur_failed = 0;
@@ -83,12 +85,48 @@ static int t_cur_failed = 0;
 
 #define TEST_MAIN_END return t_failed_total ? 1 : 0
 
-/* Path under the shared assets dir (NS_SHARED env, default ../shared).
- * Returns a static buffer valid until the next call. */
+/* Finds DIR/tests/fixtures, DIR/../tests/fixtures, ... (8 levels) and
+ * writes its absolute path to out; 0 if found. */
+static inline int test_find_fixtures(const char *dir, char *out, size_t cap) {
+    char cand[4096];
+    for (int depth = 0; depth < 8; depth++) {
+        int n = snprintf(cand, sizeof cand, "%s/", dir);
+        for (int k = 0; k < depth && n > 0 && (size_t)n < sizeof cand; k++)
+            n += snprintf(cand + n, sizeof cand - (size_t)n, "../");
+        if (n < 0 || (size_t)n >= sizeof cand - 32) return -1;
+        snprintf(cand + n, sizeof cand - (size_t)n, "tests/fixtures/models");
+        char *abs = realpath(cand, NULL);
+        if (abs) {
+            abs[strlen(abs) - strlen("/models")] = 0;
+            snprintf(out, cap, "%s", abs);
+            free(abs);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Path under the test assets dir: $NS_SHARED when set (a directory laid out
+ * like tests/fixtures: models/, goldens/), else the absolute path of the
+ * repository's tests/fixtures, looked for upwards from the working directory
+ * (tests/run runs the binaries from the repository root), then upwards from
+ * the test binary (build/tests/test_x). Returns a static buffer valid until
+ * the next call. */
 static inline const char *test_shared_path(const char *rel) {
-    static char buf[4096];
-    const char *root = getenv("NS_SHARED");
-    if (!root || !*root) root = "../shared";
+    static char root[2048], buf[4096];
+    const char *env = getenv("NS_SHARED");
+    if (env && *env) {
+        snprintf(buf, sizeof buf, "%s/%s", env, rel);
+        return buf;
+    }
+    if (!root[0] && test_find_fixtures(".", root, sizeof root) != 0) {
+        char exe[4096];
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        char *slash = n > 0 ? (exe[n] = 0, strrchr(exe, '/')) : NULL;
+        if (slash) *slash = 0;
+        if (!slash || test_find_fixtures(exe, root, sizeof root) != 0)
+            snprintf(root, sizeof root, "tests/fixtures"); /* not found: relative */
+    }
     snprintf(buf, sizeof buf, "%s/%s", root, rel);
     return buf;
 }

@@ -1,5 +1,5 @@
 /* Golden test: the CPU forward pass against Hugging Face transformers
- * (../shared/goldens/logits-*.json, float32 compute on bf16/f32 weights).
+ * (tests/fixtures/goldens/logits-*.json, float32 compute on bf16/f32 weights).
  *
  * Per prompt: last-position top-100 logits within 1e-3 (by id),
  * logsumexp within 1e-3, per-position argmax identical wherever the top-2

@@ -1,6 +1,7 @@
-/* test_template_golden.c — renders every case of the shared template goldens
- * (transformers' apply_chat_template output for tiny-qwen3 and tiny-llama3)
- * and requires byte-identical text, or a refusal where transformers raised.
+/* test_template_golden.c — renders every case of the template goldens
+ * (tests/fixtures/goldens/template-*.json: transformers' apply_chat_template
+ * output for tiny-qwen3 and tiny-llama3) and requires byte-identical text,
+ * or a refusal where transformers raised.
  *
  * The context mirrors what apply_chat_template hands the template: messages,
  * add_generation_prompt, the tokenizer's special tokens as strings, tools

@@ -1,4 +1,4 @@
-/* test_tokenizer_golden.c — every case of shared/goldens/tokenizer-*.json:
+/* test_tokenizer_golden.c — every case of tests/fixtures/goldens/tokenizer-*.json:
  * encode without and with special tokens, decode, and the streaming
  * detokenizer (one id at a time, each chunk valid UTF-8, total == decode). */
 #include <jansson.h>

@@ -3,9 +3,9 @@
 # `make CUDA=1 gpu-tests`, runs every GPU test binary and prints
 # "N passed, N failed" (each binary prints TAP-style ok / not ok lines).
 #
-# Assets: NS_SHARED if set, else gpu-assets/shared when present (a copy of
-# the models/goldens the tests need, carried to the GPU machine), else
-# ../shared. On a bare GPU machine gpu-assets/deps holds the headers and
+# Assets: NS_SHARED if set (a directory laid out like tests/fixtures:
+# models/, goldens/), else the repository's tests/fixtures, which travel
+# with the tree. On a bare GPU machine gpu-assets/deps holds the headers and
 # small shared libraries the build needs (jansson, xxhash, the cblas
 # header); when the system has no OpenBLAS, tests/gpu/blas_shim.c (a plain
 # reference sgemm) is built in its place, used only by the CPU reference
@@ -15,9 +15,7 @@ set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 ASSETS=$ROOT/gpu-assets
-if [ -z "${NS_SHARED:-}" ]; then
-  if [ -d "$ASSETS/shared" ]; then export NS_SHARED=$ASSETS/shared; else export NS_SHARED=$(cd .. && pwd)/shared; fi
-fi
+export NS_SHARED=${NS_SHARED:-$ROOT/tests/fixtures}
 if [ -z "${CUDA_HOME:-}" ]; then
   if [ -d /usr/local/cuda ]; then CUDA_HOME=/usr/local/cuda; else CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")"); fi
 fi

@@ -7,10 +7,16 @@
 # A trap kills every server started here on any exit path.
 # json_get JSON EXPR      evaluates a JS expression on the parsed JSON (node).
 # fail MSG                prints MSG and the server log tail, exits 1.
+# Assets: $NS_SHARED (models/, goldens/), default the repository's
+# tests/fixtures. curl and node are required: a missing one fails the test.
 set -u
+NS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 NS_BIN=${NS_BIN:-build/nightshift}
-NS_SHARED=${NS_SHARED:-../shared}
+NS_SHARED=${NS_SHARED:-$NS_ROOT/tests/fixtures}
 MODEL=${MODEL:-$NS_SHARED/models/tiny-qwen3}
+for _tool in curl node; do
+  command -v "$_tool" >/dev/null || { echo "FAIL: $_tool not found: run scripts/setup"; exit 1; }
+done
 TMP=$(mktemp -d)
 SERVER_PIDS=()
 

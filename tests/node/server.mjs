@@ -1,16 +1,16 @@
 // server.mjs — starts a real `nightshift serve` for a test file and stops it.
 //
 // The binary is $NS_BIN (default build/nightshift), the assets $NS_SHARED
-// (default ../shared), both relative to the repository root. The server
-// listens on 127.0.0.1 with --port 0 and we read the port from its log, so
-// parallel test files never race for a port.
+// (default tests/fixtures: models/, goldens/), both relative to the
+// repository root. The server listens on 127.0.0.1 with --port 0 and we read
+// the port from its log, so parallel test files never race for a port.
 import { spawn } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
-export const SHARED = path.resolve(root, process.env.NS_SHARED || '../shared');
+export const SHARED = path.resolve(root, process.env.NS_SHARED || 'tests/fixtures');
 export const BIN = path.resolve(root, process.env.NS_BIN || 'build/nightshift');
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
