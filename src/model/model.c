@@ -7,10 +7,12 @@
  */
 #include "model/model.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <xxhash.h>
 
@@ -36,6 +38,7 @@ static ns_status bind(ns_model *m, ns_safetensors *st, const char *name, int64_t
                        (long long)rows, (long long)cols);
     }
     t->used = true;
+    if (!m->be) return NS_OK; /* validation only: names and shapes, no data */
     ns_status rc = m->be->ops->weight_from_host(m->be, out, t->data, t->dtype, rows, cols, err);
     if (rc == NS_OK) m->weight_bytes += ns_tensor_bytes(out);
     return rc;
@@ -54,52 +57,35 @@ static ns_status setup_common(ns_model *m, ns_error *err) {
     return rc;
 }
 
-ns_status ns_model_load(const char *dir, ns_backend *be, ns_model **out, ns_error *err) {
-    *out = NULL;
-    ns_model *m = calloc(1, sizeof *m);
-    if (!m) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
-    m->be = be;
-    ns_status rc = ns_config_load(dir, &m->cfg, err);
-    if (rc != NS_OK) goto fail;
-    m->dir = strdup(dir);
-    if (!m->dir) {
-        rc = ns_fail(err, NS_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    rc = ns_safetensors_open_dir(dir, &m->files, err);
-    if (rc != NS_OK) goto fail;
-    rc = setup_common(m, err);
-    if (rc != NS_OK) goto fail;
+/* Binds every tensor the architecture needs from st to m, checking names
+ * and shapes, and rejects tensors left over. With m->be NULL nothing is
+ * uploaded: ns_model_validate_dir runs exactly the loader's checks. */
+static ns_status bind_all(ns_model *m, ns_safetensors *st, ns_error *err) {
     const ns_model_config *c = &m->cfg;
-    ns_safetensors *st = m->files;
     const int64_t H = c->hidden_size, q_dim = (int64_t)c->n_heads * c->head_dim,
                   kv_dim = (int64_t)c->n_kv_heads * c->head_dim, ff = c->intermediate_size, V = c->vocab_size;
+    ns_status rc;
 
     /* Tied embeddings may be stored under either name (tinystories-656k
      * keeps only lm_head.weight); untied models need both. */
     bool has_embed = ns_safetensors_find(st, "model.embed_tokens.weight") != NULL;
     bool has_head = ns_safetensors_find(st, "lm_head.weight") != NULL;
-    if (!has_embed && !has_head) {
-        rc = ns_fail(err, NS_ERR_FORMAT, "model: missing tensor \"model.embed_tokens.weight\"");
-        goto fail;
-    }
-    if (!c->tie_word_embeddings && (!has_embed || !has_head)) {
-        rc = ns_fail(err, NS_ERR_FORMAT, "model: missing tensor \"%s\" (tie_word_embeddings is false)",
-                     has_embed ? "lm_head.weight" : "model.embed_tokens.weight");
-        goto fail;
-    }
+    if (!has_embed && !has_head) return ns_fail(err, NS_ERR_FORMAT, "model: missing tensor \"model.embed_tokens.weight\"");
+    if (!c->tie_word_embeddings && (!has_embed || !has_head))
+        return ns_fail(err, NS_ERR_FORMAT, "model: missing tensor \"%s\" (tie_word_embeddings is false)",
+                       has_embed ? "lm_head.weight" : "model.embed_tokens.weight");
     rc = bind(m, st, has_embed ? "model.embed_tokens.weight" : "lm_head.weight", V, H, &m->embed, err);
-    if (rc != NS_OK) goto fail;
+    if (rc != NS_OK) return rc;
     if (has_embed && has_head) {
         rc = bind(m, st, "lm_head.weight", V, H, &m->lm_head, err);
-        if (rc != NS_OK) goto fail;
+        if (rc != NS_OK) return rc;
     } else {
         m->lm_head = m->embed;
         m->lm_head.alloc = NULL; /* alias: freed through embed */
         m->lm_head_tied = true;
     }
     rc = bind(m, st, "model.norm.weight", 1, H, &m->final_norm, err);
-    if (rc != NS_OK) goto fail;
+    if (rc != NS_OK) return rc;
     char name[256];
     for (int32_t l = 0; l < c->n_layers; l++) {
         ns_layer_weights *w = &m->layers[l];
@@ -124,7 +110,7 @@ ns_status ns_model_load(const char *dir, ns_backend *be, ns_model **out, ns_erro
         for (int i = 0; i < n_items; i++) {
             snprintf(name, sizeof name, "model.layers.%d.%s", l, items[i].suffix);
             rc = bind(m, st, name, items[i].rows, items[i].cols, items[i].t, err);
-            if (rc != NS_OK) goto fail;
+            if (rc != NS_OK) return rc;
         }
     }
     for (int32_t i = 0; i < st->n_tensors; i++) {
@@ -132,16 +118,63 @@ ns_status ns_model_load(const char *dir, ns_backend *be, ns_model **out, ns_erro
         if (t->used) continue;
         /* Older exports carry the RoPE table as a buffer: derived, harmless. */
         if (strstr(t->name, "rotary_emb.inv_freq")) continue;
-        rc = ns_fail(err, NS_ERR_FORMAT, "model: unexpected tensor \"%s\" (not used by %s)", t->name, c->arch_name);
+        return ns_fail(err, NS_ERR_FORMAT, "model: unexpected tensor \"%s\" (not used by %s)", t->name, c->arch_name);
+    }
+    return NS_OK;
+}
+
+ns_status ns_model_load(const char *dir, ns_backend *be, ns_model **out, ns_error *err) {
+    *out = NULL;
+    ns_model *m = calloc(1, sizeof *m);
+    if (!m) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+    m->be = be;
+    ns_status rc = ns_config_load(dir, &m->cfg, err);
+    if (rc != NS_OK) goto fail;
+    m->dir = strdup(dir);
+    if (!m->dir) {
+        rc = ns_fail(err, NS_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    rc = ns_safetensors_open_dir(dir, &m->files, err);
+    if (rc != NS_OK) goto fail;
+    rc = setup_common(m, err);
+    if (rc != NS_OK) goto fail;
+    rc = bind_all(m, m->files, err);
+    if (rc != NS_OK) goto fail;
+    const ns_model_config *c = &m->cfg;
     /* Fingerprint: weights identity plus the config that shapes the KV. */
-    uint64_t parts[3] = {ns_safetensors_fingerprint(st), (uint64_t)c->n_layers, (uint64_t)c->head_dim};
+    uint64_t parts[3] = {ns_safetensors_fingerprint(m->files), (uint64_t)c->n_layers, (uint64_t)c->head_dim};
     m->fingerprint = XXH64(parts, sizeof parts, 0x6e6967687473ULL);
     *out = m;
     return NS_OK;
 fail:
     ns_model_free(m);
+    return rc;
+}
+
+ns_status ns_model_validate_dir(const char *dir, ns_model_config *cfg, ns_error *err) {
+    struct stat sb;
+    if (stat(dir, &sb) != 0) return ns_fail(err, NS_ERR_IO, "%s: %s", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return ns_fail(err, NS_ERR_IO, "%s: not a directory", dir);
+    /* A model with no backend: bind_all then checks without uploading,
+     * and ns_model_free has no tensors to free. */
+    ns_model m;
+    memset(&m, 0, sizeof m);
+    ns_safetensors *st = NULL;
+    ns_status rc = ns_config_load(dir, &m.cfg, err);
+    if (rc != NS_OK) goto cleanup;
+    rc = ns_safetensors_open_dir(dir, &st, err);
+    if (rc != NS_OK) goto cleanup;
+    m.layers = calloc((size_t)m.cfg.n_layers, sizeof *m.layers);
+    if (!m.layers) {
+        rc = ns_fail(err, NS_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    rc = bind_all(&m, st, err);
+    if (rc == NS_OK && cfg) *cfg = m.cfg;
+cleanup:
+    free(m.layers);
+    ns_safetensors_close(st);
     return rc;
 }
 

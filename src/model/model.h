@@ -101,5 +101,13 @@ ns_status ns_model_load(const char *dir, ns_backend *be, ns_model **out, ns_erro
 ns_status ns_model_create_random(const ns_model_config *cfg, ns_backend *be, ns_dtype dt, uint64_t seed,
                                  ns_model **out, ns_error *err);
 void ns_model_free(ns_model *m);
+/* Checks a checkpoint directory the way ns_model_load would, without
+ * reading any weight data: config.json (and generation_config.json) parse
+ * and are supported, the safetensors headers are readable and consistent
+ * with their files, and every tensor the architecture needs is present
+ * with the shape the config implies, with none left over. Cheap (headers
+ * only), so a server can refuse a bad directory before it starts. Fills
+ * *cfg (if non-NULL) on success. */
+ns_status ns_model_validate_dir(const char *dir, ns_model_config *cfg, ns_error *err);
 
 #endif
