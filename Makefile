@@ -26,6 +26,10 @@ endif
 WARN    = -Wall -Wextra -Wshadow -Wpointer-arith -Wstrict-prototypes -Wmissing-prototypes \
           -Wformat=2 -Wno-unused-parameter -Wvla $(if $(WERROR),-Werror,)
 CFLAGS  += -std=c11 $(OPT) -g -pthread -D_GNU_SOURCE -Isrc -MMD -MP $(WARN) $(SANFLAGS) -march=native
+# `nightshift --version` commit (src/version.h), given to main.o only; a stale main.o is deleted when it changes.
+NS_GIT_COMMIT := $(shell c=$$(git rev-parse --short HEAD 2>/dev/null) || c=unknown; [ $$c = unknown ] || [ -z "$$(git --no-optional-locks status --porcelain 2>/dev/null)" ] || c=$$c-dirty; echo $$c)
+$(BUILD)/obj/src/main.o: CFLAGS += -DNS_GIT_COMMIT='"$(NS_GIT_COMMIT)"'
+$(shell [ "$$(cat $(BUILD)/.commit 2>/dev/null)" = "$(NS_GIT_COMMIT)" ] || { rm -f $(BUILD)/obj/src/main.o; mkdir -p $(BUILD); echo "$(NS_GIT_COMMIT)" >$(BUILD)/.commit; })
 LDFLAGS += -pthread $(SANFLAGS)
 LDLIBS  += -lopenblas -ljansson -lpcre2-8 -lutf8proc -lxxhash -lmicrohttpd -lsqlite3 -lm
 
