@@ -80,20 +80,33 @@ static uint64_t rnd(bench *B) {
 }
 
 static void usage(FILE *f) {
+#ifdef NS_HAVE_CUDA
+    const char *default_device = "cuda";
+#else
+    const char *default_device = "cpu";
+#endif
     fprintf(f,
             "usage: nightshift bench-engine (--model DIR | --dummy-weights CONFIG_JSON) [options]\n"
-            "  --device cuda|cpu        backend (default cuda when built in, else cpu)\n"
-            "  --prefill LIST           prompt lengths (default 512,8k,32k)\n"
-            "  --batches LIST           decode batch sizes (default 1,8,32,64)\n"
-            "  --contexts LIST          decode contexts (default 1k,32k)\n"
+            "  Engine throughput (prefill and decode) with no HTTP in the way, each figure also\n"
+            "  as a fraction of the roofline measured in the same run. Examples:\n"
+            "    nightshift bench-engine --device cuda --dummy-weights bench/configs/qwen3-8b.json\n"
+            "    nightshift bench-engine --device cpu --dummy-weights CONFIG_JSON --prefill 64 --batches 1 --contexts 64\n"
+            "  --model DIR              Hugging Face checkpoint directory\n"
+            "  --dummy-weights CONFIG   a config.json; random bf16 weights are generated on the device\n"
+            "  --device cuda|cpu        backend (default %s)\n"
+            "  --prefill LIST           prompt lengths, or none (default 512,8k,32k)\n"
+            "  --batches LIST           decode batch sizes, or none (default 1,8,32,64)\n"
+            "  --contexts LIST          decode contexts, or none (default 1k,32k)\n"
             "  --steps N                timed decode steps per point (default 24)\n"
             "  --chunk N                prefill tokens per step (default 8192)\n"
-            "  --page-tokens N          KV page size (default 16)\n"
-            "  --threads N              cpu threads (default all)\n"
-            "  --kv-gb X                cpu KV pool budget in GB (default 4)\n"
-            "  --profile                per-kernel times for decode b1@1k and prefill 8k (cuda)\n"
-            "  --micro                  matmul path micro-benchmark (cuda)\n"
-            "  --seed N                 dummy-weight seed (default 1)\n");
+            "  --page-tokens N          KV page size in tokens (default 16)\n"
+            "  --threads N              CPU threads (default: one per core)\n"
+            "  --kv-gb X                CPU KV pool budget in GB (default 4)\n"
+            "  --profile                per-kernel times for decode b1@1k and prefill 8k (cuda; default off)\n"
+            "  --micro                  matmul path micro-benchmark (cuda; default off)\n"
+            "  --seed N                 dummy-weight seed (default 1)\n"
+            "  LIST: comma-separated counts, k = 1024 (e.g. 512,8k)\n",
+            default_device);
 }
 
 static int parse_count(const char *s, int32_t *out) {
@@ -138,16 +151,19 @@ static int parse_args(int argc, char **argv, bopts *o) {
     o->batches[0] = 1, o->batches[1] = 8, o->batches[2] = 32, o->batches[3] = 64;
     o->n_contexts = 2;
     o->contexts[0] = 1024, o->contexts[1] = 32768;
-    for (int i = 1; i < argc; i++) {
+    /* argv holds the options only (see cli_common.h), as for every
+     * subcommand: main.c strips "nightshift bench-engine", the standalone
+     * driver its program name. */
+    for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEED_VALUE                                                    \
-    do {                                                              \
-        if (!v) {                                                     \
-            fprintf(stderr, "bench-engine: %s needs a value\n", a);   \
-            return -1;                                                \
-        }                                                             \
-        i++;                                                          \
+#define NEED_VALUE                                                               \
+    do {                                                                         \
+        if (!v) {                                                                \
+            fprintf(stderr, "nightshift bench-engine: %s needs a value\n", a);   \
+            return -1;                                                           \
+        }                                                                        \
+        i++;                                                                     \
     } while (0)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
@@ -160,6 +176,10 @@ static int parse_args(int argc, char **argv, bopts *o) {
             o->dummy_cfg = v;
         } else if (!strcmp(a, "--device")) {
             NEED_VALUE;
+            if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) {
+                fprintf(stderr, "nightshift bench-engine: --device must be cpu or cuda, not \"%s\"\n", v);
+                return -1;
+            }
             o->device = v;
         } else if (!strcmp(a, "--prefill") || !strcmp(a, "--batches") || !strcmp(a, "--contexts")) {
             NEED_VALUE;
@@ -168,7 +188,8 @@ static int parse_args(int argc, char **argv, bopts *o) {
             if (!strcmp(v, "none")) {
                 *n = 0;
             } else if (parse_list(v, dst, n) != 0) {
-                fprintf(stderr, "bench-engine: bad list for %s: %s\n", a, v);
+                fprintf(stderr, "nightshift bench-engine: bad list for %s: \"%s\" (at most %d counts)\n", a, v,
+                        MAX_LIST);
                 return -1;
             }
         } else if (!strcmp(a, "--steps") || !strcmp(a, "--chunk") || !strcmp(a, "--page-tokens") ||
@@ -176,7 +197,7 @@ static int parse_args(int argc, char **argv, bopts *o) {
             NEED_VALUE;
             int32_t x;
             if (parse_count(v, &x) != 0) {
-                fprintf(stderr, "bench-engine: bad value for %s: %s\n", a, v);
+                fprintf(stderr, "nightshift bench-engine: bad value for %s: \"%s\"\n", a, v);
                 return -1;
             }
             if (!strcmp(a, "--steps")) o->steps = x;
@@ -185,22 +206,33 @@ static int parse_args(int argc, char **argv, bopts *o) {
             else o->threads = x;
         } else if (!strcmp(a, "--kv-gb")) {
             NEED_VALUE;
-            o->kv_gb = atof(v);
+            char *end;
+            double x = strtod(v, &end);
+            if (end == v || *end || !(x > 0 && x < 1e6)) {
+                fprintf(stderr, "nightshift bench-engine: --kv-gb must be a positive number, not \"%s\"\n", v);
+                return -1;
+            }
+            o->kv_gb = x;
         } else if (!strcmp(a, "--seed")) {
             NEED_VALUE;
-            o->seed = strtoull(v, NULL, 10);
+            char *end;
+            o->seed = strtoull(v, &end, 10);
+            if (end == v || *end || v[0] == '-') {
+                fprintf(stderr, "nightshift bench-engine: --seed must be a non-negative integer, not \"%s\"\n", v);
+                return -1;
+            }
         } else if (!strcmp(a, "--profile")) {
             o->profile = true;
         } else if (!strcmp(a, "--micro")) {
             o->micro = true;
         } else {
-            fprintf(stderr, "bench-engine: unknown argument %s\n", a);
+            fprintf(stderr, "nightshift bench-engine: unknown option %s\n", a);
             return -1;
         }
 #undef NEED_VALUE
     }
     if (!!o->model_dir == !!o->dummy_cfg) {
-        fprintf(stderr, "bench-engine: give exactly one of --model DIR or --dummy-weights CONFIG_JSON\n");
+        fprintf(stderr, "nightshift bench-engine: give exactly one of --model DIR or --dummy-weights CONFIG_JSON\n");
         return -1;
     }
     return 0;
@@ -322,6 +354,7 @@ static ns_status open_engine(bench *B, ns_error *err) {
     int64_t need = (max_p + P - 1) / P + 2;
     int64_t need_dec = (int64_t)max_b * ((max_ctx + tail + P - 1) / P + 1);
     if (need_dec > need) need = need_dec;
+    if (need < 16) need = 16; /* small runs (tiny configs, CI) still get the minimum pool */
     double budget = B->o.kv_gb * 1e9;
 #ifdef NS_HAVE_CUDA
     if (B->cuda) {
@@ -337,7 +370,7 @@ static ns_status open_engine(bench *B, ns_error *err) {
 #endif
     int64_t fit = budget > 0 ? (int64_t)(budget / (double)page_bytes) : 0;
     eo.n_pages = (int32_t)(need < fit ? need : fit);
-    if (eo.n_pages < 16) return ns_fail(err, NS_ERR_NOMEM, "bench-engine: no memory left for a KV pool");
+    if (eo.n_pages < 16) return ns_fail(err, NS_ERR_NOMEM, "no memory left for a KV pool");
     printf("engine: %d tokens/step, KV pool %d pages of %d tokens (%.2f GB, %s)\n", eo.max_batch_tokens, eo.n_pages, P,
            (double)eo.n_pages * (double)page_bytes / 1e9, ns_dtype_name(eo.kv_dtype));
     return ns_engine_create(B->m, &eo, &B->e, err);
@@ -559,8 +592,11 @@ static ns_status bench_run(bench *B, ns_error *err) {
 
     /* prefill */
     if (B->o.n_prefill) {
+        /* warm-up (plans, allocations): never longer than the longest
+         * measured prompt, which the pool is sized for */
+        int32_t warm = 512 < B->o.chunk ? 512 : B->o.chunk, longest = max_i32(B->o.prefill, B->o.n_prefill);
         double warm_s;
-        rc = run_prefill(B, 512 < B->o.chunk ? 512 : B->o.chunk, &warm_s, err); /* warm-up: plans, allocations */
+        rc = run_prefill(B, warm < longest ? warm : longest, &warm_s, err);
         if (rc != NS_OK) return rc;
     }
     for (int i = 0; i < B->o.n_prefill; i++) {
@@ -686,7 +722,7 @@ int ns_cli_bench_engine(int argc, char **argv) {
         rc = ns_fail(&err, NS_ERR_INVALID, "unknown device \"%s\" (cpu or cuda)", B.o.device);
     }
     if (rc == NS_OK) rc = bench_run(&B, &err);
-    if (rc != NS_OK) fprintf(stderr, "bench-engine: %s\n", err.msg);
+    if (rc != NS_OK) fprintf(stderr, "nightshift bench-engine: %s\n", err.msg);
     ns_engine_free(B.e);
     ns_model_free(B.m);
     if (B.be) B.be->ops->destroy(B.be);

@@ -10,7 +10,10 @@
 #ifndef NS_CLI_BENCH_ENGINE_H
 #define NS_CLI_BENCH_ENGINE_H
 
-/* Runs the benchmark; returns the process exit code (never exits). */
+/* Runs the benchmark; returns the process exit code (never exits). argv
+ * holds the options only, as for every subcommand (cli_common.h). This
+ * file and its .c use nothing from cli_common.c: the GPU test build links
+ * them without the rest of the CLI. */
 int ns_cli_bench_engine(int argc, char **argv);
 
 #endif

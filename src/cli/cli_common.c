@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,36 +56,99 @@ static int parse_size(const char *s, double *out) {
     return 0;
 }
 
-int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *i) {
+bool ns_cli_is_help(const char *arg) { return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0; }
+
+const char *ns_cli_flag_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) return NULL;
+    return argv[++*i];
+}
+
+int ns_cli_usage_error(const char *cmd, ns_cli_usage_fn usage, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "nightshift %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    if (usage) usage(stderr);
+    return 2;
+}
+
+static const char *log_level_name(ns_log_level l) {
+    static const char *names[] = {"debug", "info", "warn", "error", "off"};
+    return (unsigned)l < 5 ? names[l] : "?";
+}
+
+void ns_cli_engine_usage(FILE *f, const ns_cli_engine_opts *d) {
+    fprintf(f,
+            "engine options:\n"
+            "  --model DIR              Hugging Face checkpoint directory: config.json, *.safetensors,\n"
+            "                           tokenizer.json (default: the built-in demo model, RANDOM weights)\n"
+            "  --device cpu|cuda        backend (default %s)\n"
+            "  --threads N              CPU threads (default: one per core, at most 64; %d here)\n"
+            "  --page-size P            KV page size in tokens (default %d)\n"
+            "  --max-batch-tokens N     tokens per engine step (default %d)\n"
+            "  --log-level L            debug|info|warn|error|off (default %s; also $NS_LOG_LEVEL)\n"
+            "KV pool size: the first of these that is given, in this order, decides (default: %d\n"
+            "model context%s on the CPU, capped at a quarter of RAM; 90%% of the device memory free\n"
+            "after loading on CUDA):\n"
+            "  --kv-pages N             in pages\n"
+            "  --kv-memory SIZE         in bytes, e.g. 512M, 8G\n"
+            "  --gpu-memory F|SIZE      CUDA: a fraction (0, 1] of the free device memory, or a size\n"
+            "  --kv-tokens N            in tokens, rounded up to whole pages\n",
+            d->device, ns_cli_default_threads(), d->page_tokens, d->max_batch_tokens, log_level_name(ns_log_get_level()),
+            d->default_pool_contexts, d->default_pool_contexts == 1 ? "" : "s");
+}
+
+int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *i, ns_error *err) {
     const char *a = argv[*i];
-    const char *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    const char *val = NULL;
     long long v;
-#define NEED_VAL                                                   \
-    do {                                                           \
-        if (!val) {                                                \
-            fprintf(stderr, "nightshift: %s needs a value\n", a);  \
-            return -1;                                             \
-        }                                                          \
-        (*i)++;                                                    \
-    } while (0)
-#define INT_FLAG(name, lo, hi, field)                                              \
-    if (strcmp(a, name) == 0) {                                                    \
-        NEED_VAL;                                                                  \
-        if (parse_int(val, lo, hi, &v) != 0) {                                     \
-            fprintf(stderr, "nightshift: %s must be an integer in [%lld, %lld]\n", a, (long long)(lo), (long long)(hi)); \
-            return -1;                                                             \
-        }                                                                          \
-        o->field = v;                                                              \
-        return 1;                                                                  \
+    static const char *const known[] = {"--model", "--device", "--threads", "--page-size", "--max-batch-tokens",
+                                        "--kv-tokens", "--kv-pages", "--kv-memory", "--gpu-memory", "--log-level"};
+    bool is_known = false;
+    for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) is_known |= strcmp(a, known[k]) == 0;
+    if (!is_known) return 0;
+    val = ns_cli_flag_value(argc, argv, i);
+    if (!val) {
+        ns_fail(err, NS_ERR_INVALID, "%s needs a value", a);
+        return -1;
+    }
+#define INT_FLAG(name, lo, hi, field)                                                                            \
+    if (strcmp(a, name) == 0) {                                                                                  \
+        if (parse_int(val, lo, hi, &v) != 0) {                                                                   \
+            ns_fail(err, NS_ERR_INVALID, "%s must be an integer in [%lld, %lld], not \"%s\"", a, (long long)(lo), \
+                    (long long)(hi), val);                                                                       \
+            return -1;                                                                                           \
+        }                                                                                                        \
+        o->field = v;                                                                                            \
+        return 1;                                                                                                \
     }
     if (strcmp(a, "--model") == 0) {
-        NEED_VAL;
         o->model_dir = val;
         return 1;
     }
     if (strcmp(a, "--device") == 0) {
-        NEED_VAL;
+        if (strcmp(val, "cpu") != 0 && strcmp(val, "cuda") != 0) {
+            ns_fail(err, NS_ERR_INVALID, "--device must be cpu or cuda, not \"%s\"", val);
+            return -1;
+        }
+#ifndef NS_HAVE_CUDA
+        if (strcmp(val, "cuda") == 0) {
+            ns_fail(err, NS_ERR_INVALID, "--device cuda: this build has no CUDA backend (rebuild with make CUDA=1)");
+            return -1;
+        }
+#endif
         o->device = val;
+        return 1;
+    }
+    if (strcmp(a, "--log-level") == 0) {
+        int l = ns_log_parse_level(val);
+        if (l < 0) {
+            ns_fail(err, NS_ERR_INVALID, "--log-level must be debug|info|warn|error|off, not \"%s\"", val);
+            return -1;
+        }
+        ns_log_set_level((ns_log_level)l);
         return 1;
     }
     INT_FLAG("--threads", 1, 256, threads)
@@ -92,30 +156,29 @@ int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *
     INT_FLAG("--max-batch-tokens", 1, 1 << 20, max_batch_tokens)
     INT_FLAG("--kv-tokens", 1, (long long)1 << 32, kv_tokens)
     INT_FLAG("--kv-pages", 1, INT32_MAX, kv_pages)
+#undef INT_FLAG
     if (strcmp(a, "--gpu-memory") == 0) {
-        NEED_VAL;
         double x;
         /* a bare number <= 1 is a fraction; otherwise a size */
         if (parse_size(val, &x) != 0 || (x > 1 && x < 1024)) {
-            fprintf(stderr, "nightshift: --gpu-memory must be a fraction in (0, 1] or a size like 40G\n");
+            ns_fail(err, NS_ERR_INVALID, "--gpu-memory must be a fraction in (0, 1] or a size like 40G, not \"%s\"",
+                    val);
             return -1;
         }
         o->gpu_memory = x;
         return 1;
     }
     if (strcmp(a, "--kv-memory") == 0) {
-        NEED_VAL;
         double x;
         if (parse_size(val, &x) != 0 || x < 1) {
-            fprintf(stderr, "nightshift: --kv-memory must be a size like 512M or 8G\n");
+            ns_fail(err, NS_ERR_INVALID, "--kv-memory must be a size like 512M or 8G, not \"%s\"", val);
             return -1;
         }
         o->kv_memory = (int64_t)x;
         return 1;
     }
-#undef INT_FLAG
-#undef NEED_VAL
-    return 0;
+    ns_fail(err, NS_ERR_INTERNAL, "%s is listed as an engine flag but not handled", a);
+    return -1;
 }
 
 ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_error *err) {

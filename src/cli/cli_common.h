@@ -1,11 +1,22 @@
-/* cli_common.h — pieces shared by the CLI subcommands: parsing token
- * lists, and bringing up backend + model + engine from common flags.
- * Subcommands return an exit code; only main.c exits. */
+/* cli_common.h — pieces shared by the CLI subcommands: the argument
+ * conventions, parsing token lists, and bringing up backend + model +
+ * engine from common flags.
+ *
+ * Every subcommand entry point ns_cli_CMD(argc, argv) follows one
+ * convention, so the CLI behaves the same everywhere:
+ * - argv holds the options only: main.c strips "nightshift CMD", so
+ *   argv[0] is the first option (a standalone driver passes argv + 1);
+ * - --help / -h prints the usage to stdout and returns 0;
+ * - an unknown flag, a missing or bad value prints one message naming the
+ *   flag, then the usage, to stderr and returns 2;
+ * - a runtime failure prints one message and returns 1.
+ * Subcommands return the exit code; only main.c exits. */
 #ifndef NS_CLI_COMMON_H
 #define NS_CLI_COMMON_H
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "engine/engine.h"
 #include "model/model.h"
@@ -35,10 +46,27 @@ typedef struct ns_cli_engine {
     ns_engine *engine;
 } ns_cli_engine;
 
+typedef void (*ns_cli_usage_fn)(FILE *f);
+
+/* True for "--help" and "-h". */
+bool ns_cli_is_help(const char *arg);
+/* The value of the flag at argv[*i], advancing *i past it; NULL (and *i
+ * unchanged) when the flag is the last argument. */
+const char *ns_cli_flag_value(int argc, char **argv, int *i);
+/* Prints "nightshift CMD: <message>" and then the usage to stderr;
+ * returns 2, the usage-error exit code. */
+int ns_cli_usage_error(const char *cmd, ns_cli_usage_fn usage, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 void ns_cli_engine_opts_default(ns_cli_engine_opts *o);
-/* Handles one engine flag at argv[*i] (advancing *i past its value).
- * Returns 1 if consumed, 0 if not an engine flag, -1 on a bad value. */
-int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *i);
+/* Handles one engine flag (--model, --device, --threads, --page-size,
+ * --max-batch-tokens, the KV pool flags, --log-level) at argv[*i],
+ * advancing *i past its value. Returns 1 if consumed, 0 if not an engine
+ * flag, -1 on a missing or bad value (err says which). */
+int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *i, ns_error *err);
+/* Prints the engine flags with the defaults held in d (so the text cannot
+ * drift from the code). */
+void ns_cli_engine_usage(FILE *f, const ns_cli_engine_opts *d);
 ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_error *err);
 void ns_cli_engine_close(ns_cli_engine *ce);
 

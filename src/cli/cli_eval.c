@@ -1,5 +1,6 @@
 #include "cli/cli_eval.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,46 +30,66 @@ static void on_logits(void *p, int32_t first, int32_t n_rows, const float *logit
     }
 }
 
-static void usage(void) {
-    fprintf(stderr, "usage: nightshift eval --model DIR --tokens 1,2,3 [--top K] [--threads N] [--device cpu|cuda]\n");
+#define EVAL_DEFAULT_TOP 10
+/* One forward over the whole prompt: the engine needs a logits row per
+ * position, so eval raises the batch defaults (see ns_cli_eval). */
+#define EVAL_BATCH_TOKENS 128
+
+static void eval_defaults(ns_cli_engine_opts *o) {
+    ns_cli_engine_opts_default(o);
+    o->max_logits = EVAL_BATCH_TOKENS;
+    o->max_batch_tokens = EVAL_BATCH_TOKENS;
+}
+
+static void usage(FILE *f) {
+    ns_cli_engine_opts d;
+    eval_defaults(&d);
+    fprintf(f,
+            "usage: nightshift eval [--model DIR] --tokens 1,2,3 [options]\n"
+            "  One forward pass over the given token ids; prints one JSON object: the argmax at\n"
+            "  every position, the last position's top-K logits and logsumexp, and the\n"
+            "  log-probability of each next prompt token. Example:\n"
+            "    nightshift eval --model DIR --tokens 1,2,3 --top 5\n"
+            "  --tokens 1,2,3           token ids (required)\n"
+            "  --top K                  logits listed for the last position (default %d)\n",
+            EVAL_DEFAULT_TOP);
+    ns_cli_engine_usage(f, &d);
 }
 
 int ns_cli_eval(int argc, char **argv) {
     ns_cli_engine_opts o;
-    ns_cli_engine_opts_default(&o);
-    o.max_logits = 128;
-    o.max_batch_tokens = 128;
+    eval_defaults(&o);
     const char *tokens_arg = NULL;
-    long top_k = 10;
+    long top_k = EVAL_DEFAULT_TOP;
     for (int i = 0; i < argc; i++) {
-        int r = ns_cli_parse_engine_flag(&o, argc, argv, &i);
-        if (r < 0) return 2;
+        const char *a = argv[i];
+        if (ns_cli_is_help(a)) {
+            usage(stdout);
+            return 0;
+        }
+        ns_error ferr = {0};
+        int r = ns_cli_parse_engine_flag(&o, argc, argv, &i, &ferr);
+        if (r < 0) return ns_cli_usage_error("eval", usage, "%s", ferr.msg);
         if (r > 0) continue;
-        if (strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) {
-            tokens_arg = argv[++i];
-        } else if (strcmp(argv[i], "--top") == 0 && i + 1 < argc) {
-            char *end;
-            top_k = strtol(argv[++i], &end, 10);
-            if (*end || top_k < 1 || top_k > 100000) {
-                fprintf(stderr, "nightshift eval: --top must be an integer in [1, 100000]\n");
-                return 2;
-            }
+        if (strcmp(a, "--tokens") != 0 && strcmp(a, "--top") != 0)
+            return ns_cli_usage_error("eval", usage, "unknown option %s", a);
+        const char *v = ns_cli_flag_value(argc, argv, &i);
+        if (!v) return ns_cli_usage_error("eval", usage, "%s needs a value", a);
+        if (strcmp(a, "--tokens") == 0) {
+            tokens_arg = v;
         } else {
-            fprintf(stderr, "nightshift eval: unknown argument %s\n", argv[i]);
-            usage();
-            return 2;
+            char *end;
+            errno = 0;
+            top_k = strtol(v, &end, 10);
+            if (errno || end == v || *end || top_k < 1 || top_k > 100000)
+                return ns_cli_usage_error("eval", usage, "--top must be an integer in [1, 100000], not \"%s\"", v);
         }
     }
-    if (!tokens_arg) {
-        usage();
-        return 2;
-    }
+    if (!tokens_arg) return ns_cli_usage_error("eval", usage, "--tokens is required");
     ns_error err = {0};
     int32_t *tokens = NULL, n = 0;
-    if (ns_cli_parse_tokens(tokens_arg, &tokens, &n, &err) != NS_OK) {
-        fprintf(stderr, "nightshift eval: %s\n", err.msg);
-        return 2;
-    }
+    if (ns_cli_parse_tokens(tokens_arg, &tokens, &n, &err) != NS_OK)
+        return ns_cli_usage_error("eval", usage, "%s", err.msg);
     int rc = 1;
     ns_cli_engine ce;
     ns_runner run = {0};

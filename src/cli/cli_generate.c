@@ -11,11 +11,35 @@
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: nightshift generate [--model DIR] (--prompt TEXT | --tokens 1,2,3) [-n N] [--temperature T]\n"
-            "         [--top-p P] [--top-k K] [--min-p P] [--repeat-penalty R] [--presence-penalty X]\n"
-            "         [--frequency-penalty X] [--seed S] [--ids] [--threads N] [--device cpu|cuda]\n");
+/* Defaults, shared by the parser and the usage text. */
+#define GEN_DEFAULT_N 64
+#define GEN_DEFAULT_TEMPERATURE 0.8f
+
+static void usage(FILE *f) {
+    ns_cli_engine_opts d;
+    ns_cli_engine_opts_default(&d);
+    ns_sampling_params sp = ns_sampling_default();
+    fprintf(f,
+            "usage: nightshift generate [--model DIR] (--prompt TEXT | --tokens 1,2,3) [options]\n"
+            "  Runs one prompt and streams the generated text to stdout (or, with --ids, prints\n"
+            "  the generated token ids as one JSON array). Example:\n"
+            "    nightshift generate --prompt \"Hello\" -n 32\n"
+            "  --prompt TEXT            prompt text, encoded with the model's tokenizer (BOS added)\n"
+            "  --tokens 1,2,3           prompt as token ids instead\n"
+            "  -n, --n-predict N        tokens to generate at most (default %d; stops early at EOS)\n"
+            "  --ids                    print the generated ids as a JSON array instead of text\n"
+            "sampling:\n"
+            "  --temperature T          0 = greedy (default %.1f)\n"
+            "  --top-p P                nucleus sampling (default %.1f = off)\n"
+            "  --top-k K                0 = off (default %d)\n"
+            "  --min-p P                (default %.1f = off)\n"
+            "  --repeat-penalty R       (default %.1f = off)\n"
+            "  --presence-penalty X     in [-2, 2] (default %.1f)\n"
+            "  --frequency-penalty X    in [-2, 2] (default %.1f)\n"
+            "  --seed S                 sampling seed (default: random)\n",
+            GEN_DEFAULT_N, (double)GEN_DEFAULT_TEMPERATURE, (double)sp.top_p, sp.top_k, (double)sp.min_p,
+            (double)sp.repetition_penalty, (double)sp.presence_penalty, (double)sp.frequency_penalty);
+    ns_cli_engine_usage(f, &d);
 }
 
 static int parse_float(const char *s, float *out) {
@@ -31,75 +55,71 @@ int ns_cli_generate(int argc, char **argv) {
     ns_cli_engine_opts o;
     ns_cli_engine_opts_default(&o);
     ns_sampling_params sp = ns_sampling_default();
-    sp.temperature = 0.8f;
+    sp.temperature = GEN_DEFAULT_TEMPERATURE;
     const char *prompt = NULL, *tokens_arg = NULL;
-    long n_gen = 64;
+    long n_gen = GEN_DEFAULT_N;
     bool want_ids = false, seeded = false;
     for (int i = 0; i < argc; i++) {
-        int r = ns_cli_parse_engine_flag(&o, argc, argv, &i);
-        if (r < 0) return 2;
+        const char *a = argv[i];
+        if (ns_cli_is_help(a)) {
+            usage(stdout);
+            return 0;
+        }
+        ns_error ferr = {0};
+        int r = ns_cli_parse_engine_flag(&o, argc, argv, &i, &ferr);
+        if (r < 0) return ns_cli_usage_error("generate", usage, "%s", ferr.msg);
         if (r > 0) continue;
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        float f;
         if (strcmp(a, "--ids") == 0) {
             want_ids = true;
             continue;
         }
-        if (!v) {
-            fprintf(stderr, "nightshift generate: unknown or incomplete argument %s\n", a);
-            usage();
-            return 2;
-        }
-        i++;
+        static const char *const with_value[] = {"--prompt", "--tokens", "-n", "--n-predict", "--seed", "--top-k",
+                                                 "--temperature", "--top-p", "--min-p", "--repeat-penalty",
+                                                 "--presence-penalty", "--frequency-penalty"};
+        bool known = false;
+        for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= strcmp(a, with_value[k]) == 0;
+        if (!known) return ns_cli_usage_error("generate", usage, "unknown option %s", a);
+        const char *v = ns_cli_flag_value(argc, argv, &i);
+        if (!v) return ns_cli_usage_error("generate", usage, "%s needs a value", a);
+        float f;
         if (strcmp(a, "--prompt") == 0) prompt = v;
         else if (strcmp(a, "--tokens") == 0) tokens_arg = v;
         else if (strcmp(a, "-n") == 0 || strcmp(a, "--n-predict") == 0) {
             char *end;
+            errno = 0;
             n_gen = strtol(v, &end, 10);
-            if (*end || n_gen < 0 || n_gen > 1000000) {
-                fprintf(stderr, "nightshift generate: -n must be an integer in [0, 1000000]\n");
-                return 2;
-            }
+            if (errno || end == v || *end || n_gen < 0 || n_gen > 1000000)
+                return ns_cli_usage_error("generate", usage, "%s must be an integer in [0, 1000000], not \"%s\"", a,
+                                          v);
         } else if (strcmp(a, "--seed") == 0) {
             char *end;
             errno = 0;
             unsigned long long s = strtoull(v, &end, 10);
-            if (errno || *end) {
-                fprintf(stderr, "nightshift generate: --seed must be a non-negative integer\n");
-                return 2;
-            }
+            if (errno || end == v || *end || v[0] == '-')
+                return ns_cli_usage_error("generate", usage, "--seed must be a non-negative integer, not \"%s\"", v);
             sp.seed = s;
             seeded = true;
         } else if (strcmp(a, "--top-k") == 0) {
             char *end;
+            errno = 0;
             long k = strtol(v, &end, 10);
-            if (*end || k < 0 || k > 1000000) {
-                fprintf(stderr, "nightshift generate: --top-k must be a non-negative integer\n");
-                return 2;
-            }
+            if (errno || end == v || *end || k < 0 || k > 1000000)
+                return ns_cli_usage_error("generate", usage, "--top-k must be an integer in [0, 1000000], not \"%s\"",
+                                          v);
             sp.top_k = (int32_t)k;
-        } else if (parse_float(v, &f) == 0 && strcmp(a, "--temperature") == 0) sp.temperature = f;
-        else if (parse_float(v, &f) == 0 && strcmp(a, "--top-p") == 0) sp.top_p = f;
-        else if (parse_float(v, &f) == 0 && strcmp(a, "--min-p") == 0) sp.min_p = f;
-        else if (parse_float(v, &f) == 0 && strcmp(a, "--repeat-penalty") == 0) sp.repetition_penalty = f;
-        else if (parse_float(v, &f) == 0 && strcmp(a, "--presence-penalty") == 0) sp.presence_penalty = f;
-        else if (parse_float(v, &f) == 0 && strcmp(a, "--frequency-penalty") == 0) sp.frequency_penalty = f;
-        else {
-            fprintf(stderr, "nightshift generate: bad argument %s %s\n", a, v);
-            usage();
-            return 2;
-        }
+        } else if (parse_float(v, &f) != 0) {
+            return ns_cli_usage_error("generate", usage, "%s must be a number, not \"%s\"", a, v);
+        } else if (strcmp(a, "--temperature") == 0) sp.temperature = f;
+        else if (strcmp(a, "--top-p") == 0) sp.top_p = f;
+        else if (strcmp(a, "--min-p") == 0) sp.min_p = f;
+        else if (strcmp(a, "--repeat-penalty") == 0) sp.repetition_penalty = f;
+        else if (strcmp(a, "--presence-penalty") == 0) sp.presence_penalty = f;
+        else if (strcmp(a, "--frequency-penalty") == 0) sp.frequency_penalty = f;
     }
-    if (!!prompt == !!tokens_arg) {
-        fprintf(stderr, "nightshift generate: give exactly one of --prompt or --tokens\n");
-        usage();
-        return 2;
-    }
+    if (!!prompt == !!tokens_arg)
+        return ns_cli_usage_error("generate", usage, "give exactly one of --prompt or --tokens");
     ns_error err = {0};
-    if (ns_sampling_validate(&sp, &err) != NS_OK) {
-        fprintf(stderr, "nightshift generate: %s\n", err.msg);
-        return 2;
-    }
+    if (ns_sampling_validate(&sp, &err) != NS_OK) return ns_cli_usage_error("generate", usage, "%s", err.msg);
     if (!seeded) sp.seed = ns_cli_random_seed();
     int rc = 1;
     ns_cli_engine ce = {0};

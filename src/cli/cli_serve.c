@@ -37,20 +37,53 @@ typedef struct loader {
     ns_error err;
 } loader;
 
+/* Defaults, shared by ns_cli_serve and the usage text (the server's own
+ * defaults for 0 are the same values). */
+#define SERVE_DEFAULT_HOST "127.0.0.1"
+#define SERVE_DEFAULT_PORT 8080
+#define SERVE_DEFAULT_MAX_RUNNING 16
+#define SERVE_DEFAULT_MAX_BODY ((size_t)32 << 20)
+#define SERVE_DEFAULT_TIMEOUT_S 3600u
+#define SERVE_DEFAULT_SHUTDOWN_S 10
+/* serve keeps several contexts in the pool so that requests without
+ * max_tokens (each reserves up to a whole context) can run at once */
+#define SERVE_DEFAULT_POOL_CONTEXTS 4
+
+static void serve_defaults(serve_opts *o) {
+    memset(o, 0, sizeof *o);
+    ns_cli_engine_opts_default(&o->eng);
+    o->eng.default_pool_contexts = SERVE_DEFAULT_POOL_CONTEXTS;
+    o->http.host = SERVE_DEFAULT_HOST;
+    o->http.port = SERVE_DEFAULT_PORT;
+    o->http.max_body_bytes = SERVE_DEFAULT_MAX_BODY;
+    o->http.timeout_s = SERVE_DEFAULT_TIMEOUT_S;
+    o->max_running = SERVE_DEFAULT_MAX_RUNNING;
+    o->shutdown_timeout_s = SERVE_DEFAULT_SHUTDOWN_S;
+}
+
 static void usage(FILE *f) {
+    serve_opts d;
+    serve_defaults(&d);
     fprintf(f,
-            "usage: nightshift serve [--model DIR] [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
-            "  --model DIR             Hugging Face model directory (omit: random-weight demo model)\n"
-            "  --host H / --port P     listen address (port 0: any free port; the log says which)\n"
-            "  --api-key KEY           require 'Authorization: Bearer KEY' (also $NIGHTSHIFT_API_KEY)\n"
-            "  --served-model-name N   model id reported by the API (default: the directory name)\n"
-            "  --max-running N         sequences decoded at once (default 16)\n"
-            "  --max-body-bytes N      request body cap (default 33554432)\n"
-            "  --timeout S             idle connection timeout in seconds (default 3600)\n"
-            "  --shutdown-timeout S    how long running requests may finish on SIGTERM (default 10)\n"
-            "  --log-level L           debug|info|warn|error|off (default info)\n"
-            "  engine: --device cpu|cuda --threads N --page-size P --max-batch-tokens N\n"
-            "          KV pool: --kv-tokens N | --kv-pages N | --kv-memory SIZE | --gpu-memory FRACTION_OR_SIZE\n");
+            "usage: nightshift serve [--model DIR] [--host H] [--port P] [--api-key KEY] [options]\n"
+            "  OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models,\n"
+            "  /health, /metrics). The model directory is checked before the port opens; the\n"
+            "  weights then load in the background (GET /health answers 503 until ready).\n"
+            "  SIGINT/SIGTERM: stop accepting, let running requests finish, exit. Example:\n"
+            "    nightshift serve --model DIR --port 8080\n"
+            "  --host H                 listen address (default %s)\n"
+            "  --port P                 listen port; 0 = any free port, the log says which (default %d)\n"
+            "  --api-key KEY            require 'Authorization: Bearer KEY' (default: $NIGHTSHIFT_API_KEY,\n"
+            "                           or none)\n"
+            "  --served-model-name N    model id reported by the API (default: the directory name,\n"
+            "                           or nightshift-demo); --alias N is the same\n"
+            "  --max-running N          sequences decoded at once (default %d)\n"
+            "  --max-body-bytes N       request body cap in bytes (default %zu)\n"
+            "  --timeout S              idle connection timeout in seconds (default %u)\n"
+            "  --shutdown-timeout S     seconds running requests may take to finish on SIGTERM (default %d)\n",
+            d.http.host, d.http.port, d.max_running, d.http.max_body_bytes, d.http.timeout_s,
+            (int)d.shutdown_timeout_s);
+    ns_cli_engine_usage(f, &d.eng);
 }
 
 static int parse_ll(const char *s, long long lo, long long hi, long long *out) {
@@ -83,7 +116,7 @@ static void *load_main(void *arg) {
     ns_api *a = L->api;
     serve_opts *o = L->o;
     ns_status rc = ns_cli_engine_open(&o->eng, &L->ce, &L->err);
-    if (rc == NS_OK) rc = ns_cli_tokenizer_open(o->eng.model_dir, &L->tok, &L->err);
+    if (rc == NS_OK && !L->tok) rc = ns_cli_tokenizer_open(o->eng.model_dir, &L->tok, &L->err);
     if (rc != NS_OK) goto fail;
     const char *src = ns_tokenizer_chat_template(L->tok, NULL);
     if (src) {
@@ -149,34 +182,32 @@ static void model_name_from_dir(const char *dir, char *out, size_t cap) {
     snprintf(out, cap, "%.*s", (int)(n - s), dir + s);
 }
 
+/* Returns 0 to go on, or an exit code to return at once (1 after --help:
+ * the caller maps it to 0; 2 on a usage error). */
 static int parse_args(int argc, char **argv, serve_opts *o) {
     for (int i = 0; i < argc; i++) {
-        int r = ns_cli_parse_engine_flag(&o->eng, argc, argv, &i);
-        if (r < 0) return 2;
-        if (r > 0) continue;
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long long x;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        const char *a = argv[i];
+        if (ns_cli_is_help(a)) {
             usage(stdout);
             return 1;
         }
-        if (!v) {
-            fprintf(stderr, "nightshift serve: unknown argument or missing value: %s\n", a);
-            usage(stderr);
-            return 2;
-        }
-        i++;
+        ns_error ferr = {0};
+        int r = ns_cli_parse_engine_flag(&o->eng, argc, argv, &i, &ferr);
+        if (r < 0) return ns_cli_usage_error("serve", usage, "%s", ferr.msg);
+        if (r > 0) continue;
+        static const char *const with_value[] = {"--host", "--port", "--api-key", "--served-model-name", "--alias",
+                                                 "--max-running", "--max-body-bytes", "--timeout",
+                                                 "--shutdown-timeout"};
+        bool known = false;
+        for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= strcmp(a, with_value[k]) == 0;
+        if (!known) return ns_cli_usage_error("serve", usage, "unknown option %s", a);
+        const char *v = ns_cli_flag_value(argc, argv, &i);
+        if (!v) return ns_cli_usage_error("serve", usage, "%s needs a value", a);
+        long long x;
         if (strcmp(a, "--host") == 0) o->http.host = v;
         else if (strcmp(a, "--api-key") == 0) o->http.api_key = v;
         else if (strcmp(a, "--served-model-name") == 0 || strcmp(a, "--alias") == 0) o->model_name = v;
-        else if (strcmp(a, "--log-level") == 0) {
-            int l = ns_log_parse_level(v);
-            if (l < 0) {
-                fprintf(stderr, "nightshift serve: --log-level must be debug|info|warn|error|off\n");
-                return 2;
-            }
-            ns_log_set_level((ns_log_level)l);
-        } else if (strcmp(a, "--port") == 0) {
+        else if (strcmp(a, "--port") == 0) {
             if (parse_ll(v, 0, 65535, &x)) goto bad;
             o->http.port = (int)x;
         } else if (strcmp(a, "--max-running") == 0) {
@@ -191,17 +222,31 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         } else if (strcmp(a, "--shutdown-timeout") == 0) {
             if (parse_ll(v, 0, 1 << 20, &x)) goto bad;
             o->shutdown_timeout_s = (double)x;
-        } else {
-            fprintf(stderr, "nightshift serve: unknown argument %s\n", a);
-            usage(stderr);
-            return 2;
         }
         continue;
     bad:
-        fprintf(stderr, "nightshift serve: bad value for %s: %s\n", a, v);
-        return 2;
+        return ns_cli_usage_error("serve", usage, "bad value for %s: \"%s\"", a, v);
     }
     return 0;
+}
+
+/* Checks, before the port opens, everything about --model that a load
+ * would reject and that is cheap to check: config.json (parses, supported
+ * architecture), the safetensors headers (every tensor the loader binds,
+ * with its shape; nothing unexpected) and tokenizer.json, which is loaded
+ * for real and handed to the loader (it is needed anyway). Without this a
+ * bad directory left a server that logged "listening" and then died, or
+ * that a client could only see as 503s. The weight data itself is read by
+ * the background load. */
+static ns_status check_model_dir(const char *dir, ns_tokenizer **tok_out, ns_error *err) {
+    *tok_out = NULL;
+    ns_model_config cfg;
+    ns_status rc = ns_model_validate_dir(dir, &cfg, err);
+    if (rc == NS_OK) rc = ns_tokenizer_load(dir, tok_out, err);
+    if (rc == NS_OK)
+        NS_INFO("serve: %s: config, weight headers and tokenizer OK (%s, %d layers, hidden %d, vocab %d)", dir,
+                cfg.arch_name, cfg.n_layers, cfg.hidden_size, cfg.vocab_size);
+    return rc;
 }
 
 static double mono_s(void) {
@@ -213,16 +258,19 @@ static double mono_s(void) {
 int ns_cli_serve(int argc, char **argv) {
     if (!getenv("NS_LOG_LEVEL")) ns_log_set_level(NS_LOG_INFO); /* one line per request */
     serve_opts o;
-    memset(&o, 0, sizeof o);
-    ns_cli_engine_opts_default(&o.eng);
-    o.eng.default_pool_contexts = 4;
-    o.http.host = "127.0.0.1";
-    o.http.port = 8080;
+    serve_defaults(&o);
     o.http.api_key = getenv("NIGHTSHIFT_API_KEY");
-    o.max_running = 16;
-    o.shutdown_timeout_s = 10;
     int pr = parse_args(argc, argv, &o);
     if (pr) return pr == 1 ? 0 : pr;
+    ns_tokenizer *checked_tok = NULL;
+    if (o.eng.model_dir) {
+        ns_error verr = {0};
+        if (check_model_dir(o.eng.model_dir, &checked_tok, &verr) != NS_OK) {
+            fprintf(stderr, "nightshift serve: --model %s is not a usable model directory: %s\n", o.eng.model_dir,
+                    verr.msg);
+            return 1;
+        }
+    }
     /* the engine computes logits for every running sequence each step */
     if (o.eng.max_logits < o.max_running) o.eng.max_logits = o.max_running;
     if (o.eng.max_logits > o.eng.max_batch_tokens) o.eng.max_logits = o.eng.max_batch_tokens;
@@ -252,8 +300,10 @@ int ns_cli_serve(int argc, char **argv) {
     bool th_started = false;
     if (!api || !L) {
         fprintf(stderr, "nightshift serve: out of memory\n");
+        ns_tokenizer_free(checked_tok);
         goto out;
     }
+    L->tok = checked_tok; /* the loader takes it over; freed with L */
     ns_api_init(api, name);
     int n_routes;
     const ns_http_route *routes = ns_api_routes(&n_routes);

@@ -6,14 +6,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_common.h"
 #include "tokenizer/tokenizer.h"
 #include "util/buf.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: nightshift tokenize --model DIR [--add-special] [--jsonl]\n"
-               "  reads stdin; prints the token ids as a JSON array on one line\n"
-               "  --add-special  add BOS/EOS as the model's post-processor does\n"
-               "  --jsonl        each input line is a JSON string; one ids array per line\n");
+    fprintf(f, "usage: nightshift tokenize --model DIR [--add-special] [--jsonl] < text\n"
+               "  Reads all of stdin and prints its token ids as one JSON array on one line.\n"
+               "  Example:\n"
+               "    echo 'Hello world' | nightshift tokenize --model DIR\n"
+               "  --model DIR     model directory holding tokenizer.json (required)\n"
+               "  --add-special   add BOS/EOS as the model's post-processor does (default: off)\n"
+               "  --jsonl         one JSON string per input line, one ids array per output line (default:\n"
+               "                  off, stdin is one text); blank input lines are skipped\n");
 }
 
 /* Encodes text and appends "[id,id,...]\n" to out. */
@@ -53,22 +58,19 @@ int ns_cli_tokenize(int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "--add-special")) add_special = true;
         else if (!strcmp(a, "--jsonl")) jsonl = true;
-        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        else if (ns_cli_is_help(a)) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--model") && i + 1 < argc) model = argv[++i];
-        else if (!strncmp(a, "--model=", 8)) model = a + 8;
-        else {
-            fprintf(stderr, "nightshift tokenize: unknown or incomplete argument \"%s\"\n", a);
-            usage(stderr);
-            return 2;
+        } else if (!strcmp(a, "--model")) {
+            model = ns_cli_flag_value(argc, argv, &i);
+            if (!model) return ns_cli_usage_error("tokenize", usage, "--model needs a value");
+        } else if (!strncmp(a, "--model=", 8)) {
+            model = a + 8;
+        } else {
+            return ns_cli_usage_error("tokenize", usage, "unknown option %s", a);
         }
     }
-    if (!model || !*model) {
-        fprintf(stderr, "nightshift tokenize: --model DIR is required\n");
-        usage(stderr);
-        return 2;
-    }
+    if (!model || !*model) return ns_cli_usage_error("tokenize", usage, "--model DIR is required");
 
     int rc = 1;
     ns_tokenizer *tok = NULL;
