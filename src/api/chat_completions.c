@@ -14,6 +14,7 @@
 #include "api/api.h"
 #include "api/chat.h"
 #include "api/gen.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 #define KEEPALIVE_S 15.0
@@ -34,12 +35,6 @@ typedef struct chat_job {
     int32_t sent_lps;
     double last_emit;
 } chat_job;
-
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void job_free(chat_job *j) {
     if (!j) return;
@@ -82,7 +77,7 @@ static ns_status emit_delta(chat_job *j, ns_buf *out, json_t *delta, const char 
     json_t *choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "delta", delta, "logprobs", lp, "finish_reason",
                                finish ? json_string(finish) : json_null());
     json_object_set_new(c, "choices", json_pack("[o]", choice));
-    j->last_emit = mono_s();
+    j->last_emit = ns_clock_now();
     return ns_sse_json(out, c);
 }
 
@@ -171,8 +166,8 @@ static ns_status chat_next(void *ctx, ns_buf *out, bool *eof) {
             return rc;
         }
         if (out->len) return NS_OK;
-        if (mono_s() - j->last_emit > KEEPALIVE_S) {
-            j->last_emit = mono_s();
+        if (ns_clock_now() - j->last_emit > KEEPALIVE_S) {
+            j->last_emit = ns_clock_now();
             return ns_sse_keepalive(out);
         }
     }
@@ -276,7 +271,7 @@ void ns_api_chat_completions(void *ud, const ns_http_request *req, ns_http_respo
     };
     if (!ns_gen_start(&j->g, a, j->cp.ids, (int32_t)j->cp.n_ids, &go, &req->conn, j->id, &resp->err)) goto fail;
     if (j->gp.stream) {
-        j->last_emit = mono_s();
+        j->last_emit = ns_clock_now();
         resp->status = 200;
         resp->content_type = "text/event-stream";
         resp->stream.ctx = j;

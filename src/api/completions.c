@@ -9,6 +9,7 @@
 #include "api/api.h"
 #include "api/gen.h"
 #include "tokenizer/tokenizer.h"
+#include "util/clock.h"
 
 #define MAX_PROMPT_IDS (1 << 24)
 #define KEEPALIVE_S 15.0
@@ -27,12 +28,6 @@ typedef struct cmpl_job {
     int32_t sent_lps;
     double last_emit;
 } cmpl_job;
-
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void job_free(cmpl_job *j) {
     if (!j) return;
@@ -178,11 +173,11 @@ static ns_status cmpl_next(void *ctx, ns_buf *out, bool *eof) {
             return rc;
         }
         if (out->len) {
-            j->last_emit = mono_s();
+            j->last_emit = ns_clock_now();
             return NS_OK;
         }
-        if (mono_s() - j->last_emit > KEEPALIVE_S) { /* long prefill: keep the connection warm */
-            j->last_emit = mono_s();
+        if (ns_clock_now() - j->last_emit > KEEPALIVE_S) { /* long prefill: keep the connection warm */
+            j->last_emit = ns_clock_now();
             return ns_sse_keepalive(out);
         }
     }
@@ -254,7 +249,7 @@ void ns_api_completions(void *ud, const ns_http_request *req, ns_http_response *
     };
     if (!ns_gen_start(&j->g, a, j->ids, (int32_t)j->n_ids, &go, &req->conn, j->id, &resp->err)) goto done;
     if (j->gp.stream) {
-        j->last_emit = mono_s();
+        j->last_emit = ns_clock_now();
         resp->status = 200;
         resp->content_type = "text/event-stream";
         resp->stream.ctx = j;

@@ -4,19 +4,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokutil.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 #define TEXT_CAP ((size_t)256 << 20)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Releases the output pipeline (detokenizer, stop matcher, parsers and
  * their buffers); shared by the failed-start and the finish paths. */
@@ -73,7 +67,7 @@ bool ns_gen_start(ns_gen *g, ns_api *a, const int32_t *prompt, int32_t n_prompt,
         ns_api_submit_error(rc, &cap, &err, e);
         goto fail;
     }
-    g->t0 = now_s();
+    g->t0 = ns_clock_now();
     return true;
 fail:
     if (g->req) ns_request_release(g->req);
@@ -324,7 +318,7 @@ void ns_gen_free(ns_gen *g) {
     }
     const char *why = g->gone ? "client-gone" : g->stopped ? "stop-string" : finish_name(g->res.finish);
     NS_INFO("%s %s: prompt=%d cached=%d generated=%d finish=%s tool_calls=%d duration=%.3fs%s", g->kind, g->id,
-            g->n_prompt, g->res.n_cached, g->n_ids, why, g->use_tools ? g->tp.n_calls : 0, now_s() - g->t0,
+            g->n_prompt, g->res.n_cached, g->n_ids, why, g->use_tools ? g->tp.n_calls : 0, ns_clock_now() - g->t0,
             g->done ? "" : " (abandoned)");
     ns_request_release(g->req);
     g->req = NULL;
