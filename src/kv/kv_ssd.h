@@ -20,11 +20,17 @@
  *   the read fails: corrupt bytes are never served.
  * - Size cap: when live bytes exceed cap_bytes the least recently used
  *   records (by last put/get) are dropped from the index; a segment with
- *   no live record left (and not the one being written) is unlinked.
+ *   no live record left (and not the one being written) is unlinked. The
+ *   cap counts this seed's records; other seeds' records are kept as they
+ *   are (a later open with their seed serves them again).
  * - An I/O error or a full disk (ENOSPC, EFBIG, EDQUOT) degrades the tier:
  *   logged once at WARN, `degraded` set in the stats, further puts are
  *   dropped (counted), reads of already-durable records keep working.
- *   Nothing is fatal to the server.
+ *   Nothing is fatal to the server. A write past RLIMIT_FSIZE raises
+ *   SIGXFSZ, which kills by default: the program (main) must ignore
+ *   SIGXFSZ so that it becomes EFBIG; the library does not touch signal
+ *   dispositions.
+ * - One store per directory at a time (an flock on dir/lock).
  *
  * Threads: put/get/contains/flush/stats may be called from any thread (one
  * mutex inside); the engine thread calls put and get, HTTP threads call
@@ -56,34 +62,44 @@ typedef struct ns_kv_ssd_opts {
 
 /* Opens (or creates) the store in opts->dir. A directory that cannot be
  * created or an index that cannot be opened is an error (the caller then
- * runs without the tier). Corrupt or foreign records are not errors. */
+ * runs without the tier): NS_ERR_INVALID for bad opts, NS_ERR_IO for the
+ * directory/index (also: the directory is held by another open store),
+ * NS_ERR_UNSUPPORTED for an index of another schema version. Corrupt or
+ * foreign records are not errors. */
 ns_status ns_kv_ssd_open(const ns_kv_ssd_opts *opts, ns_kv_ssd **out, ns_error *err);
 /* Drains the write-behind queue (durably), stops the writer, frees. */
 void ns_kv_ssd_close(ns_kv_ssd *s);
 
-/* Called once per live record of this seed, parents before children is
- * NOT guaranteed (order of insertion is). tokens has page_tokens entries
- * and is valid only during the call. Used at startup so the prefix index
- * learns every page the SSD holds. Returns the number of records visited. */
+/* Called once per live (durable) record of this seed, parents before
+ * children is NOT guaranteed (order of insertion is). tokens has
+ * page_tokens entries and is valid only during the call. Used at startup
+ * so the prefix index learns every page the SSD holds. Reads each record's
+ * header and tokens (not the page bytes: get verifies those); a record
+ * whose header is wrong is dropped like a failed get and not visited.
+ * Returns the number of records visited. */
 typedef void (*ns_kv_ssd_visit_fn)(void *ctx, uint64_t hash, uint64_t parent, const int32_t *tokens);
 int64_t ns_kv_ssd_enumerate(ns_kv_ssd *s, ns_kv_ssd_visit_fn fn, void *ctx);
 
 /* Queues a page for writing (copies tokens and data). Returns NS_OK when
  * queued or already stored; NS_ERR_FULL when the queue is full (the page
- * is simply not written: counted in dropped); NS_ERR_IO when degraded. */
+ * is simply not written: counted in dropped); NS_ERR_IO when degraded;
+ * NS_ERR_NOMEM when the copy cannot be allocated (also counted). */
 ns_status ns_kv_ssd_put(ns_kv_ssd *s, uint64_t hash, uint64_t parent, const int32_t *tokens, const void *data);
 /* True if the record is queued or durable. */
 bool ns_kv_ssd_contains(ns_kv_ssd *s, uint64_t hash);
 /* Reads and verifies a record into data (page_bytes) and, if tokens is
  * non-NULL, its tokens (page_tokens). Served from the queue if not yet
  * written. NS_ERR_RANGE: not present; NS_ERR_FORMAT: failed verification
- * (now dropped); NS_ERR_IO: read error. */
+ * (now dropped); NS_ERR_IO: read error. On failure the contents of data
+ * and tokens are unspecified. */
 ns_status ns_kv_ssd_get(ns_kv_ssd *s, uint64_t hash, int32_t *tokens, void *data, ns_error *err);
 
 /* Blocks until every page queued before the call is durable (data fsynced
  * and index row committed) or has failed. Counts are over the store's
  * lifetime at return: durable = records durable now (live), pending =
- * still queued (0 unless timeout), failed = puts that failed to write. */
+ * pages queued before the call still in flight (0 unless timeout),
+ * failed = puts that failed to write. timeout_ms < 0 waits without limit,
+ * 0 only polls. On timeout returns NS_ERR_CANCELLED, *out filled. */
 typedef struct ns_kv_ssd_flush_result {
     int64_t durable, pending, failed;
 } ns_kv_ssd_flush_result;
@@ -93,15 +109,18 @@ ns_status ns_kv_ssd_flush(ns_kv_ssd *s, int timeout_ms, ns_kv_ssd_flush_result *
 typedef struct ns_kv_ssd_stats {
     int64_t records, bytes;            /* live records of this seed and their bytes on disk */
     int64_t n_foreign;                 /* records of other seeds seen at open (never served) */
-    int64_t queue_depth;               /* pages waiting to be written */
+    int64_t queue_depth;               /* pages queued or being written (not yet durable) */
     int64_t writes, bytes_written;     /* records written since open */
-    int64_t reads, read_bytes;         /* records read since open */
-    int64_t dropped;                   /* puts refused: queue full or degraded */
+    int64_t reads, read_bytes;         /* records served since open (from disk or the
+                                          queue); bytes read from disk */
+    int64_t dropped;                   /* puts refused: queue full, degraded or no memory */
     int64_t failed;                    /* writes that failed (I/O) */
-    int64_t checksum_failures;         /* reads (or open checks) that failed verification */
+    int64_t checksum_failures;         /* reads (or open checks: row names a missing or
+                                          short segment) that failed verification */
     int64_t evicted;                   /* records dropped by the size cap */
     bool degraded;                     /* an I/O error / full disk stopped writes */
-    /* fsync latency histogram (seconds): upper bounds, last = +Inf */
+    /* fsync latency histogram (seconds) of segment fdatasyncs: upper bounds
+     * 0.5 ms doubling, last = +Inf; counts per bucket (not cumulative) */
     double fsync_bounds[NS_KV_SSD_FSYNC_BUCKETS];
     uint64_t fsync_counts[NS_KV_SSD_FSYNC_BUCKETS];
     double fsync_sum;
