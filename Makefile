@@ -15,7 +15,7 @@ CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=c
 
 ifdef SANITIZE
 BUILD   ?= build/san
-SANFLAGS = -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+SANFLAGS = -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=undefined -DNS_DEBUG_CHECKS=1
 OPT      = -O1
 else ifdef CUDA
 BUILD   ?= build/cuda

@@ -1,5 +1,7 @@
+/* kv_pages.c — see kv_pages.h. */
 #include "kv/kv_pages.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,7 +59,16 @@ int32_t ns_kv_pages_alloc(ns_kv_pages *kp) {
     if (kp->n_free > 0) {
         p = kp->free_list[--kp->n_free];
     } else if (kp->lru_head >= 0) {
+        /* Bounded scan: the veto is expected to refuse few pages (leaves
+         * are released before their parents, so the head is usually a
+         * leaf); the bound keeps a pathological LRU from costing O(n). */
         p = kp->lru_head;
+        if (kp->can_evict) {
+            int32_t q = kp->lru_head;
+            for (int n = 0; q >= 0 && n < 256; q = kp->lru_next[q], n++)
+                if (kp->can_evict(kp->evict_ctx, q)) break;
+            if (q >= 0 && kp->can_evict(kp->evict_ctx, q)) p = q;
+        }
         lru_remove(kp, p);
         if (kp->on_evict) kp->on_evict(kp->evict_ctx, p);
     } else {
@@ -85,4 +96,22 @@ void ns_kv_pages_touch(ns_kv_pages *kp, int32_t p) {
     if (!kp->in_lru[p]) return;
     lru_remove(kp, p);
     lru_push(kp, p);
+}
+
+void ns_kv_pages_check(const ns_kv_pages *kp) {
+#ifdef NS_DEBUG_CHECKS
+    int32_t held = 0, cached = 0;
+    for (int32_t p = 0; p < kp->n_pages; p++) {
+        held += kp->refcount[p] > 0;
+        cached += kp->in_lru[p] != 0;
+        assert(!(kp->refcount[p] > 0 && kp->in_lru[p]));
+    }
+    assert(cached == kp->n_cached);
+    assert(kp->n_free + held + cached == kp->n_pages);
+    int32_t walked = 0;
+    for (int32_t p = kp->lru_head; p >= 0; p = kp->lru_next[p]) walked++;
+    assert(walked == kp->n_cached);
+#else
+    (void)kp;
+#endif
 }

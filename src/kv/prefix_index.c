@@ -5,41 +5,35 @@
 
 #include <xxhash.h>
 
-/* Open-addressing hash table of full-page entries keyed by h, plus a
- * per-page record (for eviction and partials). Capacity is fixed at
- * 2x the page count: the index can never hold more entries than pages. */
-typedef struct entry {
-    uint64_t h;       /* 0 = empty slot; tombstones use TOMB */
-    int32_t page;
-} entry;
-
+/* Two open-addressing tables: full-node hash -> node id, and parent hash
+ * -> first child node id. Keys 0 (empty) and 1 (tombstone) are reserved,
+ * which is why ns_prefix_hash never returns them. Both tables are rebuilt
+ * (grown if needed) when live + dead slots pass 70%. */
 #define TOMB 1ULL
 
-typedef struct page_rec {
-    uint8_t kind;      /* 0 none, 1 full, 2 partial */
-    uint64_t h;        /* full: own hash */
-    uint64_t parent;   /* parent hash (full and partial) */
-    int32_t n_fill;    /* partial: tokens held */
-    int32_t next_sib;  /* next page with the same parent (children list), -1 end */
-    int32_t prev_sib;
-} page_rec;
+typedef struct slot {
+    uint64_t key;
+    int32_t val;
+} slot;
 
-/* children lists: parent hash -> first child page, in a second table */
-typedef struct child_head {
-    uint64_t parent;
-    int32_t first;
-} child_head;
+typedef struct table {
+    slot *s;
+    size_t cap; /* power of two */
+    size_t used; /* live + tombstones */
+    size_t live;
+} table;
 
 struct ns_prefix_index {
-    ns_kv_pages *kp;
     int32_t P;
     uint64_t seed;
-    entry *tab;
-    size_t tab_cap; /* power of two */
-    child_head *kids;
-    size_t kids_cap;
-    page_rec *recs;   /* [n_pages] */
-    int32_t *tokens;  /* [n_pages * P] copy of each indexed page's tokens */
+    int32_t max_nodes;
+    ns_prefix_node *nodes;
+    int32_t *tokens; /* [cap_nodes * P] */
+    int32_t n_nodes, cap_nodes;
+    int32_t *free_ids;
+    int32_t n_free;
+    table full;
+    table kids;
 };
 
 uint64_t ns_prefix_seed(uint64_t fp, int kv_dtype, int32_t page_tokens) {
@@ -50,174 +44,200 @@ uint64_t ns_prefix_seed(uint64_t fp, int kv_dtype, int32_t page_tokens) {
 
 uint64_t ns_prefix_hash(uint64_t parent, const int32_t *tokens, int32_t n) {
     uint64_t h = XXH64(tokens, (size_t)n * sizeof(int32_t), parent);
-    return h <= TOMB ? h + 2 : h; /* 0 and 1 are reserved slot markers */
+    return h <= TOMB ? h + 2 : h;
 }
 
 static size_t slot_of(size_t cap, uint64_t h) { return (size_t)(h * 0x9E3779B97F4A7C15ULL) & (cap - 1); }
 
-static entry *tab_find(ns_prefix_index *ix, uint64_t h) {
-    for (size_t i = slot_of(ix->tab_cap, h), n = 0; n < ix->tab_cap; i = (i + 1) & (ix->tab_cap - 1), n++) {
-        if (ix->tab[i].h == 0) return NULL;
-        if (ix->tab[i].h == h) return &ix->tab[i];
+static slot *tab_find(const table *t, uint64_t key) {
+    for (size_t i = slot_of(t->cap, key), n = 0; n < t->cap; i = (i + 1) & (t->cap - 1), n++) {
+        if (t->s[i].key == 0) return NULL;
+        if (t->s[i].key == key) return &t->s[i];
     }
     return NULL;
 }
 
-static void tab_insert(ns_prefix_index *ix, uint64_t h, int32_t page) {
-    for (size_t i = slot_of(ix->tab_cap, h);; i = (i + 1) & (ix->tab_cap - 1)) {
-        if (ix->tab[i].h == 0 || ix->tab[i].h == TOMB) {
-            ix->tab[i].h = h;
-            ix->tab[i].page = page;
-            return;
+static ns_status tab_rebuild(table *t, size_t want_live) {
+    size_t cap = 64;
+    while (cap < want_live * 2 + 16) cap <<= 1;
+    slot *ns = calloc(cap, sizeof *ns);
+    if (!ns) return NS_ERR_NOMEM;
+    for (size_t i = 0; i < t->cap; i++) {
+        if (t->s[i].key <= TOMB) continue;
+        size_t j = slot_of(cap, t->s[i].key);
+        while (ns[j].key != 0) j = (j + 1) & (cap - 1);
+        ns[j] = t->s[i];
+    }
+    free(t->s);
+    t->s = ns;
+    t->cap = cap;
+    t->used = t->live;
+    return NS_OK;
+}
+
+/* Inserts key (must be absent). */
+static ns_status tab_insert(table *t, uint64_t key, int32_t val) {
+    if ((t->used + 1) * 10 > t->cap * 7) {
+        ns_status rc = tab_rebuild(t, t->live + 1);
+        if (rc != NS_OK) return rc;
+    }
+    for (size_t i = slot_of(t->cap, key);; i = (i + 1) & (t->cap - 1)) {
+        if (t->s[i].key <= TOMB) {
+            if (t->s[i].key == 0) t->used++;
+            t->s[i].key = key;
+            t->s[i].val = val;
+            t->live++;
+            return NS_OK;
         }
     }
 }
 
-static child_head *kids_find(ns_prefix_index *ix, uint64_t parent, bool create) {
-    child_head *tomb = NULL;
-    for (size_t i = slot_of(ix->kids_cap, parent), n = 0; n < ix->kids_cap; i = (i + 1) & (ix->kids_cap - 1), n++) {
-        child_head *k = &ix->kids[i];
-        if (k->parent == parent) return k;
-        if (k->parent == TOMB && !tomb) tomb = k;
-        if (k->parent == 0) {
-            if (!create) return NULL;
-            k = tomb ? tomb : k;
-            k->parent = parent;
-            k->first = -1;
-            return k;
-        }
-    }
-    if (create && tomb) {
-        tomb->parent = parent;
-        tomb->first = -1;
-        return tomb;
-    }
-    return NULL;
+static void tab_erase(table *t, slot *s) {
+    s->key = TOMB;
+    t->live--;
 }
 
-static void link_child(ns_prefix_index *ix, uint64_t parent, int32_t page) {
-    child_head *k = kids_find(ix, parent, true);
-    page_rec *r = &ix->recs[page];
-    r->prev_sib = -1;
-    r->next_sib = k ? k->first : -1;
-    if (k) {
-        if (k->first >= 0) ix->recs[k->first].prev_sib = page;
-        k->first = page;
-    }
-}
-
-static void unlink_child(ns_prefix_index *ix, int32_t page) {
-    page_rec *r = &ix->recs[page];
-    if (r->prev_sib >= 0) {
-        ix->recs[r->prev_sib].next_sib = r->next_sib;
-    } else {
-        child_head *k = kids_find(ix, r->parent, false);
-        if (k) {
-            k->first = r->next_sib;
-            if (k->first < 0) k->parent = TOMB;
-        }
-    }
-    if (r->next_sib >= 0) ix->recs[r->next_sib].prev_sib = r->prev_sib;
-    r->next_sib = r->prev_sib = -1;
-}
-
-static void drop_page(ns_prefix_index *ix, int32_t page) {
-    page_rec *r = &ix->recs[page];
-    if (r->kind == 0) return;
-    if (r->kind == 1) {
-        entry *e = tab_find(ix, r->h);
-        if (e && e->page == page) e->h = TOMB;
-    }
-    unlink_child(ix, page);
-    r->kind = 0;
-}
-
-static void on_evict(void *ctx, int32_t page) { drop_page(ctx, page); }
-
-ns_status ns_prefix_index_create(ns_kv_pages *kp, int32_t P, uint64_t seed, ns_prefix_index **out, ns_error *err) {
+ns_status ns_prefix_index_create(int32_t P, uint64_t seed, int32_t max_nodes, ns_prefix_index **out, ns_error *err) {
     *out = NULL;
+    if (P <= 0 || max_nodes <= 0) return ns_fail(err, NS_ERR_INVALID, "prefix index needs a page size and a node cap");
     ns_prefix_index *ix = calloc(1, sizeof *ix);
     if (!ix) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
-    ix->kp = kp;
     ix->P = P;
     ix->seed = seed;
-    size_t cap = 16;
-    while (cap < (size_t)kp->n_pages * 2) cap <<= 1;
-    ix->tab_cap = ix->kids_cap = cap;
-    ix->tab = calloc(cap, sizeof *ix->tab);
-    ix->kids = calloc(cap, sizeof *ix->kids);
-    ix->recs = calloc((size_t)kp->n_pages, sizeof *ix->recs);
-    ix->tokens = malloc((size_t)kp->n_pages * (size_t)P * sizeof(int32_t));
-    if (!ix->tab || !ix->kids || !ix->recs || !ix->tokens) {
+    ix->max_nodes = max_nodes;
+    if (tab_rebuild(&ix->full, 64) != NS_OK || tab_rebuild(&ix->kids, 64) != NS_OK) {
         ns_prefix_index_free(ix);
         return ns_fail(err, NS_ERR_NOMEM, "out of memory for the prefix index");
     }
-    for (int32_t i = 0; i < kp->n_pages; i++) ix->recs[i].next_sib = ix->recs[i].prev_sib = -1;
-    kp->on_evict = on_evict;
-    kp->evict_ctx = ix;
     *out = ix;
     return NS_OK;
 }
 
 void ns_prefix_index_free(ns_prefix_index *ix) {
     if (!ix) return;
-    if (ix->kp && ix->kp->evict_ctx == ix) {
-        ix->kp->on_evict = NULL;
-        ix->kp->evict_ctx = NULL;
-    }
-    free(ix->tab);
-    free(ix->kids);
-    free(ix->recs);
+    free(ix->nodes);
     free(ix->tokens);
+    free(ix->free_ids);
+    free(ix->full.s);
+    free(ix->kids.s);
     free(ix);
 }
 
 uint64_t ns_prefix_index_seed(const ns_prefix_index *ix) { return ix->seed; }
+ns_prefix_node *ns_prefix_index_node(ns_prefix_index *ix, int32_t id) { return &ix->nodes[id]; }
+const int32_t *ns_prefix_index_tokens(const ns_prefix_index *ix, int32_t id) {
+    return ix->tokens + (size_t)id * (size_t)ix->P;
+}
+int32_t ns_prefix_index_n_nodes(const ns_prefix_index *ix) { return ix->n_nodes - ix->n_free; }
 
-/* Tombstones accumulate; rebuild when the table gets crowded. */
-static void maybe_rehash(ns_prefix_index *ix) {
-    size_t used = 0;
-    for (size_t i = 0; i < ix->tab_cap; i++) used += ix->tab[i].h != 0;
-    if (used * 4 < ix->tab_cap * 3) return;
-    memset(ix->tab, 0, ix->tab_cap * sizeof *ix->tab);
-    for (int32_t p = 0; p < ix->kp->n_pages; p++)
-        if (ix->recs[p].kind == 1) tab_insert(ix, ix->recs[p].h, p);
+int32_t ns_prefix_index_find(ns_prefix_index *ix, uint64_t h) {
+    slot *s = tab_find(&ix->full, h);
+    return s ? s->val : -1;
 }
 
-bool ns_prefix_index_commit(ns_prefix_index *ix, uint64_t parent, uint64_t h, const int32_t *tokens, int32_t page) {
-    if (tab_find(ix, h)) return false;
-    drop_page(ix, page); /* a page reused for new content loses its old entry */
-    maybe_rehash(ix);
-    tab_insert(ix, h, page);
-    page_rec *r = &ix->recs[page];
-    r->kind = 1;
-    r->h = h;
-    r->parent = parent;
-    memcpy(ix->tokens + (size_t)page * (size_t)ix->P, tokens, (size_t)ix->P * sizeof(int32_t));
-    link_child(ix, parent, page);
-    return true;
+int32_t ns_prefix_index_first_child(ns_prefix_index *ix, uint64_t parent) {
+    slot *s = tab_find(&ix->kids, parent);
+    return s ? s->val : -1;
 }
 
-void ns_prefix_index_commit_partial(ns_prefix_index *ix, uint64_t parent, const int32_t *tokens, int32_t n_fill,
-                                    int32_t page) {
-    if (n_fill <= 0 || n_fill >= ix->P) return;
-    drop_page(ix, page);
-    page_rec *r = &ix->recs[page];
-    r->kind = 2;
-    r->h = 0;
-    r->parent = parent;
-    r->n_fill = n_fill;
-    memcpy(ix->tokens + (size_t)page * (size_t)ix->P, tokens, (size_t)n_fill * sizeof(int32_t));
-    link_child(ix, parent, page);
+/* Makes room for one more node id; returns the id or -1. */
+static int32_t new_id(ns_prefix_index *ix) {
+    if (ix->n_free > 0) return ix->free_ids[--ix->n_free];
+    if (ix->n_nodes >= ix->max_nodes) return -1;
+    if (ix->n_nodes == ix->cap_nodes) {
+        int32_t nc = ix->cap_nodes ? ix->cap_nodes * 2 : 256;
+        if (nc > ix->max_nodes) nc = ix->max_nodes;
+        ns_prefix_node *n = realloc(ix->nodes, (size_t)nc * sizeof *n);
+        if (!n) return -1;
+        ix->nodes = n;
+        int32_t *t = realloc(ix->tokens, (size_t)nc * (size_t)ix->P * sizeof(int32_t));
+        if (!t) return -1;
+        ix->tokens = t;
+        int32_t *f = realloc(ix->free_ids, (size_t)nc * sizeof(int32_t));
+        if (!f) return -1;
+        ix->free_ids = f;
+        ix->cap_nodes = nc;
+    }
+    return ix->n_nodes++;
 }
 
-bool ns_prefix_index_has_page(const ns_prefix_index *ix, int32_t page) { return ix->recs[page].kind != 0; }
+static void link_child(ns_prefix_index *ix, int32_t id) {
+    ns_prefix_node *n = &ix->nodes[id];
+    slot *s = tab_find(&ix->kids, n->parent);
+    n->prev_sib = -1;
+    if (s) {
+        n->next_sib = s->val;
+        ix->nodes[s->val].prev_sib = id;
+        s->val = id;
+    } else {
+        n->next_sib = -1;
+        if (tab_insert(&ix->kids, n->parent, id) != NS_OK) n->prev_sib = -2; /* unlisted: lookups miss it */
+    }
+}
+
+static void unlink_child(ns_prefix_index *ix, int32_t id) {
+    ns_prefix_node *n = &ix->nodes[id];
+    if (n->prev_sib == -2) return;
+    if (n->prev_sib >= 0) {
+        ix->nodes[n->prev_sib].next_sib = n->next_sib;
+    } else {
+        slot *s = tab_find(&ix->kids, n->parent);
+        if (s) {
+            if (n->next_sib >= 0) s->val = n->next_sib;
+            else tab_erase(&ix->kids, s);
+        }
+    }
+    if (n->next_sib >= 0) ix->nodes[n->next_sib].prev_sib = n->prev_sib;
+    n->next_sib = n->prev_sib = -1;
+}
+
+int32_t ns_prefix_index_add(ns_prefix_index *ix, uint64_t parent, uint64_t h, const int32_t *tokens, int32_t n_fill,
+                            bool *existed) {
+    if (existed) *existed = false;
+    if (n_fill <= 0 || n_fill > ix->P) return -1;
+    const bool full = n_fill == ix->P;
+    if (full) {
+        int32_t have = ns_prefix_index_find(ix, h);
+        if (have >= 0) {
+            if (existed) *existed = true;
+            return have;
+        }
+    }
+    int32_t id = new_id(ix);
+    if (id < 0) return -1;
+    ns_prefix_node *n = &ix->nodes[id];
+    memset(n, 0, sizeof *n);
+    n->h = full ? h : 0;
+    n->parent = parent;
+    n->n_fill = n_fill;
+    n->dev = n->ram = -1;
+    memcpy(ix->tokens + (size_t)id * (size_t)ix->P, tokens, (size_t)n_fill * sizeof(int32_t));
+    if (full && tab_insert(&ix->full, h, id) != NS_OK) {
+        n->n_fill = 0;
+        ix->free_ids[ix->n_free++] = id;
+        return -1;
+    }
+    link_child(ix, id);
+    return id;
+}
+
+void ns_prefix_index_remove(ns_prefix_index *ix, int32_t id) {
+    ns_prefix_node *n = &ix->nodes[id];
+    if (n->n_fill == 0) return;
+    if (n->h) {
+        slot *s = tab_find(&ix->full, n->h);
+        if (s && s->val == id) tab_erase(&ix->full, s);
+    }
+    unlink_child(ix, id);
+    n->n_fill = 0;
+    ix->free_ids[ix->n_free++] = id;
+}
 
 void ns_prefix_index_lookup(ns_prefix_index *ix, const int32_t *tokens, int32_t n, int32_t max_tokens,
                             int32_t max_pages, ns_prefix_match *m) {
     const int32_t P = ix->P;
     m->n_full = 0;
-    m->partial_page = -1;
+    m->partial_node = -1;
     m->n_partial = 0;
     m->diverge_at = -1;
     m->n_diverge_cached = 0;
@@ -226,46 +246,48 @@ void ns_prefix_index_lookup(ns_prefix_index *ix, const int32_t *tokens, int32_t 
     int32_t pos = 0;
     while (pos + P <= max_tokens && m->n_full < max_pages) {
         uint64_t hn = ns_prefix_hash(h, tokens + pos, P);
-        entry *e = tab_find(ix, hn);
-        if (!e) break;
-        const int32_t *pt = ix->tokens + (size_t)e->page * (size_t)P;
-        if (memcmp(pt, tokens + pos, (size_t)P * sizeof(int32_t)) != 0) break; /* hash collision */
-        m->pages[m->n_full++] = e->page;
+        int32_t id = ns_prefix_index_find(ix, hn);
+        if (id < 0) break;
+        if (memcmp(ns_prefix_index_tokens(ix, id), tokens + pos, (size_t)P * sizeof(int32_t)) != 0)
+            break; /* hash collision */
+        m->nodes[m->n_full++] = id;
         h = hn;
         pos += P;
     }
     m->last_hash = h;
     /* Among the cached continuations of h (full or partial pages), find
-     * the one sharing the most tokens with the rest of the prompt: it
-     * seeds a copy-on-write page, and if it disagrees it tells where the
-     * prompt diverged from what was cached. */
-    child_head *k = kids_find(ix, h, false);
-    int32_t best = 0, best_page = -1, best_len = 0;
-    for (int32_t c = k ? k->first : -1; c >= 0; c = ix->recs[c].next_sib) {
-        const page_rec *r = &ix->recs[c];
-        int32_t len = r->kind == 1 ? P : r->n_fill;
-        const int32_t *ct = ix->tokens + (size_t)c * (size_t)P;
+     * the one sharing the most tokens with the rest of the prompt: if it
+     * is on the device it seeds a copy-on-write page, and if it disagrees
+     * it tells where the prompt diverged from what was cached. */
+    int32_t best = 0, best_id = -1, best_len = 0, best_dev = 0, best_dev_id = -1;
+    for (int32_t c = ns_prefix_index_first_child(ix, h); c >= 0; c = ix->nodes[c].next_sib) {
+        const ns_prefix_node *cn = &ix->nodes[c];
+        const int32_t *ct = ns_prefix_index_tokens(ix, c);
         int32_t lcp = 0;
-        while (lcp < len && pos + lcp < n && ct[lcp] == tokens[pos + lcp]) lcp++;
-        if (lcp > best || best_page < 0) {
+        while (lcp < cn->n_fill && pos + lcp < n && ct[lcp] == tokens[pos + lcp]) lcp++;
+        if (lcp > best || best_id < 0) {
             best = lcp;
-            best_page = c;
-            best_len = len;
+            best_id = c;
+            best_len = cn->n_fill;
+        }
+        if (cn->dev >= 0 && (lcp > best_dev || best_dev_id < 0)) {
+            best_dev = lcp;
+            best_dev_id = c;
         }
     }
-    if (best_page >= 0) {
-        int32_t usable = best;
+    if (best_dev_id >= 0) {
+        int32_t usable = best_dev;
         if (pos + usable > max_tokens) usable = max_tokens - pos;
         if (usable > 0) {
-            m->partial_page = best_page;
+            m->partial_node = best_dev_id;
             m->n_partial = usable;
         }
-        if (best < best_len && pos + best < n) {
-            /* the prompt and the cache disagree inside this page */
-            m->diverge_at = pos + best;
-            const int32_t *ct = ix->tokens + (size_t)best_page * (size_t)P;
-            for (int32_t i = best; i < best_len && m->n_diverge_cached < 16; i++)
-                m->diverge_cached[m->n_diverge_cached++] = ct[i];
-        }
+    }
+    if (best_id >= 0 && best < best_len && pos + best < n) {
+        /* the prompt and the cache disagree inside this page */
+        m->diverge_at = pos + best;
+        const int32_t *ct = ns_prefix_index_tokens(ix, best_id);
+        for (int32_t i = best; i < best_len && m->n_diverge_cached < 16; i++)
+            m->diverge_cached[m->n_diverge_cached++] = ct[i];
     }
 }

@@ -1,20 +1,23 @@
-/* prefix_index.h — maps token prefixes to KV pages that already hold them.
+/* prefix_index.h — maps token prefixes to cached KV pages, in any tier.
  *
  * A full page i of a sequence is keyed by the chained hash
  *   h_i = XXH64(tokens of page i, seed = h_{i-1}),  h_{-1} = model seed
  * where the model seed folds in the weights fingerprint, KV dtype and page
- * size, so one model's KV is never served to another. Entries also keep
- * the page's tokens: a hit is verified token by token, so a hash collision
- * can cost a miss but never a wrong answer.
+ * size, so one model's KV is never served to another. Each cached page is
+ * a *node* that keeps the page's tokens: a hit is verified token by token,
+ * so a hash collision can cost a miss but never a wrong answer.
+ *
+ * A node says where its bytes are: on a device page (dev >= 0), in a
+ * host-RAM slot (ram >= 0), in the SSD tier (ssd) — possibly several at
+ * once (a promoted page keeps its lower copies). This module only keeps
+ * the map; src/kv/kv_cache moves the bytes and sets those fields.
  *
  * Partial pages (the last, not-yet-full page of a finished or cancelled
- * sequence) are kept as "partials" under their parent hash h_{i-1} with
- * their fill count; a new prompt that extends the cached one copies the
- * matching slots into a fresh page (copy on write) and prefills only the
- * rest.
+ * sequence) are nodes with n_fill < P and no hash, listed only among the
+ * children of their parent hash h_{i-1}; a new prompt that extends the
+ * cached one copies the matching slots into a fresh page (copy on write).
  *
- * Pages themselves are owned by ns_kv_pages (refcounts, LRU); the index
- * only refers to them and drops an entry when ns_kv_pages evicts the page.
+ * Capacity: nodes grow on demand up to max_nodes; add fails (-1) beyond.
  * Single-threaded (engine thread).
  */
 #ifndef NS_PREFIX_INDEX_H
@@ -23,39 +26,55 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "kv/kv_pages.h"
 #include "util/status.h"
 
 typedef struct ns_prefix_index ns_prefix_index;
 
+typedef struct ns_prefix_node {
+    uint64_t h;          /* full page: its chain hash; partial: 0 */
+    uint64_t parent;     /* h of the previous page (or the seed) */
+    int32_t n_fill;      /* tokens held: P for a full page; 0 = unused node */
+    int32_t dev;         /* device page holding it, or -1 */
+    int32_t ram;         /* host-RAM slot holding it, or -1 */
+    uint8_t ssd;         /* handed to the SSD tier (queued or durable) */
+    uint8_t ssd_pending; /* committed, not yet handed to the SSD tier */
+    int32_t next_sib, prev_sib; /* children list of parent */
+} ns_prefix_node;
+
 /* Seed for the hash chain of one model + KV format + page size. */
 uint64_t ns_prefix_seed(uint64_t model_fingerprint, int kv_dtype, int32_t page_tokens);
-/* h_i from h_{i-1} and the page's tokens. */
+/* h_i from h_{i-1} and the page's tokens. Never 0 or 1 (reserved). */
 uint64_t ns_prefix_hash(uint64_t parent, const int32_t *tokens, int32_t n);
 
-/* The index registers itself as kp's eviction hook. */
-ns_status ns_prefix_index_create(ns_kv_pages *kp, int32_t page_tokens, uint64_t seed, ns_prefix_index **out,
+ns_status ns_prefix_index_create(int32_t page_tokens, uint64_t seed, int32_t max_nodes, ns_prefix_index **out,
                                  ns_error *err);
 void ns_prefix_index_free(ns_prefix_index *ix);
 uint64_t ns_prefix_index_seed(const ns_prefix_index *ix);
 
-/* Registers a full page (tokens has page_tokens entries) under hash h with
- * parent hash parent. No-op if h is already indexed (another sequence
- * committed the same content first) — returns false then. */
-bool ns_prefix_index_commit(ns_prefix_index *ix, uint64_t parent, uint64_t h, const int32_t *tokens, int32_t page);
-/* Registers a partial page holding n_fill < page_tokens tokens. */
-void ns_prefix_index_commit_partial(ns_prefix_index *ix, uint64_t parent, const int32_t *tokens, int32_t n_fill,
-                                    int32_t page);
-/* True if page is referenced by the index (full or partial entry). */
-bool ns_prefix_index_has_page(const ns_prefix_index *ix, int32_t page);
+/* Node access. The pointer is valid until the next add (nodes may move). */
+ns_prefix_node *ns_prefix_index_node(ns_prefix_index *ix, int32_t id);
+const int32_t *ns_prefix_index_tokens(const ns_prefix_index *ix, int32_t id);
+int32_t ns_prefix_index_n_nodes(const ns_prefix_index *ix);
+/* Full node with hash h, or -1. */
+int32_t ns_prefix_index_find(ns_prefix_index *ix, uint64_t h);
+/* Adds a node: full when n_fill == P (h its hash; if h is already indexed
+ * returns that node and sets *existed), partial when 0 < n_fill < P (h
+ * ignored). The new node has no tier (dev = ram = -1, ssd = 0). Returns -1
+ * when max_nodes are in use or memory runs out. */
+int32_t ns_prefix_index_add(ns_prefix_index *ix, uint64_t parent, uint64_t h, const int32_t *tokens, int32_t n_fill,
+                            bool *existed);
+/* Forgets a node (no tier must still reference it). */
+void ns_prefix_index_remove(ns_prefix_index *ix, int32_t id);
+/* Children of a hash: first child id (or -1), then node->next_sib. */
+int32_t ns_prefix_index_first_child(ns_prefix_index *ix, uint64_t parent);
 
 typedef struct ns_prefix_match {
-    int32_t n_full;        /* full pages matched (in pages[]) */
-    int32_t *pages;        /* caller-provided [max_pages] */
+    int32_t n_full;        /* full pages matched (node ids in nodes[]) */
+    int32_t *nodes;        /* caller-provided [max_pages] */
     uint64_t last_hash;    /* h of the last matched full page (or seed) */
-    /* best partial continuation after the full pages: copy n_partial
-     * slots from partial_page (-1 if none) */
-    int32_t partial_page;
+    /* best device-resident continuation after the full pages: copy
+     * n_partial slots from partial_node's device page (-1 if none) */
+    int32_t partial_node;
     int32_t n_partial;
     /* divergence against the closest cached continuation: prompt index
      * where they differ (-1 if no cached continuation disagrees) and up to
@@ -65,10 +84,9 @@ typedef struct ns_prefix_match {
     int32_t diverge_cached[16];
 } ns_prefix_match;
 
-/* Finds the longest cached prefix of tokens[0, n), using at most
- * max_tokens of it (callers keep >= 1 token to compute). Takes no
- * references: the caller refs the pages it decides to use before any
- * allocation can evict them. */
+/* Finds the longest cached prefix of tokens[0, n) (any tier), using at
+ * most max_tokens of it (callers keep >= 1 token to compute). Takes no
+ * references and moves nothing. */
 void ns_prefix_index_lookup(ns_prefix_index *ix, const int32_t *tokens, int32_t n, int32_t max_tokens,
                             int32_t max_pages, ns_prefix_match *m);
 

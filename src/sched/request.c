@@ -34,9 +34,6 @@ void ns_request_release(ns_request *r) {
     pthread_cond_destroy(&r->cv);
     free(r->prompt);
     free(r->events);
-    free(r->tokens);
-    free(r->pages);
-    ns_sampler_free(&r->sampler);
     free(r);
 }
 

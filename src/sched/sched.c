@@ -1,19 +1,19 @@
 /* sched.c — the engine thread: admission, step planning (continuous
- * batching), prefix-cache reuse and commit, sampling, and events.
+ * batching), prefix-cache reuse (restore vs recompute) and commit,
+ * sampling, and events. KV state is reached only through kv_cache.h.
  *
- * Memory safety by arithmetic: a request is admitted only when the pages
- * it can ever need (prompt + max_tokens, minus the cached pages it shares)
- * fit in what the pool can give after every running request's own
- * promise. So a running request never finds the pool empty, and nothing
- * admitted is ever aborted for lack of memory. (Pausing and demotion to
- * lower tiers, which relax this promise, are a later issue.) */
+ * Memory safety by arithmetic: a sequence is admitted only when the pages
+ * it can ever need (prompt + max_tokens, minus the device pages it shares)
+ * fit in what the pool can give after every running sequence's own
+ * promise. So a running sequence never finds the pool empty, and nothing
+ * admitted is ever aborted for lack of memory. (Pausing, which relaxes
+ * this promise, is a later issue.) */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "kv/kv_pages.h"
-#include "kv/prefix_index.h"
+#include "kv/kv_cache.h"
 #include "sched/sched_internal.h"
 #include "util/log.h"
 
@@ -21,21 +21,27 @@ struct ns_sched {
     ns_engine *e;
     ns_sched_opts opts;
     int32_t P;
-    ns_kv_pages pages;
-    ns_prefix_index *index;
+    int32_t n_pages;
+    ns_kv_cache *kv;
 
     pthread_t thread;
     bool started;
     pthread_mutex_t mu; /* guards incoming, stop, stats */
     pthread_cond_t cv;
-    ns_request *in_head, *in_tail;
+    ns_seq *in_head, *in_tail;
     int32_t n_incoming;
     bool stop;
+    /* flush tickets: HTTP threads take one, the engine serves them all
+     * by handing every pending page to the SSD tier */
+    uint64_t flush_asked, flush_served;
+    pthread_cond_t flush_cv;
+    uint64_t flush_served_engine; /* engine thread's copy of flush_served */
+    int32_t persist_per_step;     /* SSD write-behind pages per busy step */
 
     /* engine thread only */
-    ns_request **waiting;
+    ns_seq **waiting;
     int32_t n_waiting, cap_waiting;
-    ns_request **running;
+    ns_seq **running;
     int32_t n_running;
     int64_t reserved; /* sum of running requests' reserve_pages */
     uint64_t next_id;
@@ -44,11 +50,11 @@ struct ns_sched {
     double sec_per_unit;
     /* step scratch */
     int32_t *b_tokens, *b_pos, *b_seq_start, *b_seq_len, *b_pt, *b_rows, *b_chunk;
-    ns_request **b_reqs;
+    ns_seq **b_seqs;
+    int32_t *acq_pages;
     ns_sampler **b_samplers;
     int32_t *b_sampled;
     float *host_logits;
-    int32_t *match_pages;
 
     ns_sched_stats stats;
 };
@@ -79,7 +85,18 @@ static void hist_add(ns_histogram *h, double v) {
 static int32_t pages_for(const ns_sched *s, int64_t tokens) { return (int32_t)((tokens + s->P - 1) / s->P); }
 
 /* Tokens one request can use at most: pool and context. */
-static int64_t pool_tokens(const ns_sched *s) { return (int64_t)s->pages.n_pages * s->P; }
+static int64_t pool_tokens(const ns_sched *s) { return (int64_t)s->n_pages * s->P; }
+
+/* Frees an engine-owned sequence and drops the engine's reference on its
+ * request. Its pages must have been released. */
+static void seq_free(ns_seq *q) {
+    if (!q) return;
+    ns_sampler_free(&q->sampler);
+    free(q->tokens);
+    free(q->pages);
+    ns_request_release(q->req);
+    free(q);
+}
 
 ns_status ns_sched_create(ns_engine *e, const ns_sched_opts *opts, ns_sched **out, ns_error *err) {
     *out = NULL;
@@ -95,13 +112,25 @@ ns_status ns_sched_create(ns_engine *e, const ns_sched_opts *opts, ns_sched **ou
     if (s->opts.aging_seconds <= 0) s->opts.aging_seconds = 2.0;
     if (s->opts.target_step_ms <= 0) s->opts.target_step_ms = 50.0;
     s->P = e->opts.page_tokens;
+    s->n_pages = e->opts.n_pages;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    ns_status rc = ns_kv_pages_init(&s->pages, e->opts.n_pages, err);
+    pthread_cond_init(&s->flush_cv, NULL);
+    ns_kv_cache_opts ko = {
+        .be = e->be,
+        .seed = ns_prefix_seed(e->model->fingerprint, e->opts.kv_dtype, s->P),
+        .ram_bytes = opts->ram_cache_bytes,
+        .ssd_dir = opts->ssd_dir,
+        .ssd_bytes = opts->ssd_bytes,
+    };
+    ns_status rc = ns_kv_cache_create(&ko, &s->kv, err);
     if (rc != NS_OK) goto fail;
-    rc = ns_prefix_index_create(&s->pages, s->P, ns_prefix_seed(e->model->fingerprint, e->opts.kv_dtype, s->P),
-                                &s->index, err);
-    if (rc != NS_OK) goto fail;
+    {
+        /* ~64 MiB of page reads per busy step at most */
+        size_t pb = e->be->kv.page_size_bytes ? e->be->kv.page_size_bytes : 1;
+        size_t n = (64u << 20) / pb;
+        s->persist_per_step = n < 4 ? 4 : n > 4096 ? 4096 : (int32_t)n;
+    }
     const size_t T = (size_t)s->opts.max_batch_tokens, R = (size_t)s->opts.max_running;
     s->b_tokens = malloc(T * sizeof(int32_t));
     s->b_pos = malloc(T * sizeof(int32_t));
@@ -109,14 +138,14 @@ ns_status ns_sched_create(ns_engine *e, const ns_sched_opts *opts, ns_sched **ou
     s->b_seq_len = malloc(R * sizeof(int32_t));
     s->b_rows = malloc(R * sizeof(int32_t));
     s->b_chunk = malloc(R * sizeof(int32_t));
-    s->b_reqs = malloc(R * sizeof(ns_request *));
+    s->b_seqs = malloc(R * sizeof(ns_seq *));
+    s->acq_pages = malloc((size_t)s->n_pages * sizeof(int32_t));
     s->b_samplers = malloc(R * sizeof(ns_sampler *));
     s->b_sampled = malloc(R * sizeof(int32_t));
-    s->running = malloc(R * sizeof(ns_request *));
-    s->match_pages = malloc((size_t)s->pages.n_pages * sizeof(int32_t));
+    s->running = malloc(R * sizeof(ns_seq *));
     s->host_logits = malloc(R * (size_t)e->model->cfg.vocab_size * sizeof(float));
-    if (!s->b_tokens || !s->b_pos || !s->b_seq_start || !s->b_seq_len || !s->b_rows || !s->b_chunk || !s->b_reqs ||
-        !s->b_samplers || !s->b_sampled || !s->running || !s->match_pages || !s->host_logits) {
+    if (!s->b_tokens || !s->b_pos || !s->b_seq_start || !s->b_seq_len || !s->b_rows || !s->b_chunk || !s->b_seqs ||
+        !s->acq_pages || !s->b_samplers || !s->b_sampled || !s->running || !s->host_logits) {
         rc = ns_fail(err, NS_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -124,8 +153,9 @@ ns_status ns_sched_create(ns_engine *e, const ns_sched_opts *opts, ns_sched **ou
     hist_init(&s->stats.batch_tokens, 1, 2.0);
     hist_init(&s->stats.ttft_seconds, 0.005, 2.0);
     hist_init(&s->stats.itl_seconds, 0.001, 2.0);
-    s->stats.pages_total = s->pages.n_pages;
-    s->stats.pages_free = s->pages.n_pages;
+    s->stats.pages_total = s->n_pages;
+    s->stats.pages_free = s->n_pages;
+    ns_kv_cache_get_stats(s->kv, &s->stats.kv);
     s->stats.page_tokens = s->P;
     *out = s;
     return NS_OK;
@@ -137,14 +167,13 @@ fail:
 void ns_sched_free(ns_sched *s) {
     if (!s) return;
     ns_sched_stop(s);
-    /* requests never picked up by the engine thread */
-    for (ns_request *r = s->in_head, *n; r; r = n) {
-        n = r->next;
-        ns_request_finish(r, NS_FINISH_CANCELLED, "server shutting down");
-        ns_request_release(r);
+    /* sequences never picked up by the engine thread */
+    for (ns_seq *q = s->in_head, *n; q; q = n) {
+        n = q->next;
+        ns_request_finish(q->req, NS_FINISH_CANCELLED, "server shutting down");
+        seq_free(q);
     }
-    ns_prefix_index_free(s->index);
-    ns_kv_pages_free(&s->pages);
+    ns_kv_cache_free(s->kv);
     free(s->waiting);
     free(s->running);
     free(s->b_tokens);
@@ -154,13 +183,14 @@ void ns_sched_free(ns_sched *s) {
     free(s->b_pt);
     free(s->b_rows);
     free(s->b_chunk);
-    free(s->b_reqs);
+    free(s->b_seqs);
+    free(s->acq_pages);
     free(s->b_samplers);
     free(s->b_sampled);
-    free(s->match_pages);
     free(s->host_logits);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->flush_cv);
     free(s);
 }
 
@@ -194,21 +224,25 @@ ns_status ns_sched_submit(ns_sched *s, ns_request *r, ns_capacity *cap, ns_error
     }
     if (r->n_prompt + (int64_t)r->params.max_tokens > ctx) r->params.max_tokens = (int32_t)(ctx - r->n_prompt);
     if (cap) cap->max_tokens = r->params.max_tokens;
-    ns_status rc = ns_sampler_init(&r->sampler, &r->params.sampling, c->vocab_size, err);
-    if (rc != NS_OK) return rc;
-    r->sampler_ready = true;
-    r->t_submit = now_s();
-    atomic_fetch_add(&r->refs, 1); /* the engine's reference */
+    ns_seq *q = calloc(1, sizeof *q);
+    if (!q) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+    ns_status rc = ns_sampler_init(&q->sampler, &r->params.sampling, c->vocab_size, err);
+    if (rc != NS_OK) {
+        free(q);
+        return rc;
+    }
+    q->t_submit = now_s();
+    q->req = r;
+    atomic_fetch_add(&r->refs, 1); /* the engine's reference, held by q */
     pthread_mutex_lock(&s->mu);
     if (s->stop) {
         pthread_mutex_unlock(&s->mu);
-        atomic_fetch_sub(&r->refs, 1);
+        seq_free(q);
         return ns_fail(err, NS_ERR_CANCELLED, "the server is shutting down");
     }
-    r->next = NULL;
-    if (s->in_tail) s->in_tail->next = r;
-    else s->in_head = r;
-    s->in_tail = r;
+    if (s->in_tail) s->in_tail->next = q;
+    else s->in_head = q;
+    s->in_tail = q;
     s->n_incoming++;
     s->stats.requests_total++;
     s->stats.requests_waiting++;
@@ -217,32 +251,64 @@ ns_status ns_sched_submit(ns_sched *s, ns_request *r, ns_capacity *cap, ns_error
     return NS_OK;
 }
 
-/* ------------------------------------------------------------ engine side */
-
-static void release_pages(ns_sched *s, ns_request *r) {
-    /* Leave the last, partially filled page in the index so a prompt that
-     * extends this sequence can copy it instead of recomputing it. */
-    if (r->n_pages > 0 && r->n_committed == r->n_pages - 1 && r->n_ctx > r->n_committed * s->P)
-        ns_prefix_index_commit_partial(s->index, r->last_hash, r->tokens + (size_t)r->n_committed * (size_t)s->P,
-                                       r->n_ctx - r->n_committed * s->P, r->pages[r->n_pages - 1]);
-    for (int32_t i = 0; i < r->n_pages; i++)
-        ns_kv_pages_unref(&s->pages, r->pages[i], ns_prefix_index_has_page(s->index, r->pages[i]));
-    r->n_pages = 0;
-    s->reserved -= r->reserve_pages;
-    r->reserve_pages = 0;
+ns_status ns_sched_flush(ns_sched *s, int timeout_ms, ns_kv_ssd_flush_result *out, ns_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!ns_kv_cache_tier_on(s->kv, NS_TIER_SSD))
+        return ns_fail(err, NS_ERR_UNSUPPORTED, "the SSD cache tier is off (--no-ssd-cache, or it failed to open)");
+    const double deadline = now_s() + timeout_ms / 1000.0;
+    pthread_mutex_lock(&s->mu);
+    uint64_t ticket = ++s->flush_asked;
+    pthread_cond_signal(&s->cv);
+    while (s->flush_served < ticket && !s->stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->flush_cv, &s->mu, &ts);
+        if (now_s() > deadline) break;
+    }
+    bool served = s->flush_served >= ticket;
+    pthread_mutex_unlock(&s->mu);
+    if (!served) {
+        ns_kv_ssd_flush_result partial;
+        ns_kv_cache_ssd_flush(s->kv, 0, &partial, NULL);
+        *out = partial;
+        out->pending += 1; /* at least one page never reached the tier */
+        return ns_fail(err, NS_ERR_CANCELLED, "flush timed out before every committed page reached the SSD tier");
+    }
+    int left = (int)((deadline - now_s()) * 1000.0);
+    return ns_kv_cache_ssd_flush(s->kv, left > 0 ? left : 0, out, err);
 }
 
-static void finish(ns_sched *s, ns_request *r, ns_finish why, const char *msg) {
-    release_pages(s, r);
-    r->state = RS_DONE;
-    pthread_mutex_lock(&r->mu);
-    r->result.n_generated = r->n_generated;
-    pthread_mutex_unlock(&r->mu);
-    ns_request_finish(r, why, msg);
+/* ------------------------------------------------------------ engine side */
+
+static void release_pages(ns_sched *s, ns_seq *q) {
+    /* The last, partially filled page stays indexed as a partial
+     * continuation, so a prompt that extends this sequence copies it
+     * instead of recomputing it. */
+    int32_t n_fill = 0;
+    if (q->n_pages > 0 && q->n_committed == q->n_pages - 1) n_fill = q->n_ctx - q->n_committed * s->P;
+    ns_kv_cache_release(s->kv, q->pages, q->n_pages, q->last_hash,
+                        q->tokens + (size_t)q->n_committed * (size_t)s->P, n_fill > 0 ? n_fill : 0);
+    q->n_pages = 0;
+    s->reserved -= q->reserve_pages;
+    q->reserve_pages = 0;
+}
+
+static void finish(ns_sched *s, ns_seq *q, ns_finish why, const char *msg) {
+    release_pages(s, q);
+    q->state = RS_DONE;
+    pthread_mutex_lock(&q->req->mu);
+    q->req->result.n_generated = q->n_generated;
+    pthread_mutex_unlock(&q->req->mu);
+    ns_request_finish(q->req, why, msg);
     pthread_mutex_lock(&s->mu);
     if (why == NS_FINISH_CANCELLED) s->stats.requests_cancelled++;
     pthread_mutex_unlock(&s->mu);
-    ns_request_release(r);
+    seq_free(q);
 }
 
 static void remove_running(ns_sched *s, int32_t i) {
@@ -250,23 +316,89 @@ static void remove_running(ns_sched *s, int32_t i) {
     s->n_running--;
 }
 
+static void remove_running_seq(ns_sched *s, ns_seq *q) {
+    for (int32_t j = 0; j < s->n_running; j++)
+        if (s->running[j] == q) {
+            remove_running(s, j);
+            return;
+        }
+}
+
 static ns_status grow_i32(int32_t **p, int32_t *cap, int32_t need) {
     if (need <= *cap) return NS_OK;
     int32_t n = *cap ? *cap : 64;
     while (n < need) n *= 2;
-    int32_t *q = realloc(*p, (size_t)n * sizeof(int32_t));
-    if (!q) return NS_ERR_NOMEM;
-    *p = q;
+    int32_t *np = realloc(*p, (size_t)n * sizeof(int32_t));
+    if (!np) return NS_ERR_NOMEM;
+    *p = np;
     *cap = n;
     return NS_OK;
 }
 
-static void log_admission(ns_sched *s, ns_request *r, const ns_prefix_match *m, int32_t cached) {
+/* A step's cost grows with its tokens (weights are read once per step,
+ * matmuls scale with tokens) and with attention pairs (each new token
+ * attends to its whole context). One unit ~ one token's non-attention
+ * work; the ratio is a rough constant, the scale is learned online. */
+#define ATTN_PAIRS_PER_UNIT 256.0
+
+static double work_units(int64_t tokens, double attn_pairs) { return (double)tokens + attn_pairs / ATTN_PAIRS_PER_UNIT; }
+
+/* Predicted seconds to prefill tokens [from, n) of a prompt. */
+static double recompute_seconds(const ns_sched *s, int64_t from, int64_t n) {
+    int64_t t = n - from;
+    return s->sec_per_unit * work_units(t, (double)t * ((double)from + t / 2.0));
+}
+
+/* Restore vs recompute: how many of the matched pages to reuse. Device
+ * pages cost nothing; a page in RAM or on SSD costs its measured
+ * transfer time; what is not reused is prefilled at the measured rate.
+ * Picks the prefix length with the least predicted time (all of it
+ * until a step has been measured). */
+static int32_t plan_reuse(const ns_sched *s, const ns_kv_lookup *lk, int32_t n_prompt, double *t_restore,
+                          double *t_recompute) {
+    const int32_t n_full = lk->m.n_full;
+    double restore = 0, best_restore = 0;
+    for (int32_t i = 0; i < n_full; i++) restore += ns_kv_cache_restore_seconds(s->kv, (ns_kv_tier)lk->tier[i]);
+    *t_restore = restore;
+    *t_recompute = s->sec_per_unit > 0 ? recompute_seconds(s, 0, n_prompt) : 0;
+    if (s->sec_per_unit <= 0 || n_full == 0) return n_full;
+    int32_t best = 0;
+    double best_cost = recompute_seconds(s, 0, n_prompt);
+    restore = 0;
+    for (int32_t k = 1; k <= n_full; k++) {
+        restore += ns_kv_cache_restore_seconds(s->kv, (ns_kv_tier)lk->tier[k - 1]);
+        double cost = restore + recompute_seconds(s, (int64_t)k * s->P, n_prompt);
+        if (cost <= best_cost) {
+            best_cost = cost;
+            best = k;
+            best_restore = restore;
+        }
+    }
+    *t_restore = best_restore;
+    return best;
+}
+
+static void log_admission(ns_sched *s, ns_seq *q, const ns_kv_lookup *lk, int32_t n_use, int32_t cached,
+                          const int32_t tok_by_tier[NS_TIER_COUNT], double t_restore, double t_recompute) {
     if (ns_log_get_level() > NS_LOG_INFO) return;
+    const ns_request *r = q->req;
+    const ns_prefix_match *m = &lk->m;
     char line[1024];
-    int o = snprintf(line, sizeof line, "request %llu: prompt %d tokens, reused %d (%d pages + %d copied), prefill %d",
-                     (unsigned long long)++s->next_id, r->n_prompt, cached, m->n_full, m->n_partial,
-                     r->n_prompt - cached);
+    int o = snprintf(line, sizeof line, "request %llu: prompt %d tokens, reused %d (", (unsigned long long)++s->next_id,
+                     r->n_prompt, cached);
+    bool first = true;
+    for (int t = 0; t < NS_TIER_COUNT && o > 0 && (size_t)o < sizeof line; t++) {
+        if (!tok_by_tier[t] && !(t == 0 && first && cached == 0)) continue;
+        o += snprintf(line + o, sizeof line - (size_t)o, "%s%d %s", first ? "" : ", ", tok_by_tier[t],
+                      ns_kv_tier_name((ns_kv_tier)t));
+        first = false;
+    }
+    if (o > 0 && (size_t)o < sizeof line)
+        o += snprintf(line + o, sizeof line - (size_t)o, "), prefill %d", r->n_prompt - cached);
+    if (n_use < m->n_full && o > 0 && (size_t)o < sizeof line)
+        o += snprintf(line + o, sizeof line - (size_t)o,
+                      "; recomputing %d cached tokens: restore %.3f s > recompute %.3f s",
+                      (m->n_full - n_use) * s->P, t_restore, t_recompute);
     if (m->diverge_at >= 0 && o > 0 && (size_t)o < sizeof line) {
         char before[160] = "", after[160] = "", cached_txt[160] = "";
         if (s->opts.describe) {
@@ -283,60 +415,62 @@ static void log_admission(ns_sched *s, ns_request *r, const ns_prefix_match *m, 
     NS_INFO("%s", line);
 }
 
-/* Tries to admit r now. Returns true when admitted (it joins running). */
-static bool try_admit(ns_sched *s, ns_request *r) {
-    ns_prefix_match m = {.pages = s->match_pages};
+/* Tries to admit q now. Returns true when admitted (it joins running). */
+static bool try_admit(ns_sched *s, ns_seq *q) {
+    ns_request *r = q->req;
+    ns_kv_lookup lk;
     /* keep >= 1 prompt token to compute: its logits give the first token */
-    ns_prefix_index_lookup(s->index, r->prompt, r->n_prompt, r->n_prompt - 1, s->pages.n_pages, &m);
+    ns_kv_cache_lookup(s->kv, r->prompt, r->n_prompt, r->n_prompt - 1, &lk);
+    double t_restore = 0, t_recompute = 0;
+    const int32_t n_use = plan_reuse(s, &lk, r->n_prompt, &t_restore, &t_recompute);
+    int32_t dev_shared = 0;
+    for (int32_t i = 0; i < n_use; i++) dev_shared += lk.tier[i] == NS_TIER_DEVICE;
     const int32_t total = pages_for(s, (int64_t)r->n_prompt + r->params.max_tokens);
-    const int32_t fresh = total - m.n_full;
-    int32_t shared_in_lru = 0;
-    for (int32_t i = 0; i < m.n_full; i++) shared_in_lru += s->pages.in_lru[m.pages[i]] ? 1 : 0;
-    int64_t avail = (int64_t)ns_kv_pages_available(&s->pages) - shared_in_lru - s->reserved;
-    if (fresh > avail) return false;
-    if (grow_i32(&r->pages, &r->cap_pages, total) != NS_OK ||
-        grow_i32(&r->tokens, &r->cap_tokens, r->n_prompt + r->params.max_tokens + 1) != NS_OK)
+    const int32_t need = total - dev_shared;
+    int64_t avail = (int64_t)ns_kv_cache_available(s->kv) - ns_kv_cache_lookup_reclaimable(s->kv, &lk, n_use) -
+                    s->reserved;
+    if (need > avail) return false;
+    if (grow_i32(&q->pages, &q->cap_pages, total) != NS_OK ||
+        grow_i32(&q->tokens, &q->cap_tokens, r->n_prompt + r->params.max_tokens + 1) != NS_OK)
         return false; /* retried next step; OOM here is transient or fatal either way */
-    for (int32_t i = 0; i < m.n_full; i++) {
-        ns_kv_pages_ref(&s->pages, m.pages[i]);
-        r->pages[i] = m.pages[i];
-    }
-    r->n_pages = m.n_full;
-    r->n_committed = m.n_full;
-    r->last_hash = m.last_hash;
-    r->reserve_pages = fresh;
-    s->reserved += fresh;
-    memcpy(r->tokens, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
-    r->n_tokens = r->n_prompt;
-    int32_t cached = m.n_full * s->P;
-    if (m.n_partial > 0) {
-        /* copy on write: pin the source while allocating the copy, since
-         * the allocation could otherwise evict it */
-        ns_kv_pages_ref(&s->pages, m.partial_page);
-        int32_t dst = ns_kv_pages_alloc(&s->pages);
+    int32_t by_tier[NS_TIER_COUNT];
+    const int32_t got = ns_kv_cache_acquire(s->kv, &lk, n_use, q->pages, by_tier);
+    q->n_pages = got;
+    q->n_committed = got;
+    q->last_hash = got > 0 ? ns_kv_cache_lookup_hash(s->kv, &lk, got) : ns_kv_cache_seed(s->kv);
+    q->reserve_pages = total - got;
+    s->reserved += q->reserve_pages;
+    memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
+    q->n_tokens = r->n_prompt;
+    int32_t cached = got * s->P;
+    int32_t tok_by_tier[NS_TIER_COUNT];
+    for (int t = 0; t < NS_TIER_COUNT; t++) tok_by_tier[t] = by_tier[t] * s->P;
+    if (got == lk.m.n_full && lk.m.n_partial > 0 && q->n_pages < total) {
+        int32_t dst = ns_kv_cache_copy_partial(s->kv, lk.m.partial_node, lk.m.n_partial);
         if (dst >= 0) {
-            s->e->be->ops->kv_page_copy(s->e->be, dst, m.partial_page, m.n_partial);
-            r->pages[r->n_pages++] = dst;
-            r->reserve_pages--;
+            q->pages[q->n_pages++] = dst;
+            q->reserve_pages--;
             s->reserved--;
-            cached += m.n_partial;
+            cached += lk.m.n_partial;
+            tok_by_tier[NS_TIER_DEVICE] += lk.m.n_partial;
         }
-        ns_kv_pages_unref(&s->pages, m.partial_page, true);
     }
-    r->n_ctx = cached;
-    for (int32_t i = 0; i < r->n_prompt; i++) ns_sampler_accept(&r->sampler, r->prompt[i]);
+    q->n_ctx = cached;
+    ns_kv_cache_count_hits(s->kv, tok_by_tier);
+    for (int32_t i = 0; i < r->n_prompt; i++) ns_sampler_accept(&q->sampler, r->prompt[i]);
     pthread_mutex_lock(&r->mu);
     r->result.n_cached = cached;
-    r->result.diverge_at = m.diverge_at;
+    for (int t = 0; t < NS_TIER_COUNT; t++) r->result.n_cached_by_tier[t] = tok_by_tier[t];
+    r->result.diverge_at = lk.m.diverge_at;
     pthread_mutex_unlock(&r->mu);
     pthread_mutex_lock(&s->mu);
     s->stats.prefix_lookup_tokens_total += (uint64_t)r->n_prompt;
     s->stats.prefix_hit_tokens_total += (uint64_t)cached;
     s->stats.prompt_tokens_total += (uint64_t)r->n_prompt;
     pthread_mutex_unlock(&s->mu);
-    log_admission(s, r, &m, cached);
-    r->state = RS_PREFILLING;
-    s->running[s->n_running++] = r;
+    log_admission(s, q, &lk, n_use, cached, tok_by_tier, t_restore, t_recompute);
+    q->state = RS_PREFILLING;
+    s->running[s->n_running++] = q;
     return true;
 }
 
@@ -345,68 +479,59 @@ static void admit(ns_sched *s) {
     int32_t kept = 0;
     bool blocked = false;
     for (int32_t i = 0; i < s->n_waiting; i++) {
-        ns_request *r = s->waiting[i];
-        if (atomic_load(&r->cancel)) {
-            r->state = RS_DONE;
-            ns_request_finish(r, NS_FINISH_CANCELLED, NULL);
+        ns_seq *q = s->waiting[i];
+        if (atomic_load(&q->req->cancel)) {
+            q->state = RS_DONE;
+            ns_request_finish(q->req, NS_FINISH_CANCELLED, NULL);
             pthread_mutex_lock(&s->mu);
             s->stats.requests_cancelled++;
             pthread_mutex_unlock(&s->mu);
-            ns_request_release(r);
+            seq_free(q);
             continue;
         }
-        if (!blocked && s->n_running < s->opts.max_running && try_admit(s, r)) continue;
+        if (!blocked && s->n_running < s->opts.max_running && try_admit(s, q)) continue;
         /* FIFO with aging: once the oldest waiter has waited long enough,
          * nobody behind it may take the pages it is waiting for. */
-        if (t - r->t_submit > s->opts.aging_seconds) blocked = true;
-        s->waiting[kept++] = r;
+        if (t - q->t_submit > s->opts.aging_seconds) blocked = true;
+        s->waiting[kept++] = q;
     }
     s->n_waiting = kept;
 }
 
 static void take_incoming(ns_sched *s) {
     pthread_mutex_lock(&s->mu);
-    ns_request *r = s->in_head;
+    ns_seq *q = s->in_head;
     s->in_head = s->in_tail = NULL;
     s->n_incoming = 0;
     pthread_mutex_unlock(&s->mu);
-    for (ns_request *n; r; r = n) {
-        n = r->next;
-        r->next = NULL;
+    for (ns_seq *n; q; q = n) {
+        n = q->next;
+        q->next = NULL;
         if (s->n_waiting == s->cap_waiting) {
             int32_t nc = s->cap_waiting ? s->cap_waiting * 2 : 64;
-            ns_request **p = realloc(s->waiting, (size_t)nc * sizeof *p);
+            ns_seq **p = realloc(s->waiting, (size_t)nc * sizeof *p);
             if (!p) {
-                ns_request_finish(r, NS_FINISH_ERROR, "out of memory queueing the request");
-                ns_request_release(r);
+                ns_request_finish(q->req, NS_FINISH_ERROR, "out of memory queueing the request");
+                seq_free(q);
                 continue;
             }
             s->waiting = p;
             s->cap_waiting = nc;
         }
-        r->state = RS_WAITING;
-        s->waiting[s->n_waiting++] = r;
+        q->state = RS_WAITING;
+        s->waiting[s->n_waiting++] = q;
     }
 }
 
-static void commit_full_pages(ns_sched *s, ns_request *r) {
-    while ((r->n_committed + 1) * s->P <= r->n_ctx) {
-        const int32_t *t = r->tokens + (size_t)r->n_committed * (size_t)s->P;
-        uint64_t h = ns_prefix_hash(r->last_hash, t, s->P);
-        ns_prefix_index_commit(s->index, r->last_hash, h, t, r->pages[r->n_committed]);
-        r->last_hash = h;
-        r->n_committed++;
+static void commit_full_pages(ns_sched *s, ns_seq *q) {
+    while ((q->n_committed + 1) * s->P <= q->n_ctx) {
+        const int32_t *t = q->tokens + (size_t)q->n_committed * (size_t)s->P;
+        uint64_t h = ns_prefix_hash(q->last_hash, t, s->P);
+        ns_kv_cache_commit(s->kv, q->last_hash, h, t, q->pages[q->n_committed]);
+        q->last_hash = h;
+        q->n_committed++;
     }
 }
-
-/* A step's cost grows with its tokens (weights are read once per step,
- * matmuls scale with tokens) and with attention pairs (each new token
- * attends to its whole context). One unit ~ one token's non-attention
- * work; the ratio is a rough constant, the scale is learned online. */
-#define ATTN_PAIRS_PER_UNIT 256.0
-
-static double work_units(int64_t tokens, double attn_pairs) { return (double)tokens + attn_pairs / ATTN_PAIRS_PER_UNIT; }
-
 /* Largest prefill chunk (<= want) for a sequence at context ctx such that
  * the step stays within the latency target, given work already planned.
  * Only applies while some stream decodes: alone, prefill takes the whole
@@ -425,10 +550,10 @@ static bool step(ns_sched *s) {
     const ns_model_config *c = &e->model->cfg;
     /* cancellations first: a disconnected client frees its slot now */
     for (int32_t i = 0; i < s->n_running;) {
-        ns_request *r = s->running[i];
-        if (atomic_load(&r->cancel)) {
+        ns_seq *q = s->running[i];
+        if (atomic_load(&q->req->cancel)) {
             remove_running(s, i);
-            finish(s, r, NS_FINISH_CANCELLED, NULL);
+            finish(s, q, NS_FINISH_CANCELLED, NULL);
         } else {
             i++;
         }
@@ -443,29 +568,29 @@ static bool step(ns_sched *s) {
     /* decode tokens first: they bound every stream's inter-token latency */
     for (int pass = 0; pass < 2; pass++) {
         for (int32_t i = 0; i < s->n_running && budget > 0; i++) {
-            ns_request *r = s->running[i];
+            ns_seq *q = s->running[i];
             int32_t chunk;
             if (pass == 0) {
-                if (r->state != RS_DECODING) continue;
+                if (q->state != RS_DECODING) continue;
                 chunk = 1;
             } else {
-                if (r->state != RS_PREFILLING) continue;
-                chunk = r->n_prompt - r->n_ctx;
+                if (q->state != RS_PREFILLING) continue;
+                chunk = q->req->n_prompt - q->n_ctx;
                 if (chunk > s->opts.prefill_chunk) chunk = s->opts.prefill_chunk;
                 if (chunk > budget) chunk = budget;
-                if (decoding) chunk = bounded_chunk(s, chunk, r->n_ctx, work_units(nt, attn_pairs));
+                if (decoding) chunk = bounded_chunk(s, chunk, q->n_ctx, work_units(nt, attn_pairs));
             }
-            int32_t need = pages_for(s, r->n_ctx + chunk);
+            int32_t need = pages_for(s, q->n_ctx + chunk);
             bool ok = true;
-            while (r->n_pages < need) {
-                int32_t pg = ns_kv_pages_alloc(&s->pages);
+            while (q->n_pages < need) {
+                int32_t pg = ns_kv_cache_alloc(s->kv);
                 if (pg < 0) {
                     ok = false;
                     break;
                 }
-                r->pages[r->n_pages++] = pg;
-                if (r->reserve_pages > 0) {
-                    r->reserve_pages--;
+                q->pages[q->n_pages++] = pg;
+                if (q->reserve_pages > 0) {
+                    q->reserve_pages--;
                     s->reserved--;
                 }
             }
@@ -476,17 +601,17 @@ static bool step(ns_sched *s) {
             }
             s->b_seq_start[ns] = nt;
             for (int32_t j = 0; j < chunk; j++) {
-                s->b_tokens[nt + j] = r->tokens[r->n_ctx + j];
-                s->b_pos[nt + j] = r->n_ctx + j;
+                s->b_tokens[nt + j] = q->tokens[q->n_ctx + j];
+                s->b_pos[nt + j] = q->n_ctx + j;
             }
             nt += chunk;
             budget -= chunk;
-            attn_pairs += (double)chunk * ((double)r->n_ctx + chunk / 2.0);
-            s->b_seq_len[ns] = r->n_ctx + chunk;
+            attn_pairs += (double)chunk * ((double)q->n_ctx + chunk / 2.0);
+            s->b_seq_len[ns] = q->n_ctx + chunk;
             s->b_chunk[ns] = chunk;
-            s->b_reqs[ns] = r;
-            if (r->n_ctx + chunk == r->n_tokens) s->b_rows[n_logits++] = nt - 1;
-            if (r->n_pages > max_pages) max_pages = r->n_pages;
+            s->b_seqs[ns] = q;
+            if (q->n_ctx + chunk == q->n_tokens) s->b_rows[n_logits++] = nt - 1;
+            if (q->n_pages > max_pages) max_pages = q->n_pages;
             ns++;
         }
     }
@@ -497,9 +622,9 @@ static bool step(ns_sched *s) {
     if (!pt) return false;
     s->b_pt = pt;
     for (int32_t i = 0; i < ns; i++) {
-        ns_request *r = s->b_reqs[i];
-        memcpy(pt + (size_t)i * (size_t)max_pages, r->pages, (size_t)r->n_pages * sizeof(int32_t));
-        for (int32_t j = r->n_pages; j < max_pages; j++) pt[(size_t)i * (size_t)max_pages + (size_t)j] = r->pages[0];
+        ns_seq *q = s->b_seqs[i];
+        memcpy(pt + (size_t)i * (size_t)max_pages, q->pages, (size_t)q->n_pages * sizeof(int32_t));
+        for (int32_t j = q->n_pages; j < max_pages; j++) pt[(size_t)i * (size_t)max_pages + (size_t)j] = q->pages[0];
     }
     ns_batch b = {
         .n_tokens = nt,
@@ -520,10 +645,10 @@ static bool step(ns_sched *s) {
     int32_t li = 0;
     bool want_lp = false;
     for (int32_t i = 0; i < ns; i++) {
-        ns_request *r = s->b_reqs[i];
-        if (r->n_ctx + s->b_chunk[i] == r->n_tokens) {
-            s->b_samplers[li++] = &r->sampler;
-            want_lp |= r->params.logprobs || r->params.top_logprobs > 0;
+        ns_seq *q = s->b_seqs[i];
+        if (q->n_ctx + s->b_chunk[i] == q->n_tokens) {
+            s->b_samplers[li++] = &q->sampler;
+            want_lp |= q->req->params.logprobs || q->req->params.top_logprobs > 0;
         }
     }
     if (rc == NS_OK && want_lp) {
@@ -538,23 +663,20 @@ static bool step(ns_sched *s) {
     if (rc != NS_OK) {
         NS_ERROR("engine step failed: %s", err.msg);
         for (int32_t i = 0; i < ns; i++) {
-            ns_request *r = s->b_reqs[i];
-            for (int32_t j = 0; j < s->n_running; j++)
-                if (s->running[j] == r) {
-                    remove_running(s, j);
-                    break;
-                }
-            finish(s, r, NS_FINISH_ERROR, err.msg);
+            ns_seq *q = s->b_seqs[i];
+            remove_running_seq(s, q);
+            finish(s, q, NS_FINISH_ERROR, err.msg);
         }
         return true;
     }
     li = 0;
     uint64_t generated = 0;
     for (int32_t i = 0; i < ns; i++) {
-        ns_request *r = s->b_reqs[i];
-        bool has_row = r->n_ctx + s->b_chunk[i] == r->n_tokens;
-        r->n_ctx += s->b_chunk[i];
-        commit_full_pages(s, r);
+        ns_seq *q = s->b_seqs[i];
+        ns_request *r = q->req;
+        bool has_row = q->n_ctx + s->b_chunk[i] == q->n_tokens;
+        q->n_ctx += s->b_chunk[i];
+        commit_full_pages(s, q);
         if (!has_row) continue;
         const float *row = s->host_logits + (size_t)li * (size_t)c->vocab_size;
         int32_t tok = s->b_sampled[li++];
@@ -566,37 +688,33 @@ static bool step(ns_sched *s) {
                 ns_top_logprobs(row, c->vocab_size, ev.n_top, ev.top_ids, ev.top_logprobs);
             }
         }
-        ns_sampler_accept(&r->sampler, tok);
-        r->tokens[r->n_tokens++] = tok;
-        r->n_generated++;
+        ns_sampler_accept(&q->sampler, tok);
+        q->tokens[q->n_tokens++] = tok;
+        q->n_generated++;
         generated++;
-        if (r->state == RS_PREFILLING) {
-            r->t_first = t1;
-            r->state = RS_DECODING;
+        if (q->state == RS_PREFILLING) {
+            q->t_first = t1;
+            q->state = RS_DECODING;
             pthread_mutex_lock(&s->mu);
-            hist_add(&s->stats.ttft_seconds, t1 - r->t_submit);
+            hist_add(&s->stats.ttft_seconds, t1 - q->t_submit);
             pthread_mutex_unlock(&s->mu);
         } else {
             pthread_mutex_lock(&s->mu);
-            hist_add(&s->stats.itl_seconds, t1 - r->t_last);
+            hist_add(&s->stats.itl_seconds, t1 - q->t_last);
             pthread_mutex_unlock(&s->mu);
         }
-        r->t_last = t1;
+        q->t_last = t1;
         pthread_mutex_lock(&r->mu);
-        r->result.n_generated = r->n_generated;
+        r->result.n_generated = q->n_generated;
         pthread_mutex_unlock(&r->mu);
         ns_finish why = NS_FINISH_NONE;
         if (ns_request_push(r, &ev) != NS_OK) why = NS_FINISH_ERROR;
         else if (!r->params.ignore_eos && ns_config_is_eos(c, tok)) why = NS_FINISH_EOS;
-        else if (r->n_generated >= r->params.max_tokens) why = NS_FINISH_LENGTH;
-        else if (r->n_tokens >= c->max_position_embeddings) why = NS_FINISH_CONTEXT;
+        else if (q->n_generated >= r->params.max_tokens) why = NS_FINISH_LENGTH;
+        else if (q->n_tokens >= c->max_position_embeddings) why = NS_FINISH_CONTEXT;
         if (why != NS_FINISH_NONE) {
-            for (int32_t j = 0; j < s->n_running; j++)
-                if (s->running[j] == r) {
-                    remove_running(s, j);
-                    break;
-                }
-            finish(s, r, why, why == NS_FINISH_ERROR ? "out of memory" : NULL);
+            remove_running_seq(s, q);
+            finish(s, q, why, why == NS_FINISH_ERROR ? "out of memory" : NULL);
         }
     }
     {
@@ -611,13 +729,34 @@ static bool step(ns_sched *s) {
     return true;
 }
 
-static void update_gauges(ns_sched *s) {
+/* Write-behind to the SSD tier: a bounded number of pages per step while
+ * there is work (so a step is not delayed by much), everything when idle
+ * or when an HTTP thread waits in ns_sched_flush. */
+static void serve_flushes(ns_sched *s, bool worked) {
     pthread_mutex_lock(&s->mu);
+    uint64_t asked = s->flush_asked;
+    pthread_mutex_unlock(&s->mu);
+    bool flushing = asked > s->flush_served_engine;
+    int32_t left = ns_kv_cache_persist(s->kv, worked && !flushing ? s->persist_per_step : INT32_MAX);
+    if (flushing && left == 0) {
+        s->flush_served_engine = asked;
+        pthread_mutex_lock(&s->mu);
+        s->flush_served = asked;
+        pthread_cond_broadcast(&s->flush_cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+static void update_gauges(ns_sched *s) {
+    ns_kv_cache_stats kst;
+    ns_kv_cache_get_stats(s->kv, &kst);
+    pthread_mutex_lock(&s->mu);
+    s->stats.kv = kst;
     s->stats.requests_running = s->n_running;
     s->stats.requests_waiting = s->n_waiting + s->n_incoming;
-    s->stats.pages_free = s->pages.n_free;
-    s->stats.pages_cached = s->pages.n_cached;
-    s->stats.pages_used = s->pages.n_pages - s->pages.n_free - s->pages.n_cached;
+    s->stats.pages_free = s->stats.kv.pool_free;
+    s->stats.pages_cached = s->stats.kv.pool_cached;
+    s->stats.pages_used = s->stats.kv.pool_held;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -630,6 +769,8 @@ static void *engine_main(void *arg) {
         if (stop) break;
         take_incoming(s);
         bool worked = step(s);
+        serve_flushes(s, worked);
+        ns_kv_cache_check(s->kv);
         update_gauges(s);
         if (!worked) {
             pthread_mutex_lock(&s->mu);
@@ -649,14 +790,14 @@ static void *engine_main(void *arg) {
     }
     /* shutting down: everyone still here ends as cancelled */
     while (s->n_running > 0) {
-        ns_request *r = s->running[s->n_running - 1];
+        ns_seq *q = s->running[s->n_running - 1];
         s->n_running--;
-        finish(s, r, NS_FINISH_CANCELLED, "server shutting down");
+        finish(s, q, NS_FINISH_CANCELLED, "server shutting down");
     }
     take_incoming(s);
     for (int32_t i = 0; i < s->n_waiting; i++) {
-        ns_request_finish(s->waiting[i], NS_FINISH_CANCELLED, "server shutting down");
-        ns_request_release(s->waiting[i]);
+        ns_request_finish(s->waiting[i]->req, NS_FINISH_CANCELLED, "server shutting down");
+        seq_free(s->waiting[i]);
     }
     s->n_waiting = 0;
     update_gauges(s);
@@ -676,6 +817,7 @@ void ns_sched_stop(ns_sched *s) {
     pthread_mutex_lock(&s->mu);
     s->stop = true;
     pthread_cond_broadcast(&s->cv);
+    pthread_cond_broadcast(&s->flush_cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
     s->started = false;

@@ -12,9 +12,16 @@
  * prefix cache). A request that can never fit is refused by
  * ns_sched_submit with NS_ERR_RANGE and the numbers in *cap.
  *
+ * Two halves: ns_request is the HTTP <-> engine channel (prompt, typed
+ * parameters, cancel flag, event queue, result), shared by both sides;
+ * the sequence state (page table, positions, tokens, sampler and RNG) is
+ * engine-owned (sched_internal.h's ns_seq), created at submit and freed by
+ * the engine thread. KV state lives in src/kv/kv_cache, which the engine
+ * reaches only through its API.
+ *
  * Ownership: a request is reference counted; ns_request_new returns one
- * reference (the HTTP side's); submit adds the engine's. Each side calls
- * ns_request_release when done with it.
+ * reference (the HTTP side's); submit adds the engine's (held by the
+ * sequence). Each side calls ns_request_release when done with it.
  */
 #ifndef NS_SCHED_H
 #define NS_SCHED_H
@@ -25,7 +32,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
-#include "engine/sample.h"
+#include "kv/kv_cache.h"
 
 #define NS_MAX_TOP_LOGPROBS 20
 
@@ -74,6 +81,7 @@ typedef struct ns_request_result {
     ns_finish finish;
     int32_t n_prompt;
     int32_t n_cached;        /* prompt tokens whose KV was reused */
+    int32_t n_cached_by_tier[NS_TIER_COUNT]; /* ... by the tier it came from */
     int32_t n_generated;
     char error[256];
     /* where the prompt diverged from the closest cached sequence (-1: none) */
@@ -93,6 +101,10 @@ typedef struct ns_sched_opts {
      * thread; must be thread-safe w.r.t. the HTTP threads. */
     void (*describe)(void *ctx, const int32_t *tokens, int32_t n, char *out, size_t cap);
     void *describe_ctx;
+    /* KV cache tiers below the device pool (see kv_cache.h) */
+    int64_t ram_cache_bytes;  /* host-RAM tier, 0 = off */
+    const char *ssd_dir;      /* SSD tier directory, NULL = off */
+    int64_t ssd_bytes;        /* SSD tier size cap (0 = 32 GiB) */
 } ns_sched_opts;
 
 typedef struct ns_capacity {
@@ -113,6 +125,11 @@ void ns_sched_stop(ns_sched *s);
 void ns_sched_free(ns_sched *s);
 /* Queues r. NS_ERR_RANGE (never fits: *cap says why), NS_ERR_INVALID. */
 ns_status ns_sched_submit(ns_sched *s, ns_request *r, ns_capacity *cap, ns_error *err);
+/* Makes every page committed before the call durable in the SSD tier:
+ * the engine hands all pending pages to the tier, then this waits for the
+ * tier's fsync + index commit (up to timeout_ms in all). NS_ERR_UNSUPPORTED
+ * when the SSD tier is off. Thread-safe (HTTP threads). */
+ns_status ns_sched_flush(ns_sched *s, int timeout_ms, ns_kv_ssd_flush_result *out, ns_error *err);
 
 /* A consistent snapshot for /metrics and logs (thread-safe). */
 #define NS_HIST_BUCKETS 16
@@ -131,6 +148,7 @@ typedef struct ns_sched_stats {
     int32_t pages_total, pages_used, pages_free, pages_cached;
     int32_t page_tokens;
     ns_histogram step_seconds, batch_tokens, ttft_seconds, itl_seconds;
+    ns_kv_cache_stats kv; /* per-tier pages, hits, demotions/promotions, SSD */
 } ns_sched_stats;
 void ns_sched_get_stats(ns_sched *s, ns_sched_stats *out);
 

@@ -1,6 +1,13 @@
-/* sched_internal.h — request internals shared by request.c and sched.c.
- * Private to src/sched/. Fields under "channel" are guarded by mu; fields
- * under "engine" are touched only by the engine thread. */
+/* sched_internal.h — the two halves of a request, private to src/sched/.
+ *
+ * ns_request: the HTTP <-> engine channel. Fields under "channel" are
+ * guarded by mu; prompt and params are immutable after submit (the engine
+ * may clamp params.max_tokens inside submit, before the engine sees it).
+ *
+ * ns_seq: the engine-owned sequence state (pages, positions, tokens,
+ * sampler/RNG). Created by ns_sched_submit, touched only by the engine
+ * thread afterwards, freed by it when the sequence ends; it holds the
+ * engine's reference on its request. */
 #ifndef NS_SCHED_INTERNAL_H
 #define NS_SCHED_INTERNAL_H
 
@@ -24,23 +31,24 @@ struct ns_request {
     int n_events, cap_events, ev_head;
     bool finished;
     ns_request_result result;
+};
 
-    /* engine */
+typedef struct ns_seq {
+    ns_request *req;          /* the channel; the engine's reference */
+    struct ns_seq *next;      /* incoming queue link */
     ns_req_state state;
-    struct ns_request *next;  /* queue links */
     ns_sampler sampler;
-    bool sampler_ready;
     int32_t *tokens;          /* prompt + generated */
     int32_t n_tokens, cap_tokens;
     int32_t n_ctx;            /* tokens whose KV is in pages */
-    int32_t *pages;           /* page table */
+    int32_t *pages;           /* page table (device pages, one reference each) */
     int32_t n_pages, cap_pages;
-    int32_t reserve_pages;    /* pages still promised to this request */
+    int32_t reserve_pages;    /* pages still promised to this sequence */
     int32_t n_committed;      /* leading full pages already in the index */
     uint64_t last_hash;       /* chain hash of the last committed page */
     int32_t n_generated;
     double t_submit, t_first, t_last;
-};
+} ns_seq;
 
 ns_status ns_request_push(ns_request *r, const ns_token_event *ev);
 void ns_request_finish(ns_request *r, ns_finish why, const char *msg);

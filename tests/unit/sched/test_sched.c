@@ -83,12 +83,25 @@ static int32_t collect(ns_request *r, int32_t *out, int32_t cap) {
     return n;
 }
 
-static ns_sched *make_sched(ns_engine *e, int32_t max_running) {
-    ns_sched_opts so = {.max_batch_tokens = e->opts.max_batch_tokens, .max_running = max_running, .prefill_chunk = 32};
+static ns_sched *make_sched_tiers(ns_engine *e, int32_t max_running, int64_t ram_bytes, const char *ssd_dir) {
+    ns_sched_opts so = {.max_batch_tokens = e->opts.max_batch_tokens, .max_running = max_running, .prefill_chunk = 32,
+                        .ram_cache_bytes = ram_bytes, .ssd_dir = ssd_dir, .ssd_bytes = 64 << 20};
     ns_sched *s = NULL;
     ns_error err = {0};
     if (ns_sched_create(e, &so, &s, &err) != NS_OK || ns_sched_start(s, &err) != NS_OK) printf("# %s\n", err.msg);
     return s;
+}
+
+static ns_sched *make_sched(ns_engine *e, int32_t max_running) { return make_sched_tiers(e, max_running, 0, NULL); }
+
+/* Runs one greedy request to the end; returns its token count, fills res. */
+static int32_t run_one(ns_sched *s, const int32_t *prompt, int32_t n, int32_t gen, int32_t *out, ns_request_result *res) {
+    ns_status st;
+    ns_request *r = submit(s, prompt, n, gen, &st);
+    int32_t k = st == NS_OK ? collect(r, out, gen) : -1;
+    ns_request_result_get(r, res);
+    ns_request_release(r);
+    return k;
 }
 
 TEST(batched_equals_alone) {
@@ -281,12 +294,98 @@ TEST(unbounded_requests_share_a_larger_pool) {
     ns_engine_free(e);
 }
 
+/* Evicting part of a long cached prompt keeps the longest prefix: the
+ * chain's tail is evicted first, never its head. */
+TEST(partial_eviction_keeps_longest_prefix) {
+    setup();
+    if (!g_model) return;
+    ns_engine *e = make_engine(24, 64, 2); /* 24 pages of 16 */
+    ns_sched *s = make_sched(e, 2);
+    int32_t a[337], b[40], out[4];
+    make_prompt(a, 337, 337, 11); /* 21 full pages + 1 token */
+    a[0] = 1;
+    ns_request_result res;
+    run_one(s, a, 337, 1, out, &res);
+    /* b needs 3 pages: 1 free + 2 evicted from a's 22 cached pages */
+    make_prompt(b, 40, 0, 12);
+    b[0] = 1;
+    run_one(s, b, 40, 1, out, &res);
+    run_one(s, a, 337, 1, out, &res);
+    CHECKF(res.n_cached >= 19 * P, "after evicting 2-3 pages the prompt reused only %d tokens", res.n_cached);
+    ns_sched_free(s);
+    ns_engine_free(e);
+}
+
+/* Session A, then enough others to push A out of the pool, then A again:
+ * served from the RAM tier, token-identical to the cold run. */
+TEST(churned_session_comes_back_from_ram) {
+    setup();
+    if (!g_model) return;
+    ns_engine *e = make_engine(32, 64, 2);
+    ns_sched *s = make_sched_tiers(e, 2, 4 << 20, NULL);
+    int32_t a[300], o[100], cold[8], warm[8];
+    make_prompt(a, 300, 300, 21);
+    a[0] = 1;
+    ns_request_result res;
+    int32_t n_cold = run_one(s, a, 300, 8, cold, &res);
+    for (int i = 0; i < 4; i++) {
+        make_prompt(o, 100, 0, (uint32_t)i + 400);
+        o[0] = 1;
+        run_one(s, o, 100, 8, warm, &res);
+    }
+    int32_t n_warm = run_one(s, a, 300, 8, warm, &res);
+    CHECKF(res.n_cached >= 300 - P, "cached %d", res.n_cached);
+    CHECKF(res.n_cached_by_tier[NS_TIER_RAM] > 0, "nothing came from RAM (device %d, ram %d)",
+           res.n_cached_by_tier[NS_TIER_DEVICE], res.n_cached_by_tier[NS_TIER_RAM]);
+    CHECK(n_cold == n_warm && memcmp(cold, warm, (size_t)n_cold * 4) == 0);
+    ns_sched_stats st;
+    ns_sched_get_stats(s, &st);
+    CHECK(st.kv.demotions > 0 && st.kv.promotions[NS_TIER_RAM] > 0);
+    ns_sched_free(s);
+    ns_engine_free(e);
+}
+
+/* A restart: a new scheduler over a fresh pool and the same SSD
+ * directory serves the prompt from SSD, token-identical. */
+TEST(restart_serves_from_ssd) {
+    setup();
+    if (!g_model) return;
+    char dir[] = "/tmp/ns_sched_ssd_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    int32_t a[200], cold[8], warm[8];
+    make_prompt(a, 200, 200, 31);
+    a[0] = 1;
+    ns_request_result res;
+    ns_engine *e = make_engine(64, 64, 2);
+    ns_sched *s = make_sched_tiers(e, 2, 0, dir);
+    int32_t n_cold = run_one(s, a, 200, 8, cold, &res);
+    ns_kv_ssd_flush_result fr;
+    ns_error err = {0};
+    CHECK(ns_sched_flush(s, 10000, &fr, &err) == NS_OK);
+    CHECKF(fr.durable >= 12, "durable %lld", (long long)fr.durable);
+    ns_sched_free(s);
+    ns_engine_free(e);
+    e = make_engine(64, 64, 2);
+    s = make_sched_tiers(e, 2, 0, dir);
+    int32_t n_warm = run_one(s, a, 200, 8, warm, &res);
+    CHECKF(res.n_cached_by_tier[NS_TIER_SSD] >= 200 - 2 * P, "from SSD: %d", res.n_cached_by_tier[NS_TIER_SSD]);
+    CHECK(n_cold == n_warm && memcmp(cold, warm, (size_t)n_cold * 4) == 0);
+    ns_sched_free(s);
+    ns_engine_free(e);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
 int main(void) {
     RUN(batched_equals_alone);
     RUN(agent_replay_hits_cache);
     RUN(cancel_mid_prefill_keeps_pages);
     RUN(small_pool_waits_and_rejects);
     RUN(unbounded_requests_share_a_larger_pool);
+    RUN(partial_eviction_keeps_longest_prefix);
+    RUN(churned_session_comes_back_from_ram);
+    RUN(restart_serves_from_ssd);
     ns_model_free(g_model);
     if (g_be) g_be->ops->destroy(g_be);
     TEST_MAIN_END;
