@@ -7,7 +7,7 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "tokenizer/tokutil.h"
+#include "util/utf8.h"
 
 static const ns_http_route g_routes[] = {
     {"POST", "/v1/chat/completions", ns_api_chat_completions, false},

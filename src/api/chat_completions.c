@@ -16,6 +16,7 @@
 #include "api/gen.h"
 #include "util/clock.h"
 #include "util/log.h"
+#include "util/utf8.h"
 
 #define KEEPALIVE_S 15.0
 
@@ -42,18 +43,6 @@ static void job_free(chat_job *j) {
     ns_chat_prompt_free(&j->cp);
     json_decref(j->body);
     free(j);
-}
-
-/* End of the longest prefix of s[from..to) made of whole UTF-8 characters
- * (the parsers release whole characters; this only guards the JSON). */
-static size_t utf8_whole(const char *s, size_t from, size_t to) {
-    size_t i = to;
-    while (i > from && ((unsigned char)s[i - 1] & 0xC0) == 0x80 && to - i < 3) i--;
-    if (i == from) return to;
-    unsigned char b = (unsigned char)s[i - 1];
-    if (b < 0x80) return to;
-    size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
-    return to - (i - 1) >= need ? to : i - 1;
 }
 
 static json_t *chunk_base(chat_job *j) {
@@ -83,7 +72,7 @@ static ns_status emit_delta(chat_job *j, ns_buf *out, json_t *delta, const char 
 
 static ns_status emit_text(chat_job *j, ns_buf *out, const char *field, const ns_buf *b, size_t *sent) {
     if (b->len <= *sent) return NS_OK;
-    size_t end = utf8_whole(b->data, *sent, b->len);
+    size_t end = ns_utf8_complete(b->data, *sent, b->len);
     if (end <= *sent) return NS_OK;
     json_t *d = json_object();
     json_object_set_new(d, field, json_stringn(b->data + *sent, end - *sent));
@@ -105,7 +94,7 @@ static ns_status emit_diffs(chat_job *j, ns_buf *out) {
             if (rc != NS_OK) break;
         }
         if (c->args.len > j->sent_args[i]) {
-            size_t end = utf8_whole(c->args.data, j->sent_args[i], c->args.len);
+            size_t end = ns_utf8_complete(c->args.data, j->sent_args[i], c->args.len);
             if (end > j->sent_args[i]) {
                 json_t *d = json_pack("{s:[{s:i,s:{s:s%}}]}", "tool_calls", "index", i, "function", "arguments",
                                       c->args.data + j->sent_args[i], end - j->sent_args[i]);

@@ -9,6 +9,7 @@
 #include "tokenizer/tokutil.h"
 #include "util/clock.h"
 #include "util/log.h"
+#include "util/utf8.h"
 
 #define TEXT_CAP ((size_t)256 << 20)
 

@@ -6,6 +6,8 @@
 
 #include <jansson.h>
 
+#include "util/utf8.h"
+
 static const char *k_demo_specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>",
                                         "</think>",      "<tool_call>",  "</tool_call>"};
 #define N_SPECIALS (sizeof k_demo_specials / sizeof k_demo_specials[0])
@@ -44,15 +46,7 @@ static void byte_char(int b, char out[4]) {
         }
         built = 1;
     }
-    int cp = map[b];
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        out[1] = 0;
-    } else {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        out[2] = 0;
-    }
+    out[ns_utf8_encode((uint32_t)map[b], out)] = 0; /* map[b] < 0x800: at most 2 bytes */
 }
 
 static char *g_tok_json, *g_cfg_json;

@@ -13,6 +13,7 @@
 #include "template/ops.h"
 #include "template/tojson.h"
 #include "template/ustr.h"
+#include "util/utf8.h"
 
 static int name_is(const char *a, size_t n, const char *lit) { return strlen(lit) == n && memcmp(a, lit, n) == 0; }
 
@@ -349,11 +350,11 @@ static ns_status f_first_last(ns_tctx *c, const ns_tv *v, int last, ns_tv *out) 
     if (v->kind == NS_TV_STR && v->u.s.n) {
         size_t i = last ? v->u.s.n : 0, j;
         if (last) {
-            ns_u8_prev(v->u.s.p, &i);
+            ns_utf8_prev(v->u.s.p, &i);
             j = v->u.s.n;
         } else {
             j = 0;
-            ns_u8_next(v->u.s.p, v->u.s.n, &j);
+            ns_utf8_next(v->u.s.p, v->u.s.n, &j);
         }
         *out = ns_tv_str(v->u.s.p + i, j - i);
         return NS_OK;
@@ -679,7 +680,7 @@ static ns_status f_title(ns_tctx *c, const ns_tv *v, ns_tv *out) {
     size_t i = 0;
     int at_start = 1;
     while (i < s.u.s.n) {
-        uint32_t cp = ns_u8_next(s.u.s.p, s.u.s.n, &i);
+        uint32_t cp = ns_utf8_next(s.u.s.p, s.u.s.n, &i);
         int sep = cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || ns_u_isspace(cp);
         if (sep) {
             ns_tsb_putcp(&b, cp);
@@ -741,7 +742,7 @@ static ns_status f_wordcount(ns_tctx *c, const ns_tv *v, ns_tv *out) {
     int in_word = 0;
     size_t i = 0;
     while (i < s.u.s.n) {
-        uint32_t cp = ns_u8_next(s.u.s.p, s.u.s.n, &i);
+        uint32_t cp = ns_utf8_next(s.u.s.p, s.u.s.n, &i);
         int w = cp == '_' || ns_u_isalpha(cp) || ns_u_isnumeric(cp);
         if (w && !in_word) words++;
         in_word = w;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "template/ustr.h"
+#include "util/utf8.h"
 
 #define MAX_TAG_NESTING 256
 
@@ -89,7 +90,7 @@ static ns_ttok *push(lexer *L, int type, size_t off) {
 static size_t ws_at(const lexer *L, size_t i) {
     if (i >= L->n) return 0;
     size_t j = i;
-    uint32_t cp = ns_u8_next(L->s, L->n, &j);
+    uint32_t cp = ns_utf8_next(L->s, L->n, &j);
     return ns_u_isspace(cp) ? j - i : 0;
 }
 
@@ -103,7 +104,7 @@ static size_t skip_ws(const lexer *L, size_t i) {
 static size_t rstrip_end(const lexer *L, size_t start, size_t end) {
     while (end > start) {
         size_t j = end;
-        uint32_t cp = ns_u8_prev(L->s, &j);
+        uint32_t cp = ns_utf8_prev(L->s, &j);
         if (j < start || !ns_u_isspace(cp)) break;
         end = j;
     }
@@ -194,14 +195,14 @@ static ns_status decode_string(lexer *L, size_t start, size_t end, ns_ttok *t) {
             }
             if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
                 return lex_fail(L, esc, "escape out of range in string literal");
-            o += ns_u8_encode(cp, out + o);
+            o += ns_utf8_encode(cp, out + o);
             break;
         }
         default:
             if (c >= '0' && c <= '7') {
                 uint32_t cp = (uint32_t)(c - '0');
                 for (int k = 0; k < 2 && i < end && s[i] >= '0' && s[i] <= '7'; k++) cp = cp * 8 + (uint32_t)(s[i++] - '0');
-                o += ns_u8_encode(cp, out + o);
+                o += ns_utf8_encode(cp, out + o);
             } else {
                 /* unknown escapes keep their backslash, as in Python */
                 out[o++] = '\\';
@@ -366,7 +367,7 @@ static ns_status lex_tag(lexer *L, int is_block, size_t tag_start) {
         if (!op) {
             char what[8] = {0};
             size_t j = p;
-            ns_u8_next(s, L->n, &j);
+            ns_utf8_next(s, L->n, &j);
             memcpy(what, s + p, j - p < 7 ? j - p : 7);
             return lex_fail(L, p, "unexpected character '%s'", what);
         }

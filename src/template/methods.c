@@ -9,6 +9,7 @@
 
 #include "template/ops.h"
 #include "template/ustr.h"
+#include "util/utf8.h"
 
 #define MAX_RANGE 100000 /* jinja2.sandbox.MAX_RANGE */
 
@@ -78,7 +79,7 @@ static int is_none(const ns_tv *v) { return !v || v->kind == NS_TV_NONE; }
 static int cp_in(uint32_t cp, const ns_tv *chars) {
     size_t i = 0;
     while (i < chars->u.s.n)
-        if (ns_u8_next(chars->u.s.p, chars->u.s.n, &i) == cp) return 1;
+        if (ns_utf8_next(chars->u.s.p, chars->u.s.n, &i) == cp) return 1;
     return 0;
 }
 
@@ -114,10 +115,10 @@ static const char *special_case(uint32_t cp, int title) {
 static int final_sigma(const char *p, size_t n, size_t at, size_t next) {
     if (at == 0) return 0;
     size_t j = at;
-    if (!ns_u_iscased(ns_u8_prev(p, &j))) return 0;
+    if (!ns_u_iscased(ns_utf8_prev(p, &j))) return 0;
     if (next >= n) return 1;
     size_t k = next;
-    return !ns_u_iscased(ns_u8_next(p, n, &k));
+    return !ns_u_iscased(ns_utf8_next(p, n, &k));
 }
 
 ns_status ns_tstr_case(ns_tctx *c, const ns_tv *s, int mode, ns_tv *out) {
@@ -129,7 +130,7 @@ ns_status ns_tstr_case(ns_tctx *c, const ns_tv *s, int mode, ns_tv *out) {
     size_t n = s->u.s.n;
     while (i < n) {
         size_t at = i;
-        uint32_t cp = ns_u8_next(p, n, &i), o = cp;
+        uint32_t cp = ns_utf8_next(p, n, &i), o = cp;
         int to_upper = 0, to_title = 0, to_lower = 0;
         switch (mode) {
         case NS_TCASE_LOWER: to_lower = 1; break;
@@ -176,14 +177,14 @@ ns_status ns_tstr_strip(ns_tctx *c, const ns_tv *s, const ns_tv *chars, int left
     if (left)
         while (lo < hi) {
             size_t j = lo;
-            uint32_t cp = ns_u8_next(p, hi, &j);
+            uint32_t cp = ns_utf8_next(p, hi, &j);
             if (is_none(chars) ? !ns_u_isspace(cp) : !cp_in(cp, chars)) break;
             lo = j;
         }
     if (right)
         while (hi > lo) {
             size_t j = hi;
-            uint32_t cp = ns_u8_prev(p, &j);
+            uint32_t cp = ns_utf8_prev(p, &j);
             if (j < lo || (is_none(chars) ? !ns_u_isspace(cp) : !cp_in(cp, chars))) break;
             hi = j;
         }
@@ -209,7 +210,7 @@ ns_status ns_tstr_replace(ns_tctx *c, const ns_tv *s, const ns_tv *old, const ns
             done++;
             if (i >= n) break;
             size_t j = i;
-            ns_u8_next(p, n, &j);
+            ns_utf8_next(p, n, &j);
             ns_tsb_put(&b, p + i, j - i);
             i = j;
         }
@@ -248,14 +249,14 @@ ns_status ns_tstr_split(ns_tctx *c, const ns_tv *s, const ns_tv *sep, int64_t ma
             while (maxsplit-- > 0) {
                 while (i < n) {
                     size_t j = i;
-                    if (!ns_u_isspace(ns_u8_next(p, n, &j))) break;
+                    if (!ns_u_isspace(ns_utf8_next(p, n, &j))) break;
                     i = j;
                 }
                 if (i == n) break;
                 size_t start = i;
                 while (i < n) {
                     size_t j = i;
-                    if (ns_u_isspace(ns_u8_next(p, n, &j))) break;
+                    if (ns_u_isspace(ns_utf8_next(p, n, &j))) break;
                     i = j;
                 }
                 if ((st = push(c, &v, ns_tv_str(p + start, i - start))) != NS_OK) return st;
@@ -263,7 +264,7 @@ ns_status ns_tstr_split(ns_tctx *c, const ns_tv *s, const ns_tv *sep, int64_t ma
             if (i < n) {
                 while (i < n) {
                     size_t j = i;
-                    if (!ns_u_isspace(ns_u8_next(p, n, &j))) break;
+                    if (!ns_u_isspace(ns_utf8_next(p, n, &j))) break;
                     i = j;
                 }
                 if (i < n && (st = push(c, &v, ns_tv_str(p + i, n - i))) != NS_OK) return st;
@@ -275,14 +276,14 @@ ns_status ns_tstr_split(ns_tctx *c, const ns_tv *s, const ns_tv *sep, int64_t ma
         while (maxsplit-- > 0) {
             while (i > 0) {
                 size_t j = i;
-                if (!ns_u_isspace(ns_u8_prev(p, &j))) break;
+                if (!ns_u_isspace(ns_utf8_prev(p, &j))) break;
                 i = j;
             }
             if (i == 0) break;
             size_t end = i;
             while (i > 0) {
                 size_t j = i;
-                if (ns_u_isspace(ns_u8_prev(p, &j))) break;
+                if (ns_u_isspace(ns_utf8_prev(p, &j))) break;
                 i = j;
             }
             if ((st = push(c, &v, ns_tv_str(p + i, end - i))) != NS_OK) return st;
@@ -290,7 +291,7 @@ ns_status ns_tstr_split(ns_tctx *c, const ns_tv *s, const ns_tv *sep, int64_t ma
         if (i > 0) {
             while (i > 0) {
                 size_t j = i;
-                if (!ns_u_isspace(ns_u8_prev(p, &j))) break;
+                if (!ns_u_isspace(ns_utf8_prev(p, &j))) break;
                 i = j;
             }
             if (i > 0 && (st = push(c, &v, ns_tv_str(p, i))) != NS_OK) return st;
@@ -343,7 +344,7 @@ ns_status ns_tstr_splitlines(ns_tctx *c, const ns_tv *s, int keepends, ns_tv *ou
     ns_status st;
     while (i < n) {
         size_t j = i;
-        uint32_t cp = ns_u8_next(p, n, &j);
+        uint32_t cp = ns_utf8_next(p, n, &j);
         if (!ns_u_islinebreak(cp)) {
             i = j;
             continue;
@@ -393,8 +394,8 @@ static ns_status sub_range(ns_tctx *c, const ns_tv *s, const ns_tv *start, const
 
 static ns_tv sub_str(const ns_tv *s, int64_t lo, int64_t hi) {
     if (hi < lo) hi = lo;
-    size_t a = ns_u8_offset(s->u.s.p, s->u.s.n, (size_t)lo);
-    size_t b = a + ns_u8_offset(s->u.s.p + a, s->u.s.n - a, (size_t)(hi - lo));
+    size_t a = ns_utf8_offset(s->u.s.p, s->u.s.n, (size_t)lo);
+    size_t b = a + ns_utf8_offset(s->u.s.p + a, s->u.s.n - a, (size_t)(hi - lo));
     return ns_tv_str(s->u.s.p + a, b - a);
 }
 
@@ -450,7 +451,7 @@ static ns_status str_find(ns_tctx *c, const ns_tv *self, const ns_tcallargs *a, 
     size_t n = s.u.s.n, sn = sub->u.s.n;
     if (count) {
         int64_t k = 0;
-        if (sn == 0) k = (int64_t)ns_u8_count(p, n) + 1;
+        if (sn == 0) k = (int64_t)ns_utf8_count(p, n) + 1;
         else
             for (size_t i = 0; i + sn <= n;) {
                 const char *hit = memmem(p + i, n - i, sub->u.s.p, sn);
@@ -477,7 +478,7 @@ static ns_status str_find(ns_tctx *c, const ns_tv *self, const ns_tcallargs *a, 
         *out = ns_tv_int(-1);
         return NS_OK;
     }
-    *out = ns_tv_int(lo + (int64_t)ns_u8_count(p, (size_t)found));
+    *out = ns_tv_int(lo + (int64_t)ns_utf8_count(p, (size_t)found));
     return NS_OK;
 }
 
@@ -493,7 +494,7 @@ static ns_status str_pad(ns_tctx *c, const ns_tv *self, const ns_tcallargs *a, i
     const ns_tv *f = mode == 3 ? NULL : ns_targ(a, 1, "fillchar");
     if (f) {
         if ((st = want_str(c, f, "fill character")) != NS_OK) return st;
-        if (ns_u8_count(f->u.s.p, f->u.s.n) != 1)
+        if (ns_utf8_count(f->u.s.p, f->u.s.n) != 1)
             return ns_trt_fail(c, NS_ERR_INVALID, "The fill character must be exactly one character long");
         fill = f->u.s.p;
         fill_n = f->u.s.n;
@@ -576,7 +577,7 @@ static ns_tv str_is(const ns_tv *s, const char *name, size_t n) {
     if (name_is(name, n, "islower") || name_is(name, n, "isupper")) {
         int want_lower = name_is(name, n, "islower"), cased = 0;
         while (i < len) {
-            uint32_t cp = ns_u8_next(p, len, &i);
+            uint32_t cp = ns_utf8_next(p, len, &i);
             if (want_lower ? ns_u_isupper(cp) : ns_u_islower(cp)) return ns_tv_bool(0);
             if (ns_u_iscased(cp)) cased = 1;
         }
@@ -585,7 +586,7 @@ static ns_tv str_is(const ns_tv *s, const char *name, size_t n) {
     if (name_is(name, n, "istitle")) {
         int prev_cased = 0, any = 0;
         while (i < len) {
-            uint32_t cp = ns_u8_next(p, len, &i);
+            uint32_t cp = ns_utf8_next(p, len, &i);
             if (ns_u_isupper(cp)) {
                 if (prev_cased) return ns_tv_bool(0);
                 prev_cased = any = 1;
@@ -602,7 +603,7 @@ static ns_tv str_is(const ns_tv *s, const char *name, size_t n) {
         int first = 1;
         if (!len) return ns_tv_bool(0);
         while (i < len) {
-            uint32_t cp = ns_u8_next(p, len, &i);
+            uint32_t cp = ns_utf8_next(p, len, &i);
             if (!(cp == '_' || ns_u_isalpha(cp) || (!first && ns_u_isdigit(cp)))) return ns_tv_bool(0);
             first = 0;
         }
@@ -610,7 +611,7 @@ static ns_tv str_is(const ns_tv *s, const char *name, size_t n) {
     }
     if (name_is(name, n, "isprintable")) {
         while (i < len)
-            if (!ns_u_isprintable(ns_u8_next(p, len, &i))) return ns_tv_bool(0);
+            if (!ns_u_isprintable(ns_utf8_next(p, len, &i))) return ns_tv_bool(0);
         return ns_tv_bool(1);
     }
     int which = name_is(name, n, "isdigit") || name_is(name, n, "isdecimal") ? 0
@@ -622,7 +623,7 @@ static ns_tv str_is(const ns_tv *s, const char *name, size_t n) {
     if (which == 5) return ns_tv_bool(1); /* isascii: empty is True */
     if (!len) return ns_tv_bool(0);
     while (i < len)
-        if (!pred(ns_u8_next(p, len, &i), which)) return ns_tv_bool(0);
+        if (!pred(ns_utf8_next(p, len, &i), which)) return ns_tv_bool(0);
     return ns_tv_bool(1);
 }
 
@@ -831,7 +832,7 @@ typedef struct {
 } fspec;
 
 static void put_padded(ns_tsb *b, const fspec *f, const char *s, size_t n, char def_align) {
-    int64_t len = (int64_t)ns_u8_count(s, n);
+    int64_t len = (int64_t)ns_utf8_count(s, n);
     int64_t pad = f->width > len ? f->width - len : 0;
     if (pad > (1 << 24)) pad = 1 << 24;
     char align = f->align ? f->align : def_align;
@@ -865,7 +866,7 @@ static ns_status format_one(ns_tctx *c, ns_tsb *b, const ns_tv *v, const fspec *
         ns_status st = ns_tsb_finish(&tmp, &s, c->err);
         if (st != NS_OK) return st;
         size_t n = s.u.s.n;
-        if (f->prec >= 0) n = ns_u8_offset(s.u.s.p, s.u.s.n, (size_t)f->prec);
+        if (f->prec >= 0) n = ns_utf8_offset(s.u.s.p, s.u.s.n, (size_t)f->prec);
         put_padded(b, f, s.u.s.p, n, '<');
         return NS_OK;
     }
@@ -889,7 +890,7 @@ static ns_status format_one(ns_tctx *c, ns_tsb *b, const ns_tv *v, const fspec *
         }
         if (type == 'c') {
             char u[4];
-            size_t k = ns_u8_encode((uint32_t)iv, u);
+            size_t k = ns_utf8_encode((uint32_t)iv, u);
             put_padded(b, f, u, k, '<');
             return NS_OK;
         }
@@ -1043,7 +1044,7 @@ static ns_status parse_spec(ns_tctx *c, const char *s, size_t n, fspec *f) {
     size_t i = 0;
     /* [[fill]align] */
     size_t j = 0;
-    if (n) ns_u8_next(s, n, &j);
+    if (n) ns_utf8_next(s, n, &j);
     if (j < n && strchr("<>=^", s[j])) {
         memcpy(f->fill, s, j);
         f->fill_n = j;

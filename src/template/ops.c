@@ -6,7 +6,7 @@
 
 #include "template/lexer.h"
 #include "template/methods.h"
-#include "template/ustr.h"
+#include "util/utf8.h"
 
 static const char *op_sym(int op) {
     switch (op) {
@@ -406,9 +406,9 @@ ns_status ns_tgetitem(ns_tctx *c, const ns_tv *obj, const ns_tv *key, ns_tv *out
         if (intkey) {
             int64_t len = ns_tv_len(obj), i;
             if (index_of(key, len, &i) == NS_OK) {
-                size_t a = ns_u8_offset(obj->u.s.p, obj->u.s.n, (size_t)i);
+                size_t a = ns_utf8_offset(obj->u.s.p, obj->u.s.n, (size_t)i);
                 size_t b = a;
-                ns_u8_next(obj->u.s.p, obj->u.s.n, &b);
+                ns_utf8_next(obj->u.s.p, obj->u.s.n, &b);
                 *out = ns_tv_str(obj->u.s.p + a, b - a);
                 return NS_OK;
             }
@@ -530,8 +530,8 @@ ns_status ns_tslice(ns_tctx *c, const ns_tv *obj, const ns_tv *start, const ns_t
     const char *p = obj->u.s.p;
     size_t n = obj->u.s.n;
     if (st_v == 1) {
-        size_t a = ascii ? (size_t)lo : ns_u8_offset(p, n, (size_t)lo);
-        size_t b = ascii ? (size_t)(lo + count) : ns_u8_offset(p, n, (size_t)(lo + count));
+        size_t a = ascii ? (size_t)lo : ns_utf8_offset(p, n, (size_t)lo);
+        size_t b = ascii ? (size_t)(lo + count) : ns_utf8_offset(p, n, (size_t)(lo + count));
         *out = ns_tv_str(p + a, b - a);
         return NS_OK;
     }
@@ -543,7 +543,7 @@ ns_status ns_tslice(ns_tctx *c, const ns_tv *obj, const ns_tv *start, const ns_t
         size_t i = 0, k = 0;
         while (i < n) {
             offs[k++] = i;
-            ns_u8_next(p, n, &i);
+            ns_utf8_next(p, n, &i);
         }
         offs[k] = n;
     }
@@ -578,7 +578,7 @@ ns_status ns_titer(ns_tctx *c, const ns_tv *v, const ns_tlist **out) {
         size_t i = 0, k = 0;
         while (i < v->u.s.n) {
             size_t s = i;
-            ns_u8_next(v->u.s.p, v->u.s.n, &i);
+            ns_utf8_next(v->u.s.p, v->u.s.n, &i);
             l->v[k++] = ns_tv_str(v->u.s.p + s, i - s);
         }
         *out = l;

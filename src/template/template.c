@@ -8,7 +8,7 @@
 #include "template/lexer.h"
 #include "template/parser.h"
 #include "template/stackguard.h"
-#include "template/ustr.h"
+#include "util/utf8.h"
 
 struct ns_template {
     ns_tarena arena; /* tokens, AST, string literals */
@@ -22,7 +22,7 @@ ns_status ns_template_parse(const char *src, size_t len, ns_template **out, ns_e
     if (len > NS_TEMPLATE_MAX_SOURCE)
         return ns_fail(err, NS_ERR_RANGE, "template source is %zu bytes, over the %zu-byte limit", len,
                        NS_TEMPLATE_MAX_SOURCE);
-    if (len && !ns_u8_valid(src, len)) return ns_fail(err, NS_ERR_FORMAT, "template source is not valid UTF-8");
+    if (len && !ns_utf8_valid(src, len, NULL)) return ns_fail(err, NS_ERR_FORMAT, "template source is not valid UTF-8");
     ns_template *t = calloc(1, sizeof *t);
     if (!t) return ns_fail(err, NS_ERR_NOMEM, "out of memory parsing template");
     /* tokens and nodes are bounded by a small multiple of the source */

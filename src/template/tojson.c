@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "template/ustr.h"
+#include "util/utf8.h"
 
 void ns_tjson_opts_default(ns_tjson_opts *o) { memset(o, 0, sizeof *o); }
 
@@ -23,7 +23,7 @@ static void put_json_str(ns_tsb *b, const char *s, size_t n, int ascii) {
         ns_tsb_put(b, s + i - run, run);
         run = 0;
         if (c >= 0x7F) {
-            uint32_t cp = ns_u8_next(s, n, &i);
+            uint32_t cp = ns_utf8_next(s, n, &i);
             if (cp >= 0x10000) {
                 cp -= 0x10000;
                 ns_tsb_printf(b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));

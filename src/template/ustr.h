@@ -1,30 +1,18 @@
-/* ustr.h — UTF-8 and Unicode helpers with Python str semantics.
+/* ustr.h — Unicode character classes and case mappings with Python str
+ * semantics.
  *
  * Template strings are (pointer, length) UTF-8 byte ranges; Python counts
  * and indexes them by code point and classifies characters with Unicode
- * properties, so everything here works on code points. Input is assumed to
- * be valid UTF-8 (sources and JSON are validated on entry); a stray invalid
- * byte decodes as itself rather than crashing.
+ * properties, so everything here works on code points. Walking the bytes
+ * (ns_utf8_next/prev/count/offset/encode) is util/utf8.h: input is assumed
+ * to be valid UTF-8 (sources and JSON are validated on entry); a stray
+ * invalid byte decodes as itself rather than crashing.
  */
 #ifndef NS_TEMPLATE_USTR_H
 #define NS_TEMPLATE_USTR_H
 
 #include <stddef.h>
 #include <stdint.h>
-
-/* Decodes the code point at s[*i] (i < n) and advances *i past it. */
-uint32_t ns_u8_next(const char *s, size_t n, size_t *i);
-/* Steps back from byte offset i (> 0) to the start of the previous code
- * point and returns it; *i is updated. */
-uint32_t ns_u8_prev(const char *s, size_t *i);
-/* Writes cp as UTF-8 into out (4 bytes room); returns the byte count. */
-size_t ns_u8_encode(uint32_t cp, char *out);
-/* 1 when s[0..n) is well-formed UTF-8 without surrogates. */
-int ns_u8_valid(const char *s, size_t n);
-/* Number of code points in s[0..n). */
-size_t ns_u8_count(const char *s, size_t n);
-/* Byte offset of code point number k (k <= count; k == count gives n). */
-size_t ns_u8_offset(const char *s, size_t n, size_t k);
 
 /* Python's str.isspace() for one code point (also what re's \s matches). */
 int ns_u_isspace(uint32_t cp);

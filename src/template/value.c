@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "template/ustr.h"
+#include "util/utf8.h"
 
 /* ---- string builder ------------------------------------------------------ */
 
@@ -74,7 +75,7 @@ void ns_tsb_putc(ns_tsb *b, char c) { ns_tsb_put(b, &c, 1); }
 
 void ns_tsb_putcp(ns_tsb *b, uint32_t cp) {
     char tmp[4];
-    ns_tsb_put(b, tmp, ns_u8_encode(cp, tmp));
+    ns_tsb_put(b, tmp, ns_utf8_encode(cp, tmp));
 }
 
 void ns_tsb_printf(ns_tsb *b, const char *fmt, ...) {
@@ -422,7 +423,7 @@ const char *ns_tv_type_name(const ns_tv *v) {
 int64_t ns_tv_len(const ns_tv *v) {
     switch (v->kind) {
     case NS_TV_UNDEF: return 0;
-    case NS_TV_STR: return (int64_t)ns_u8_count(v->u.s.p, v->u.s.n);
+    case NS_TV_STR: return (int64_t)ns_utf8_count(v->u.s.p, v->u.s.n);
     case NS_TV_LIST: return (int64_t)v->u.l->n;
     case NS_TV_DICT: return (int64_t)v->u.d->n;
     default: return -1;
@@ -494,7 +495,7 @@ static void repr_str(ns_tsb *b, const char *s, size_t n) {
     ns_tsb_putc(b, q);
     size_t i = 0;
     while (i < n) {
-        uint32_t c = ns_u8_next(s, n, &i);
+        uint32_t c = ns_utf8_next(s, n, &i);
         if (c == (uint32_t)q || c == '\\') {
             ns_tsb_putc(b, '\\');
             ns_tsb_putc(b, (char)c);

@@ -241,11 +241,8 @@ static ns_status apply_strip(const ns_normalizer *n, const char *in, size_t len,
     }
     if (n->right) {
         while (b > a) {
-            size_t s = b - 1;
-            while (s > a && ((unsigned char)in[s] & 0xC0) == 0x80) s--;
-            uint32_t cp;
-            ns_utf8_decode(in, len, s, &cp);
-            if (!ns_uni_is_whitespace(cp)) break;
+            size_t s = b;
+            if (!ns_uni_is_whitespace(ns_utf8_prev(in, &s))) break;
             b = s;
         }
     }

@@ -171,13 +171,7 @@ static ns_status segs_push(segs *s, size_t a, size_t b, int32_t added) {
     return NS_OK;
 }
 
-static uint32_t last_char(const char *s, size_t n) {
-    size_t i = n - 1;
-    while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80) i--;
-    uint32_t cp;
-    ns_utf8_decode(s, n, i, &cp);
-    return cp;
-}
+static uint32_t last_char(const char *s, size_t n) { return ns_utf8_prev(s, &n); }
 
 static bool is_word_char(uint32_t cp) { return cp == '_' || ns_uni_is_alnum(cp); }
 
@@ -200,11 +194,8 @@ static ns_status split_added(const ns_tokenizer *t, const trie *tr, const char *
         if (a->lstrip) {
             size_t ns = start;
             while (ns > 0) {
-                size_t k = ns - 1;
-                while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80) k--;
-                uint32_t cp;
-                ns_utf8_decode(s, n, k, &cp);
-                if (!ns_uni_is_whitespace(cp)) break;
+                size_t k = ns;
+                if (!ns_uni_is_whitespace(ns_utf8_prev(s, &k))) break;
                 ns = k;
             }
             start = ns > start_offset ? ns : start_offset;

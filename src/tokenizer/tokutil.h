@@ -1,11 +1,8 @@
 /* tokutil.h — small building blocks shared by the tokenizer modules.
  *
- * - Strict UTF-8 validation/decoding with Rust `str` rules (no overlongs, no
- *   surrogates, nothing above U+10FFFF), because Hugging Face tokenizers only
- *   ever sees valid Rust strings.
- * - Lossy UTF-8 decoding that replaces each maximal invalid subpart with one
- *   U+FFFD, exactly like Rust's String::from_utf8_lossy, and can run
- *   incrementally (holding back an incomplete trailing sequence).
+ * - UTF-8 (strict validation with Rust `str` rules, decoding, lossy
+ *   decoding like String::from_utf8_lossy) lives in util/utf8.h, which this
+ *   header includes for the tokenizer modules.
  * - Unicode predicates as Rust defines them (char::is_whitespace,
  *   char::is_alphanumeric) and the GPT-2 byte<->char tables of ByteLevel.
  * - ns_strmap: an open-addressing string -> int32 map (xxh3). Keys are NOT
@@ -28,26 +25,7 @@
 
 #include "util/buf.h"
 #include "util/status.h"
-
-/* ---- UTF-8 ---- */
-
-/* Returns true when s[0..n) is valid UTF-8. When false and bad_at is
- * non-NULL, *bad_at is the byte offset of the first invalid sequence. */
-bool ns_utf8_valid(const char *s, size_t n, size_t *bad_at);
-/* Decodes the character at s[i] of VALID UTF-8; returns its byte length. */
-size_t ns_utf8_decode(const char *s, size_t n, size_t i, uint32_t *cp);
-/* Encodes cp (<= 0x10FFFF, not a surrogate) into out; returns 1..4. */
-size_t ns_utf8_encode(uint32_t cp, char out[4]);
-/* Byte length of the character starting with lead byte b of VALID UTF-8. */
-static inline size_t ns_utf8_len(unsigned char b) {
-    return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-}
-
-/* Appends the lossy decoding of s[0..n) to out. When final is false, an
- * incomplete (but so far valid) sequence at the very end is not consumed;
- * *consumed tells how many bytes were. When final is true all n bytes are
- * consumed and a trailing incomplete sequence becomes one U+FFFD. */
-ns_status ns_utf8_lossy(ns_buf *out, const unsigned char *s, size_t n, bool final, size_t *consumed);
+#include "util/utf8.h"
 
 /* ---- Unicode predicates (Rust semantics) ---- */
 bool ns_uni_is_whitespace(uint32_t cp); /* White_Space property */
