@@ -10,6 +10,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/utf8.h"
+#include "util/vec.h"
 
 #define TEXT_CAP ((size_t)256 << 20)
 
@@ -107,22 +108,10 @@ static bool is_eos(const ns_gen *g, int32_t tok) { return ns_config_is_eos(&g->a
 
 static ns_status on_token(ns_gen *g, const ns_token_event *ev) {
     if (g->stopped) return NS_OK;
-    if (g->n_ids == g->cap_ids) {
-        int32_t nc = g->cap_ids ? g->cap_ids * 2 : 64;
-        int32_t *p = realloc(g->ids, (size_t)nc * sizeof *p);
-        if (!p) return NS_ERR_NOMEM;
-        g->ids = p;
-        g->cap_ids = nc;
-    }
+    if (NS_VEC_GROW(g->ids, g->cap_ids, (size_t)g->n_ids + 1, INT32_MAX) != NS_OK) return NS_ERR_NOMEM;
     g->ids[g->n_ids++] = ev->token;
     if (g->logprobs) {
-        if (g->n_lps == g->cap_lps) {
-            int32_t nc = g->cap_lps ? g->cap_lps * 2 : 64;
-            ns_token_event *p = realloc(g->lps, (size_t)nc * sizeof *p);
-            if (!p) return NS_ERR_NOMEM;
-            g->lps = p;
-            g->cap_lps = nc;
-        }
+        if (NS_VEC_GROW(g->lps, g->cap_lps, (size_t)g->n_lps + 1, INT32_MAX) != NS_OK) return NS_ERR_NOMEM;
         g->lps[g->n_lps++] = *ev;
     }
     if (!g->ignore_eos && is_eos(g, ev->token)) return NS_OK;

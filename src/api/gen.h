@@ -60,9 +60,11 @@ typedef struct ns_gen {
     ns_buf content;    /* cumulative content (before tool-call parsing) */
     ns_buf s1, s2, s3; /* scratch between pipeline stages */
     int32_t *ids;      /* generated tokens that count */
-    int32_t n_ids, cap_ids;
+    int32_t n_ids;
+    size_t cap_ids;
     ns_token_event *lps; /* logprob records, one per counted token */
-    int32_t n_lps, cap_lps;
+    int32_t n_lps;
+    size_t cap_lps;
 
     bool done, stopped, gone;
     ns_request_result res;

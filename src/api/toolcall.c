@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/vec.h"
+
 enum { M_TEXT = 0, M_PLAIN, M_JSTART, M_PRE, M_OBJ, M_POST, M_JAFTER };
 enum { O_KEY_OR_END = 0, O_KEY_START, O_KEY, O_COLON, O_VAL_START, O_VAL, O_AFTER_VAL };
 enum { T_SKIP = 0, T_NAME, T_ARGS_STREAM, T_ARGS_PEND, T_ARGS_STR };
@@ -133,15 +135,9 @@ static int commit(ns_toolparse *p) {
         strlen(json_string_value(v)) != json_string_length(v) || !name_allowed(p, json_string_value(v)))
         goto done;
     if (p->n_calls >= NS_TOOL_MAX_CALLS) goto done;
-    if (p->n_calls == p->cap_calls) {
-        int nc = p->cap_calls ? p->cap_calls * 2 : 4;
-        ns_tool_call *c = realloc(p->calls, (size_t)nc * sizeof *c);
-        if (!c) {
-            r = R_ERR;
-            goto done;
-        }
-        p->calls = c;
-        p->cap_calls = nc;
+    if (NS_VEC_GROW(p->calls, p->cap_calls, (size_t)p->n_calls + 1, NS_TOOL_MAX_CALLS) != NS_OK) {
+        r = R_ERR;
+        goto done;
     }
     ns_tool_call *c = &p->calls[p->n_calls];
     memset(c, 0, sizeof *c);

@@ -58,7 +58,8 @@ typedef struct ns_toolparse {
 
     ns_buf content;       /* cumulative content */
     ns_tool_call *calls;  /* cumulative calls */
-    int n_calls, cap_calls;
+    int n_calls;
+    size_t cap_calls;
 
     /* automaton */
     int mode, sub;

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/vec.h"
+
 /* Vocabularies larger than this are treated as corrupt (ids index arrays). */
 #define NS_BPE_MAX_ID (1 << 24)
 /* Words longer than this are not memoized (HF caches short words too). */
@@ -147,15 +149,9 @@ static ns_status load_vocab(ns_bpe *b, const char *txt, size_t n, const char *wh
                              key.data, NS_BPE_MAX_ID);
                 goto done;
             }
-            if (cnt == cap) {
-                size_t nc = cap ? cap * 2 : 1024;
-                ventry *v = realloc(ent, nc * sizeof *v);
-                if (!v) {
-                    st = ns_fail(err, NS_ERR_NOMEM, "%s: out of memory for the vocabulary", where);
-                    goto done;
-                }
-                ent = v;
-                cap = nc;
+            if (NS_VEC_GROW(ent, cap, cnt + 1, 0) != NS_OK) {
+                st = ns_fail(err, NS_ERR_NOMEM, "%s: out of memory for the vocabulary", where);
+                goto done;
             }
             if (key.len > UINT32_MAX) {
                 st = ns_fail(err, NS_ERR_RANGE, "%s: vocab piece too long", where);
@@ -400,20 +396,6 @@ static hent heap_pop(hent *h, size_t *n) {
     return top;
 }
 
-static ns_status grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return NS_OK;
-    size_t nc = *cap ? *cap : 64;
-    while (nc < need) {
-        if (nc > SIZE_MAX / 2 / elem) return NS_ERR_NOMEM;
-        nc *= 2;
-    }
-    void *q = realloc(*p, nc * elem);
-    if (!q) return NS_ERR_NOMEM;
-    *p = q;
-    *cap = nc;
-    return NS_OK;
-}
-
 /* Word cache: open addressing over (hash, key bytes) -> ids slice. */
 typedef struct cslot {
     uint64_t hash;
@@ -449,7 +431,8 @@ typedef struct bq_ent {
 
 typedef struct bucket {
     bq_ent *v;
-    uint32_t n, cap;
+    size_t cap;
+    uint32_t n;
     uint32_t rank;
 } bucket;
 
@@ -492,14 +475,9 @@ static void bq_clear(bqueue *q) {
 static ns_status bq_push(bqueue *q, uint32_t rank, uint32_t pos, int32_t nid) {
     int32_t bi = q->bidx[rank];
     if (bi < 0) {
-        if (q->nbk == q->capbk) {
-            size_t nc = q->capbk ? q->capbk * 2 : 256;
-            bucket *v = realloc(q->bk, nc * sizeof *v);
-            if (!v) return NS_ERR_NOMEM;
-            memset(v + q->capbk, 0, (nc - q->capbk) * sizeof *v);
-            q->bk = v;
-            q->capbk = nc;
-        }
+        size_t old = q->capbk;
+        if (NS_VEC_GROW(q->bk, q->capbk, q->nbk + 1, 0) != NS_OK) return NS_ERR_NOMEM;
+        if (q->capbk > old) memset(q->bk + old, 0, (q->capbk - old) * sizeof *q->bk);
         bi = (int32_t)q->nbk++;
         q->bk[bi].n = 0;
         q->bk[bi].rank = rank;
@@ -507,13 +485,7 @@ static ns_status bq_push(bqueue *q, uint32_t rank, uint32_t pos, int32_t nid) {
     }
     bucket *b = &q->bk[bi];
     if (b->n == 0) { /* the rank becomes active */
-        if (q->rh_n == q->rh_cap) {
-            size_t nc = q->rh_cap ? q->rh_cap * 2 : 256;
-            uint32_t *v = realloc(q->rh, nc * sizeof *v);
-            if (!v) return NS_ERR_NOMEM;
-            q->rh = v;
-            q->rh_cap = nc;
-        }
+        if (NS_VEC_GROW(q->rh, q->rh_cap, q->rh_n + 1, 0) != NS_OK) return NS_ERR_NOMEM;
         size_t i = q->rh_n++;
         while (i > 0 && q->rh[(i - 1) / 2] > rank) {
             q->rh[i] = q->rh[(i - 1) / 2];
@@ -521,14 +493,7 @@ static ns_status bq_push(bqueue *q, uint32_t rank, uint32_t pos, int32_t nid) {
         }
         q->rh[i] = rank;
     }
-    if (b->n == b->cap) {
-        uint32_t nc = b->cap ? b->cap * 2 : 8;
-        if (nc < b->cap) return NS_ERR_NOMEM;
-        bq_ent *v = realloc(b->v, nc * sizeof *v);
-        if (!v) return NS_ERR_NOMEM;
-        b->v = v;
-        b->cap = nc;
-    }
+    if (NS_VEC_GROW(b->v, b->cap, (size_t)b->n + 1, UINT32_MAX) != NS_OK) return NS_ERR_NOMEM;
     uint32_t i = b->n++;
     while (i > 0 && b->v[(i - 1) / 2].pos > pos) {
         b->v[i] = b->v[(i - 1) / 2];
@@ -669,7 +634,7 @@ ns_status ns_bpe_word(const ns_bpe *b, ns_bpe_scratch *s, const char *w, size_t 
     }
 
     /* 1. Characters -> symbols. */
-    if (grow(&s->syms, &s->syms_cap, n + 1, sizeof(sym)) != NS_OK) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+    if (ns_vec_grow(&s->syms, &s->syms_cap, n + 1, sizeof(sym), 0) != NS_OK) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
     sym *sy = s->syms;
     size_t ns = 0;
     int32_t pending_unk = -1; /* unk symbol not yet added (fuse_unk) */
@@ -691,7 +656,7 @@ ns_status ns_bpe_word(const ns_bpe *b, ns_bpe_scratch *s, const char *w, size_t 
             for (size_t k = 0; k < str_len && all; k++) all = b->byte_id[(unsigned char)str[k]] >= 0;
             if (all) {
                 /* Byte symbols go straight in; a pending unk stays pending. */
-                if (grow(&s->syms, &s->syms_cap, ns + str_len + (n - i) + 2, sizeof(sym)) != NS_OK)
+                if (ns_vec_grow(&s->syms, &s->syms_cap, ns + str_len + (n - i) + 2, sizeof(sym), 0) != NS_OK)
                     return ns_fail(err, NS_ERR_NOMEM, "out of memory");
                 sy = s->syms;
                 for (size_t k = 0; k < str_len; k++) sy[ns++].id = b->byte_id[(unsigned char)str[k]];
@@ -726,7 +691,7 @@ ns_status ns_bpe_word(const ns_bpe *b, ns_bpe_scratch *s, const char *w, size_t 
             q = s->bq;
             if (bq_prepare(q, b->n_ranks) != NS_OK) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
         } else {
-            if (grow(&s->heap, &s->heap_cap, ns * 2 + 8, sizeof(hent)) != NS_OK)
+            if (ns_vec_grow(&s->heap, &s->heap_cap, ns * 2 + 8, sizeof(hent), 0) != NS_OK)
                 return ns_fail(err, NS_ERR_NOMEM, "out of memory");
             hp = s->heap;
         }
@@ -736,7 +701,7 @@ ns_status ns_bpe_word(const ns_bpe *b, ns_bpe_scratch *s, const char *w, size_t 
         if (q) {                                                                    \
             if (qst == NS_OK) qst = bq_push(q, (r), (p), (id));                     \
         } else {                                                                    \
-            if (hn + 1 > s->heap_cap && grow(&s->heap, &s->heap_cap, hn + 1, sizeof(hent)) != NS_OK) \
+            if (ns_vec_grow(&s->heap, &s->heap_cap, hn + 1, sizeof(hent), 0) != NS_OK)             \
                 qst = NS_ERR_NOMEM;                                                 \
             else {                                                                  \
                 hp = s->heap;                                                       \

@@ -7,6 +7,7 @@
 
 #include "tokenizer/tokutil.h"
 #include "util/buf.h"
+#include "util/vec.h"
 
 struct ns_pattern {
     char *lit; /* literal bytes (NULL for a regex) */
@@ -199,14 +200,7 @@ void ns_spans_free(ns_spans *s) {
 }
 
 static ns_status spans_push(ns_spans *s, size_t a, size_t b, bool m) {
-    if (s->n == s->cap) {
-        size_t nc = s->cap ? s->cap * 2 : 32;
-        if (nc > SIZE_MAX / sizeof(ns_span)) return NS_ERR_NOMEM;
-        ns_span *v = realloc(s->v, nc * sizeof *v);
-        if (!v) return NS_ERR_NOMEM;
-        s->v = v;
-        s->cap = nc;
-    }
+    if (NS_VEC_GROW(s->v, s->cap, s->n + 1, 0) != NS_OK) return NS_ERR_NOMEM;
     s->v[s->n++] = (ns_span){a, b, m};
     return NS_OK;
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "tokenizer/tokutil.h"
+#include "util/vec.h"
 
 typedef enum { P_SEQ, P_SPLIT, P_BYTELEVEL, P_METASPACE } pretok_type;
 typedef enum { B_REMOVED, B_ISOLATED, B_MERGED_PREV, B_MERGED_NEXT, B_CONTIGUOUS } split_behavior;
@@ -42,16 +43,7 @@ void ns_pieces_free(ns_pieces *p) {
     p->n = p->cap = 0;
 }
 
-static ns_status pieces_slot(ns_pieces *p) {
-    if (p->n < p->cap) return NS_OK;
-    size_t nc = p->cap ? p->cap * 2 : 64;
-    if (nc > SIZE_MAX / sizeof(ns_piece)) return NS_ERR_NOMEM;
-    ns_piece *v = realloc(p->v, nc * sizeof *v);
-    if (!v) return NS_ERR_NOMEM;
-    p->v = v;
-    p->cap = nc;
-    return NS_OK;
-}
+static ns_status pieces_slot(ns_pieces *p) { return NS_VEC_GROW(p->v, p->cap, p->n + 1, 0); }
 
 ns_status ns_pieces_add(ns_pieces *p, const char *s, size_t n, bool first) {
     if (n == 0) return NS_OK;

@@ -12,6 +12,7 @@
 #include "tokenizer/pretok.h"
 #include "tokenizer/tokutil.h"
 #include "util/file.h"
+#include "util/vec.h"
 
 #define MAX_JSON_BYTES ((size_t)512 << 20)
 #define MAX_ADDED_ID ((1 << 24) - 1)
@@ -77,13 +78,7 @@ static void trie_free(trie *tr) {
 }
 
 static int32_t trie_new_node(trie *tr, unsigned char byte) {
-    if (tr->count == tr->cap) {
-        size_t nc = tr->cap ? tr->cap * 2 : 64;
-        trie_node *v = realloc(tr->n, nc * sizeof *v);
-        if (!v) return -1;
-        tr->n = v;
-        tr->cap = nc;
-    }
+    if (NS_VEC_GROW(tr->n, tr->cap, tr->count + 1, INT32_MAX) != NS_OK) return -1;
     tr->n[tr->count] = (trie_node){-1, -1, -1, byte};
     return (int32_t)tr->count++;
 }
@@ -160,13 +155,7 @@ typedef struct segs {
 } segs;
 
 static ns_status segs_push(segs *s, size_t a, size_t b, int32_t added) {
-    if (s->n == s->cap) {
-        size_t nc = s->cap ? s->cap * 2 : 16;
-        seg *v = realloc(s->v, nc * sizeof *v);
-        if (!v) return NS_ERR_NOMEM;
-        s->v = v;
-        s->cap = nc;
-    }
+    if (NS_VEC_GROW(s->v, s->cap, s->n + 1, 0) != NS_OK) return NS_ERR_NOMEM;
     s->v[s->n++] = (seg){a, b, added};
     return NS_OK;
 }
@@ -418,13 +407,7 @@ static bool jbool(const json_t *o, const char *k, bool dflt) {
 
 static ns_status push_added(ns_tokenizer *t, const char *content, size_t len, int32_t id, bool special, bool lstrip,
                             bool rstrip, bool single_word, bool normalized) {
-    if (t->n_added == t->cap_added) {
-        size_t nc = t->cap_added ? t->cap_added * 2 : 16;
-        added_tok *v = realloc(t->added, nc * sizeof *v);
-        if (!v) return NS_ERR_NOMEM;
-        t->added = v;
-        t->cap_added = nc;
-    }
+    if (NS_VEC_GROW(t->added, t->cap_added, t->n_added + 1, 0) != NS_OK) return NS_ERR_NOMEM;
     added_tok *a = &t->added[t->n_added];
     memset(a, 0, sizeof *a);
     if (!(a->content = xstrndup(content, len))) return NS_ERR_NOMEM;

@@ -5,6 +5,8 @@
 #include <utf8proc.h>
 #include <xxhash.h>
 
+#include "util/vec.h"
+
 /* ---- Unicode predicates ---- */
 
 bool ns_uni_is_whitespace(uint32_t c) {
@@ -162,22 +164,12 @@ bool ns_json_int(const json_t *j, int64_t lo, int64_t hi, int64_t *out) {
 
 static ns_status ids_reserve(ns_ids *a, size_t extra) {
     if (extra > SIZE_MAX / sizeof(int32_t) - a->n) return NS_ERR_NOMEM;
-    size_t need = a->n + extra;
-    if (need <= a->cap) return NS_OK;
-    size_t nc = a->cap ? a->cap : 16;
-    while (nc < need) nc = nc > SIZE_MAX / (2 * sizeof(int32_t)) ? need : nc * 2;
-    int32_t *p = realloc(a->v, nc * sizeof *p);
-    if (!p) return NS_ERR_NOMEM;
-    a->v = p;
-    a->cap = nc;
-    return NS_OK;
+    return NS_VEC_GROW(a->v, a->cap, a->n + extra, 0);
 }
 
 ns_status ns_ids_push(ns_ids *a, int32_t id) {
-    if (a->n == a->cap) {
-        ns_status st = ids_reserve(a, 1);
-        if (st != NS_OK) return st;
-    }
+    ns_status st = ids_reserve(a, 1);
+    if (st != NS_OK) return st;
     a->v[a->n++] = id;
     return NS_OK;
 }
@@ -218,15 +210,7 @@ void ns_strlist_free(ns_strlist *l) {
 }
 
 ns_status ns_strlist_begin(ns_strlist *l) {
-    if (l->n + 2 > l->cap) {
-        size_t nc = l->cap ? l->cap * 2 : 16;
-        if (nc > SIZE_MAX / sizeof(size_t)) return NS_ERR_NOMEM;
-        size_t *p = realloc(l->off, nc * sizeof *p);
-        if (!p) return NS_ERR_NOMEM;
-        if (!l->off) p[0] = 0;
-        l->off = p;
-        l->cap = nc;
-    }
+    if (NS_VEC_GROW(l->off, l->cap, l->n + 2, 0) != NS_OK) return NS_ERR_NOMEM;
     l->off[l->n] = l->text.len;
     l->off[l->n + 1] = l->text.len;
     l->n++;

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/vec.h"
+
 #define NS_BUF_DEFAULT_CAP ((size_t)1 << 30)
 
 void ns_buf_init(ns_buf *b, size_t cap) {
@@ -29,16 +31,7 @@ void ns_buf_reset(ns_buf *b) {
 static ns_status reserve(ns_buf *b, size_t extra) {
     size_t cap = b->cap ? b->cap : NS_BUF_DEFAULT_CAP;
     if (extra > cap || b->len > cap - extra) return NS_ERR_NOMEM;
-    size_t need = b->len + extra + 1;
-    if (need <= b->alloc) return NS_OK;
-    size_t na = b->alloc ? b->alloc : 64;
-    while (na < need) na = na > SIZE_MAX / 2 ? need : na * 2;
-    if (na > cap + 1) na = cap + 1;
-    char *p = realloc(b->data, na);
-    if (!p) return NS_ERR_NOMEM;
-    b->data = p;
-    b->alloc = na;
-    return NS_OK;
+    return NS_VEC_GROW(b->data, b->alloc, b->len + extra + 1, cap + 1);
 }
 
 ns_status ns_buf_append(ns_buf *b, const void *p, size_t n) {

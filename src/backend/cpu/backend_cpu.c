@@ -14,8 +14,7 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "sample/sample.h"
-
-#include "backend/cpu/cpu_internal.h"
+#include "util/vec.h"
 
 /* ------------------------------------------------------------------ memory */
 
@@ -192,12 +191,7 @@ static void cpu_kv_page_copy(ns_backend *be, int32_t dst_page, int32_t src_page,
 /* ------------------------------------------------------------------ batch */
 
 static ns_status grow(int32_t **p, size_t *cap, size_t need, ns_error *err) {
-    if (need <= *cap) return NS_OK;
-    size_t n = need < 64 ? 64 : need * 2;
-    int32_t *q = realloc(*p, n * sizeof *q);
-    if (!q) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
-    *p = q;
-    *cap = n;
+    if (NS_VEC_GROW(*p, *cap, need, 0) != NS_OK) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
     return NS_OK;
 }
 
