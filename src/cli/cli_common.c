@@ -41,7 +41,7 @@ static int parse_int(const char *s, long long lo, long long hi, long long *out) 
 }
 
 /* "512M", "8G", "1.5GiB", "4096" -> bytes (K/M/G are powers of 1024). */
-static int parse_size(const char *s, double *out) {
+int ns_cli_parse_size(const char *s, double *out) {
     char *end;
     errno = 0;
     double x = strtod(s, &end);
@@ -160,7 +160,7 @@ int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *
     if (strcmp(a, "--gpu-memory") == 0) {
         double x;
         /* a bare number <= 1 is a fraction; otherwise a size */
-        if (parse_size(val, &x) != 0 || (x > 1 && x < 1024)) {
+        if (ns_cli_parse_size(val, &x) != 0 || (x > 1 && x < 1024)) {
             ns_fail(err, NS_ERR_INVALID, "--gpu-memory must be a fraction in (0, 1] or a size like 40G, not \"%s\"",
                     val);
             return -1;
@@ -170,7 +170,7 @@ int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *
     }
     if (strcmp(a, "--kv-memory") == 0) {
         double x;
-        if (parse_size(val, &x) != 0 || x < 1) {
+        if (ns_cli_parse_size(val, &x) != 0 || x < 1) {
             ns_fail(err, NS_ERR_INVALID, "--kv-memory must be a size like 512M or 8G, not \"%s\"", val);
             return -1;
         }

@@ -50,6 +50,9 @@ typedef void (*ns_cli_usage_fn)(FILE *f);
 
 /* True for "--help" and "-h". */
 bool ns_cli_is_help(const char *arg);
+/* "512M", "8G", "1.5GiB", "4096" -> bytes (K/M/G are powers of 1024);
+ * 0 on success, -1 if s is not a positive size below 1e15. */
+int ns_cli_parse_size(const char *s, double *out);
 /* The value of the flag at argv[*i], advancing *i past it; NULL (and *i
  * unchanged) when the flag is the last argument. */
 const char *ns_cli_flag_value(int argc, char **argv, int *i);

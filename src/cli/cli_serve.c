@@ -9,12 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "api/api.h"
 #include "cli/cli_common.h"
 #include "server/server.h"
 #include "template/template.h"
 #include "tokenizer/tokenizer.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 typedef struct serve_opts {
@@ -22,7 +24,14 @@ typedef struct serve_opts {
     ns_server_opts http;
     int32_t max_running;
     const char *model_name;
+    const char *admin_key;      /* NULL = the API key guards /admin too */
     double shutdown_timeout_s;
+    /* KV cache tiers (see src/kv/kv_cache.h) */
+    int64_t ram_cache_bytes;    /* -1 = default: a quarter of RAM on CUDA, off on CPU */
+    const char *ssd_dir;        /* NULL = default directory */
+    bool no_ssd_cache;
+    int64_t ssd_cache_bytes;
+    char ssd_dir_buf[4096];
 } serve_opts;
 
 /* What the loader thread brings up; torn down by the main thread. */
@@ -48,6 +57,7 @@ typedef struct loader {
 /* serve keeps several contexts in the pool so that requests without
  * max_tokens (each reserves up to a whole context) can run at once */
 #define SERVE_DEFAULT_POOL_CONTEXTS 4
+#define SERVE_DEFAULT_SSD_BYTES (32ll << 30)
 
 static void serve_defaults(serve_opts *o) {
     memset(o, 0, sizeof *o);
@@ -59,6 +69,32 @@ static void serve_defaults(serve_opts *o) {
     o->http.timeout_s = SERVE_DEFAULT_TIMEOUT_S;
     o->max_running = SERVE_DEFAULT_MAX_RUNNING;
     o->shutdown_timeout_s = SERVE_DEFAULT_SHUTDOWN_S;
+    o->ram_cache_bytes = -1;
+    o->ssd_cache_bytes = SERVE_DEFAULT_SSD_BYTES;
+}
+
+/* $XDG_CACHE_HOME/nightshift, else ~/.cache/nightshift; NULL if neither
+ * variable is set (the SSD tier is then off unless --ssd-cache is given). */
+static const char *default_ssd_dir(char *buf, size_t cap) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int n;
+    if (xdg && *xdg) n = snprintf(buf, cap, "%s/nightshift", xdg);
+    else if (home && *home) n = snprintf(buf, cap, "%s/.cache/nightshift", home);
+    else return NULL;
+    return n > 0 && (size_t)n < cap ? buf : NULL;
+}
+
+/* Resolves the tier defaults once the device is known. */
+static void resolve_tiers(serve_opts *o) {
+    if (o->ram_cache_bytes < 0) {
+        o->ram_cache_bytes = 0; /* CPU: the pool already is RAM */
+        if (o->eng.device && strcmp(o->eng.device, "cuda") == 0) {
+            long phys = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
+            if (phys > 0 && psz > 0) o->ram_cache_bytes = (int64_t)phys * psz / 4;
+        }
+    }
+    if (o->no_ssd_cache) o->ssd_dir = NULL;
+    else if (!o->ssd_dir) o->ssd_dir = default_ssd_dir(o->ssd_dir_buf, sizeof o->ssd_dir_buf);
 }
 
 static void usage(FILE *f) {
@@ -80,7 +116,16 @@ static void usage(FILE *f) {
             "  --max-running N          sequences decoded at once (default %d)\n"
             "  --max-body-bytes N       request body cap in bytes (default %zu)\n"
             "  --timeout S              idle connection timeout in seconds (default %u)\n"
-            "  --shutdown-timeout S     seconds running requests may take to finish on SIGTERM (default %d)\n",
+            "  --shutdown-timeout S     seconds running requests may take to finish on SIGTERM (default %d)\n"
+            "  --admin-key KEY          key for /admin/* (default: the --api-key, or none)\n"
+            "KV cache tiers below the pool (evicted pages are demoted, hits promoted back):\n"
+            "  --ram-cache SIZE         host-RAM tier, e.g. 16G; 0 = off (default: a quarter of RAM\n"
+            "                           with --device cuda; off on the CPU, where the pool is RAM)\n"
+            "  --ssd-cache DIR          durable SSD tier, kept across restarts (default\n"
+            "                           $XDG_CACHE_HOME/nightshift or ~/.cache/nightshift)\n"
+            "  --ssd-cache-size SIZE    SSD tier size cap, least recently used pages go first\n"
+            "                           (default 32G)\n"
+            "  --no-ssd-cache           no SSD tier\n",
             d.http.host, d.http.port, d.max_running, d.http.max_body_bytes, d.http.timeout_s,
             (int)d.shutdown_timeout_s);
     ns_cli_engine_usage(f, &d.eng);
@@ -133,6 +178,9 @@ static void *load_main(void *arg) {
         .max_running = o->max_running,
         .describe = describe_tokens,
         .describe_ctx = L->tok,
+        .ram_cache_bytes = o->ram_cache_bytes,
+        .ssd_dir = o->ssd_dir,
+        .ssd_bytes = o->ssd_cache_bytes,
     };
     rc = ns_sched_create(L->ce.engine, &so, &L->sched, &L->err);
     if (rc == NS_OK) rc = ns_sched_start(L->sched, &L->err);
@@ -195,16 +243,32 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         int r = ns_cli_parse_engine_flag(&o->eng, argc, argv, &i, &ferr);
         if (r < 0) return ns_cli_usage_error("serve", usage, "%s", ferr.msg);
         if (r > 0) continue;
+        if (strcmp(a, "--no-ssd-cache") == 0) {
+            o->no_ssd_cache = true;
+            continue;
+        }
         static const char *const with_value[] = {"--host", "--port", "--api-key", "--served-model-name", "--alias",
                                                  "--max-running", "--max-body-bytes", "--timeout",
-                                                 "--shutdown-timeout"};
+                                                 "--shutdown-timeout", "--admin-key", "--ram-cache",
+                                                 "--ssd-cache", "--ssd-cache-size"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= strcmp(a, with_value[k]) == 0;
         if (!known) return ns_cli_usage_error("serve", usage, "unknown option %s", a);
         const char *v = ns_cli_flag_value(argc, argv, &i);
         if (!v) return ns_cli_usage_error("serve", usage, "%s needs a value", a);
         long long x;
+        double sz;
         if (strcmp(a, "--host") == 0) o->http.host = v;
+        else if (strcmp(a, "--admin-key") == 0) o->admin_key = v;
+        else if (strcmp(a, "--ssd-cache") == 0) o->ssd_dir = v;
+        else if (strcmp(a, "--ram-cache") == 0) {
+            if (strcmp(v, "0") == 0 || strcmp(v, "off") == 0) o->ram_cache_bytes = 0;
+            else if (ns_cli_parse_size(v, &sz) != 0) goto bad;
+            else o->ram_cache_bytes = (int64_t)sz;
+        } else if (strcmp(a, "--ssd-cache-size") == 0) {
+            if (ns_cli_parse_size(v, &sz) != 0 || sz < (1 << 20)) goto bad;
+            o->ssd_cache_bytes = (int64_t)sz;
+        }
         else if (strcmp(a, "--api-key") == 0) o->http.api_key = v;
         else if (strcmp(a, "--served-model-name") == 0 || strcmp(a, "--alias") == 0) o->model_name = v;
         else if (strcmp(a, "--port") == 0) {
@@ -249,12 +313,6 @@ static ns_status check_model_dir(const char *dir, ns_tokenizer **tok_out, ns_err
     return rc;
 }
 
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 int ns_cli_serve(int argc, char **argv) {
     if (!getenv("NS_LOG_LEVEL")) ns_log_set_level(NS_LOG_INFO); /* one line per request */
     serve_opts o;
@@ -262,6 +320,7 @@ int ns_cli_serve(int argc, char **argv) {
     o.http.api_key = getenv("NIGHTSHIFT_API_KEY");
     int pr = parse_args(argc, argv, &o);
     if (pr) return pr == 1 ? 0 : pr;
+    resolve_tiers(&o);
     ns_tokenizer *checked_tok = NULL;
     if (o.eng.model_dir) {
         ns_error verr = {0};
@@ -289,8 +348,11 @@ int ns_cli_serve(int argc, char **argv) {
     sigaddset(&sigs, SIGTERM);
     sigset_t old;
     pthread_sigmask(SIG_BLOCK, &sigs, &old);
-    struct sigaction ign = {.sa_handler = SIG_IGN}, old_pipe;
+    struct sigaction ign = {.sa_handler = SIG_IGN}, old_pipe, old_xfsz;
     sigaction(SIGPIPE, &ign, &old_pipe);
+    /* a file-size limit hit by the SSD tier must fail the write (EFBIG,
+     * which degrades the tier), not kill the server */
+    sigaction(SIGXFSZ, &ign, &old_xfsz);
 
     ns_api *api = calloc(1, sizeof *api);
     loader *L = calloc(1, sizeof *L);
@@ -346,8 +408,8 @@ int ns_cli_serve(int argc, char **argv) {
         atomic_compare_exchange_strong(&api->state, &expect, NS_API_DRAINING);
     }
     ns_server_quiesce(srv);
-    double deadline = mono_s() + o.shutdown_timeout_s;
-    while (ns_server_active(srv) > 0 && mono_s() < deadline) {
+    double deadline = ns_clock_now() + o.shutdown_timeout_s;
+    while (ns_server_active(srv) > 0 && ns_clock_now() < deadline) {
         struct timespec ts = {0, 50 * 1000 * 1000};
         int s = sigtimedwait(&sigs, NULL, &ts);
         if (s == SIGINT || s == SIGTERM) {
@@ -359,8 +421,8 @@ int ns_cli_serve(int argc, char **argv) {
     th_started = false;
     if (L->sched) ns_sched_stop(L->sched); /* remaining requests end as cancelled */
     /* let the cancelled ones write their last event before sockets close */
-    deadline = mono_s() + 3.0;
-    while (ns_server_active(srv) > 0 && mono_s() < deadline) {
+    deadline = ns_clock_now() + 3.0;
+    while (ns_server_active(srv) > 0 && ns_clock_now() < deadline) {
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
@@ -380,6 +442,7 @@ out:
     free(L);
     free(api);
     sigaction(SIGPIPE, &old_pipe, NULL);
+    sigaction(SIGXFSZ, &old_xfsz, NULL);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return rc;
 }
