@@ -175,6 +175,13 @@ typedef struct ns_backend_ops {
 
     /* Waits for all enqueued work; reports a sticky error if any. */
     ns_status (*sync)(ns_backend *be, ns_error *err);
+
+    /* ---- host memory for lower KV tiers (optional) ----
+     * Memory the backend copies pages to and from fastest (CUDA: pinned,
+     * page-locked host memory, so kv_page_read/write run at the full PCIe
+     * rate without a staging copy). NULL: the caller uses malloc/free. */
+    void *(*host_alloc)(ns_backend *be, size_t bytes);
+    void (*host_free)(ns_backend *be, void *p);
 } ns_backend_ops;
 
 struct ns_backend {

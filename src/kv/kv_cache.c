@@ -34,6 +34,7 @@ struct ns_kv_cache {
     /* host-RAM tier: n_ram slots of page_bytes; LRU of unpinned slots */
     int32_t n_ram;
     unsigned char *ram;
+    bool ram_pinned_alloc; /* ram came from the backend's host_alloc */
     int32_t *ram_node, *ram_prev, *ram_next, *ram_free;
     uint8_t *ram_pinned;
     int32_t n_ram_free, ram_head, ram_tail, n_ram_lru;
@@ -274,7 +275,9 @@ ns_status ns_kv_cache_create(const ns_kv_cache_opts *o, ns_kv_cache **out, ns_er
     }
     if (kc->n_ram > 0) {
         const size_t n = (size_t)kc->n_ram;
-        kc->ram = malloc(n * kc->page_bytes);
+        if (kc->be->ops->host_alloc) kc->ram = kc->be->ops->host_alloc(kc->be, n * kc->page_bytes);
+        kc->ram_pinned_alloc = kc->ram != NULL;
+        if (!kc->ram) kc->ram = malloc(n * kc->page_bytes);
         kc->ram_node = malloc(n * sizeof(int32_t));
         kc->ram_prev = malloc(n * sizeof(int32_t));
         kc->ram_next = malloc(n * sizeof(int32_t));
@@ -338,7 +341,8 @@ void ns_kv_cache_free(ns_kv_cache *kc) {
     ns_prefix_index_free(kc->ix);
     ns_kv_pages_free(&kc->pool);
     free(kc->page_node);
-    free(kc->ram);
+    if (kc->ram_pinned_alloc) kc->be->ops->host_free(kc->be, kc->ram);
+    else free(kc->ram);
     free(kc->ram_node);
     free(kc->ram_prev);
     free(kc->ram_next);

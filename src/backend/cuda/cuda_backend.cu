@@ -1452,6 +1452,25 @@ static void cu_destroy(ns_backend *be) {
     free(be);
 }
 
+/* Pinned host memory for the RAM cache tier: page copies to and from it
+ * are DMA transfers at the PCIe rate (pageable memory goes through a
+ * driver staging buffer at a fraction of it). NULL on failure (the KV
+ * cache then falls back to malloc). */
+static void *cu_host_alloc(ns_backend *be, size_t bytes) {
+    (void)be;
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+        cudaGetLastError(); /* clear: not a sticky backend error */
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(ns_backend *be, void *p) {
+    (void)be;
+    if (p) cudaFreeHost(p);
+}
+
 static const ns_backend_ops cuda_ops = {
     /* .name = */ "cuda",
     /* .destroy = */ cu_destroy,
@@ -1478,6 +1497,8 @@ static const ns_backend_ops cuda_ops = {
     /* .gather_rows = */ cu_gather_rows,
     /* .sample = */ cu_sample,
     /* .sync = */ cu_sync,
+    /* .host_alloc = */ cu_host_alloc,
+    /* .host_free = */ cu_host_free,
 };
 
 static int env_int(const char *name, int dflt) {
