@@ -146,4 +146,4 @@ bench: $(BUILD)/nightshift $(BENCH_BIN)
 clean:
 	rm -rf build
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(BUILD)/tests $(BUILD)/bench $(BUILD)/gpu-tests -name '*.d' 2>/dev/null)

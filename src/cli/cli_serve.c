@@ -123,9 +123,9 @@ static void usage(FILE *f) {
             "                           with --device cuda; off on the CPU, where the pool is RAM)\n"
             "  --ssd-cache DIR          durable SSD tier, kept across restarts (default\n"
             "                           $XDG_CACHE_HOME/nightshift or ~/.cache/nightshift)\n"
-            "  --ssd-cache-size SIZE    SSD tier size cap, least recently used pages go first\n"
-            "                           (default 32G)\n"
-            "  --no-ssd-cache           no SSD tier\n",
+            "  --ssd-cache-size SIZE    SSD tier size cap (default 32G); least recently used pages go\n"
+            "                           first\n"
+            "  --no-ssd-cache           no SSD tier (default: the tier is on)\n",
             d.http.host, d.http.port, d.max_running, d.http.max_body_bytes, d.http.timeout_s,
             (int)d.shutdown_timeout_s);
     ns_cli_engine_usage(f, &d.eng);
