@@ -10,18 +10,20 @@
 #include "util/utf8.h"
 
 static const ns_http_route g_routes[] = {
-    {"POST", "/v1/chat/completions", ns_api_chat_completions, false},
-    {"POST", "/chat/completions", ns_api_chat_completions, false},
-    {"POST", "/v1/completions", ns_api_completions, false},
-    {"POST", "/completions", ns_api_completions, false},
-    {"GET", "/v1/models", ns_api_models, false},
-    {"GET", "/models", ns_api_models, false},
-    {"GET", "/health", ns_api_health, true},
-    {"GET", "/v1/health", ns_api_health, true},
-    {"POST", "/tokenize", ns_api_tokenize, false},
-    {"POST", "/detokenize", ns_api_detokenize, false},
-    {"POST", "/apply-template", ns_api_apply_template, false},
-    {"GET", "/metrics", ns_api_metrics, false},
+    {"POST", "/v1/chat/completions", ns_api_chat_completions, false, false},
+    {"POST", "/chat/completions", ns_api_chat_completions, false, false},
+    {"POST", "/v1/completions", ns_api_completions, false, false},
+    {"POST", "/completions", ns_api_completions, false, false},
+    {"GET", "/v1/models", ns_api_models, false, false},
+    {"GET", "/models", ns_api_models, false, false},
+    {"GET", "/health", ns_api_health, true, false},
+    {"GET", "/v1/health", ns_api_health, true, false},
+    {"POST", "/tokenize", ns_api_tokenize, false, false},
+    {"POST", "/detokenize", ns_api_detokenize, false, false},
+    {"POST", "/apply-template", ns_api_apply_template, false, false},
+    {"GET", "/metrics", ns_api_metrics, false, false},
+    {"POST", "/admin/flush", ns_api_admin_flush, false, true},
+    {"GET", "/admin/cache", ns_api_admin_cache, false, true},
 };
 
 const ns_http_route *ns_api_routes(int *n) {

@@ -104,5 +104,8 @@ void ns_api_tokenize(void *ud, const ns_http_request *req, ns_http_response *res
 void ns_api_detokenize(void *ud, const ns_http_request *req, ns_http_response *resp);
 void ns_api_apply_template(void *ud, const ns_http_request *req, ns_http_response *resp);
 void ns_api_metrics(void *ud, const ns_http_request *req, ns_http_response *resp);
+/* POST /admin/flush, GET /admin/cache (admin.c) */
+void ns_api_admin_flush(void *ud, const ns_http_request *req, ns_http_response *resp);
+void ns_api_admin_cache(void *ud, const ns_http_request *req, ns_http_response *resp);
 
 #endif

@@ -26,6 +26,55 @@ static void histogram(ns_buf *b, const char *name, const char *help, const ns_hi
                   name, h->sum, name, (unsigned long long)h->count);
 }
 
+/* Per-tier KV cache series (labelled tier="device|ram|ssd") and the SSD
+ * tier's write-behind and health counters. */
+static void kv_tier_metrics(ns_buf *b, const ns_kv_cache_stats *k) {
+    static const char *const fam[][3] = {
+        {"nightshift_kv_cache_pages", "gauge", "Pages of cached KV held by each tier."},
+        {"nightshift_kv_cache_bytes", "gauge", "Bytes of cached KV held by each tier."},
+        {"nightshift_kv_cache_hit_tokens_total", "counter", "Prompt tokens served from each tier."},
+        {"nightshift_kv_cache_promotions_total", "counter", "Pages brought onto the device from each tier."},
+    };
+    for (int f = 0; f < 4; f++) {
+        ns_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", fam[f][0], fam[f][2], fam[f][0], fam[f][1]);
+        for (int t = 0; t < NS_TIER_COUNT; t++) {
+            double v = f == 0   ? (double)k->pages[t]
+                       : f == 1 ? (double)k->pages[t] * (double)k->page_bytes
+                       : f == 2 ? (double)k->hit_tokens[t]
+                                : (double)k->promotions[t];
+            ns_buf_printf(b, "%s{tier=\"%s\"} %.17g\n", fam[f][0], ns_kv_tier_name((ns_kv_tier)t), v);
+        }
+    }
+    counter(b, "nightshift_kv_cache_demotions_total", "Device pages demoted to the RAM tier.", k->demotions);
+    counter(b, "nightshift_kv_cache_evictions_total", "Cached pages dropped from every tier.", k->evictions);
+    const ns_kv_ssd_stats *s = &k->ssd;
+    gauge(b, "nightshift_kv_ssd_enabled", "1 when the SSD tier is open.", k->ssd_on);
+    gauge(b, "nightshift_kv_ssd_degraded", "1 after an I/O error or a full disk stopped SSD writes.", s->degraded);
+    gauge(b, "nightshift_kv_ssd_write_queue_pages", "Pages waiting to be written to the SSD tier (queued + not yet handed over).",
+          (double)(s->queue_depth + k->ssd_pending));
+    counter(b, "nightshift_kv_ssd_bytes_written_total", "Bytes written to SSD segment files.", (uint64_t)s->bytes_written);
+    counter(b, "nightshift_kv_ssd_writes_total", "Page records written to the SSD tier.", (uint64_t)s->writes);
+    counter(b, "nightshift_kv_ssd_dropped_total", "Pages not written: queue full or tier degraded.", (uint64_t)s->dropped);
+    counter(b, "nightshift_kv_ssd_write_failures_total", "Page records whose write failed.", (uint64_t)s->failed);
+    counter(b, "nightshift_kv_ssd_checksum_failures_total", "Records skipped because verification failed.",
+            (uint64_t)s->checksum_failures);
+    counter(b, "nightshift_kv_ssd_foreign_records", "Records of other models/formats seen at start (never served).",
+            (uint64_t)s->n_foreign);
+    ns_buf_printf(b, "# HELP nightshift_kv_ssd_fsync_seconds Segment fsync latency.\n"
+                     "# TYPE nightshift_kv_ssd_fsync_seconds histogram\n");
+    uint64_t cum = 0;
+    for (int i = 0; i < NS_KV_SSD_FSYNC_BUCKETS; i++) {
+        cum += s->fsync_counts[i];
+        if (isinf(s->fsync_bounds[i])) break;
+        ns_buf_printf(b, "nightshift_kv_ssd_fsync_seconds_bucket{le=\"%.6g\"} %llu\n", s->fsync_bounds[i],
+                      (unsigned long long)cum);
+    }
+    ns_buf_printf(b,
+                  "nightshift_kv_ssd_fsync_seconds_bucket{le=\"+Inf\"} %llu\nnightshift_kv_ssd_fsync_seconds_sum %.9g\n"
+                  "nightshift_kv_ssd_fsync_seconds_count %llu\n",
+                  (unsigned long long)s->fsync_count, s->fsync_sum, (unsigned long long)s->fsync_count);
+}
+
 void ns_api_metrics(void *ud, const ns_http_request *req, ns_http_response *resp) {
     (void)req;
     ns_api *a = ud;
@@ -54,6 +103,7 @@ void ns_api_metrics(void *ud, const ns_http_request *req, ns_http_response *resp
                   "nightshift_kv_pages{state=\"cached\"} %d\n",
                   st.pages_used, st.pages_free, st.pages_cached);
     gauge(&b, "nightshift_kv_page_tokens", "Tokens per KV page.", st.page_tokens);
+    kv_tier_metrics(&b, &st.kv);
     histogram(&b, "nightshift_step_duration_seconds", "Engine step wall time.", &st.step_seconds);
     histogram(&b, "nightshift_batch_tokens", "Tokens per engine step.", &st.batch_tokens);
     histogram(&b, "nightshift_time_to_first_token_seconds", "Submit to first generated token.", &st.ttft_seconds);

@@ -24,7 +24,6 @@ typedef struct serve_opts {
     ns_server_opts http;
     int32_t max_running;
     const char *model_name;
-    const char *admin_key;      /* NULL = the API key guards /admin too */
     double shutdown_timeout_s;
     /* KV cache tiers (see src/kv/kv_cache.h) */
     int64_t ram_cache_bytes;    /* -1 = default: a quarter of RAM on CUDA, off on CPU */
@@ -259,7 +258,7 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         long long x;
         double sz;
         if (strcmp(a, "--host") == 0) o->http.host = v;
-        else if (strcmp(a, "--admin-key") == 0) o->admin_key = v;
+        else if (strcmp(a, "--admin-key") == 0) o->http.admin_key = v;
         else if (strcmp(a, "--ssd-cache") == 0) o->ssd_dir = v;
         else if (strcmp(a, "--ram-cache") == 0) {
             if (strcmp(v, "0") == 0 || strcmp(v, "off") == 0) o->ram_cache_bytes = 0;

@@ -22,6 +22,7 @@ struct ns_server {
     int n_routes;
     void *ud;
     char *api_key;
+    char *admin_key; /* NULL: admin routes are guarded by api_key */
     size_t max_body;
     int port;
     atomic_int active;
@@ -222,12 +223,14 @@ static bool key_equal(const char *a, const char *b) {
     return d == 0 && na == nb;
 }
 
-static bool authorized(ns_server *s, struct MHD_Connection *mc) {
-    if (!s->api_key) return true;
+/* The request carries key (as a bearer token or x-api-key); true when no
+ * key is required. */
+static bool authorized(const char *key, struct MHD_Connection *mc) {
+    if (!key) return true;
     const char *h = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (h && strncasecmp(h, "Bearer ", 7) == 0) return key_equal(h + 7, s->api_key);
+    if (h && strncasecmp(h, "Bearer ", 7) == 0) return key_equal(h + 7, key);
     const char *x = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "x-api-key");
-    return x && key_equal(x, s->api_key);
+    return x && key_equal(x, key);
 }
 
 static enum MHD_Result dispatch(ns_server *s, struct MHD_Connection *mc, const char *url, const char *method,
@@ -249,8 +252,12 @@ static enum MHD_Result dispatch(ns_server *s, struct MHD_Connection *mc, const c
         snprintf(msg, sizeof msg, "unknown endpoint %s %.160s", method, url);
         return queue_simple_error(s, mc, 404, NULL, "not_found", msg);
     }
-    if (!route->open && !authorized(s, mc))
+    if (route->admin) {
+        if (!authorized(s->admin_key ? s->admin_key : s->api_key, mc))
+            return queue_simple_error(s, mc, 401, NULL, "invalid_api_key", "Incorrect or missing admin key.");
+    } else if (!route->open && !authorized(s->api_key, mc)) {
         return queue_simple_error(s, mc, 401, NULL, "invalid_api_key", "Incorrect or missing API key.");
+    }
     if (atomic_load(&s->draining) && !route->open)
         return queue_simple_error(s, mc, 503, NULL, "shutting_down", "the server is shutting down");
 
@@ -367,13 +374,12 @@ ns_status ns_server_start(const ns_server_opts *o, const ns_http_route *routes, 
     s->n_routes = n_routes;
     s->ud = ud;
     s->max_body = o->max_body_bytes ? o->max_body_bytes : (size_t)32 << 20;
-    if (o->api_key && *o->api_key) {
-        s->api_key = strdup(o->api_key);
-        if (!s->api_key) {
-            free(s);
-            freeaddrinfo(ai);
-            return ns_fail(err, NS_ERR_NOMEM, "out of memory");
-        }
+    if ((o->api_key && *o->api_key && !(s->api_key = strdup(o->api_key))) ||
+        (o->admin_key && *o->admin_key && !(s->admin_key = strdup(o->admin_key)))) {
+        free(s->api_key);
+        free(s);
+        freeaddrinfo(ai);
+        return ns_fail(err, NS_ERR_NOMEM, "out of memory");
     }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC |
                      MHD_USE_ERROR_LOG;
@@ -390,6 +396,7 @@ ns_status ns_server_start(const ns_server_opts *o, const ns_http_route *routes, 
     if (!s->d) {
         int e = errno;
         free(s->api_key);
+        free(s->admin_key);
         free(s);
         return ns_fail(err, NS_ERR_IO, "cannot listen on %s:%d: %s", host, o->port,
                        e ? strerror(e) : "microhttpd refused to start");
@@ -416,6 +423,7 @@ void ns_server_stop(ns_server *s) {
     if (!s) return;
     MHD_stop_daemon(s->d);
     free(s->api_key);
+    free(s->admin_key);
     free(s);
 }
 

@@ -73,12 +73,14 @@ typedef struct ns_http_route {
     const char *path;
     ns_http_handler fn;
     bool open;          /* reachable without the API key (/health) */
+    bool admin;         /* an admin route: needs the admin key if one is set, else the API key */
 } ns_http_route;
 
 typedef struct ns_server_opts {
     const char *host;          /* default 127.0.0.1 */
     int port;                  /* 0 = any free port */
     const char *api_key;       /* NULL = no authentication */
+    const char *admin_key;     /* NULL = admin routes take the API key */
     size_t max_body_bytes;     /* default 32 MiB */
     unsigned max_connections;  /* default 512 */
     unsigned timeout_s;        /* idle connection timeout; default 3600 */
