@@ -200,9 +200,13 @@ const char *ns_gen_finish_reason(const ns_gen *g, bool streaming) {
 }
 
 json_t *ns_gen_usage(const ns_gen *g) {
-    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", g->n_prompt, "completion_tokens", g->n_ids,
-                     "total_tokens", g->n_prompt + g->n_ids, "prompt_tokens_details", "cached_tokens",
-                     g->res.n_cached);
+    /* cached_tokens stays the total (OpenAI's field); the per-tier split
+     * is nightshift's: where the reused prefix came from */
+    const int32_t *t = g->res.n_cached_by_tier;
+    return json_pack("{s:i,s:i,s:i,s:{s:i,s:{s:i,s:i,s:i}}}", "prompt_tokens", g->n_prompt, "completion_tokens",
+                     g->n_ids, "total_tokens", g->n_prompt + g->n_ids, "prompt_tokens_details", "cached_tokens",
+                     g->res.n_cached, "cached_tokens_by_tier", "device", t[NS_TIER_DEVICE], "ram", t[NS_TIER_RAM],
+                     "ssd", t[NS_TIER_SSD]);
 }
 
 /* A token's text and UTF-8 bytes, as OpenAI reports them. Byte-level BPE
