@@ -1,41 +1,25 @@
 /* completions.c — POST /v1/completions: a raw prompt (text, or token ids)
- * continued by the model, streaming and not. No chat template, no
- * reasoning or tool-call parsing; stop strings apply. */
+ * continued by the model, streaming and not. The shared request path is
+ * ns_gen_handle (gen.h); this file adds the prompt forms, the
+ * unsupported-parameter checks, the "text" output and the completions
+ * logprobs object. No chat template, no reasoning or tool-call parsing;
+ * stop strings apply. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "api/api.h"
 #include "api/gen.h"
 #include "tokenizer/tokenizer.h"
-#include "util/clock.h"
 
 #define MAX_PROMPT_IDS (1 << 24)
-#define KEEPALIVE_S 15.0
 
 typedef struct cmpl_job {
-    ns_api *a;
-    json_t *body;
+    ns_gen_job base; /* first: the shared path allocates and frees the job */
     int32_t *ids;
     size_t n_ids;
-    ns_api_gen_params gp;
-    ns_gen g;
-    char id[64];
-    time_t created;
-    bool finished, started;
-    size_t sent_text, text_off;
-    int32_t sent_lps;
-    double last_emit;
+    size_t sent_text, text_off; /* streaming cursors: text, logprobs text_offset */
 } cmpl_job;
-
-static void job_free(cmpl_job *j) {
-    if (!j) return;
-    ns_gen_free(&j->g);
-    free(j->ids);
-    json_decref(j->body);
-    free(j);
-}
 
 static bool ids_from_array(ns_api *a, json_t *arr, cmpl_job *j, ns_http_error *e) {
     size_t n = json_array_size(arr);
@@ -114,150 +98,52 @@ static bool check_unsupported(json_t *body, ns_http_error *e) {
     return true;
 }
 
-static json_t *chunk(cmpl_job *j, const char *text, size_t len, json_t *logprobs, const char *finish) {
-    json_t *choice = json_pack("{s:i,s:s%,s:o,s:o}", "index", 0, "text", text, len, "logprobs",
-                               logprobs ? logprobs : json_null(), "finish_reason",
-                               finish ? json_string(finish) : json_null());
-    json_t *c = json_pack("{s:s,s:s,s:I,s:s,s:s,s:[o]}", "id", j->id, "object", "text_completion", "created",
-                          (json_int_t)j->created, "model", j->a->model_name, "system_fingerprint", j->a->fingerprint,
-                          "choices", choice);
-    if (c && j->gp.include_usage) json_object_set_new(c, "usage", json_null());
-    return c;
+static bool cmpl_prepare(ns_gen_job *gj, ns_gen_opts *o, ns_http_error *e) {
+    cmpl_job *j = (cmpl_job *)gj;
+    if (!check_unsupported(gj->body, e)) return false;
+    if (!parse_prompt(gj->a, gj->body, j, e)) return false;
+    gj->prompt = j->ids;
+    gj->n_prompt = j->n_ids;
+    return true;
 }
 
-static json_t *pending_logprobs(cmpl_job *j) {
-    if (!j->gp.rp.logprobs || j->sent_lps >= j->g.n_lps) return NULL;
-    json_t *lp = ns_gen_completion_logprobs(&j->g, j->sent_lps, j->g.n_lps, &j->text_off);
-    j->sent_lps = j->g.n_lps;
-    return lp;
+static void cmpl_release(ns_gen_job *gj) { free(((cmpl_job *)gj)->ids); }
+
+static json_t *cmpl_logprobs(ns_gen_job *gj, int32_t from, int32_t to) {
+    return ns_gen_completion_logprobs(&gj->g, from, to, &((cmpl_job *)gj)->text_off);
 }
 
-static ns_status cmpl_next(void *ctx, ns_buf *out, bool *eof) {
-    cmpl_job *j = ctx;
-    if (j->finished) {
-        *eof = true;
-        return NS_OK;
-    }
-    for (;;) {
-        ns_status rc = ns_gen_pump(&j->g, 50);
-        if (rc == NS_ERR_CANCELLED) return rc;
-        if (rc != NS_OK) {
-            ns_http_error e = {0};
-            ns_http_error_from_status(&e, rc, NULL, "generation failed");
-            rc = ns_sse_error(out, &e);
-            if (rc == NS_OK) rc = ns_sse_done(out);
-            j->finished = *eof = true;
-            return rc;
-        }
-        const ns_buf *t = &j->g.text;
-        if (t->len > j->sent_text) {
-            rc = ns_sse_json(out, chunk(j, t->data + j->sent_text, t->len - j->sent_text, pending_logprobs(j), NULL));
-            j->sent_text = t->len;
-            if (rc != NS_OK) return rc;
-        }
-        if (j->g.done) {
-            ns_http_error e = {0};
-            if (ns_gen_failed(&j->g, &e)) {
-                rc = ns_sse_error(out, &e);
-            } else {
-                rc = ns_sse_json(out, chunk(j, "", 0, pending_logprobs(j), ns_gen_finish_reason(&j->g, true)));
-                if (rc == NS_OK && j->gp.include_usage) {
-                    json_t *c = chunk(j, "", 0, NULL, NULL);
-                    json_object_set_new(c, "choices", json_array());
-                    json_object_set_new(c, "usage", ns_gen_usage(&j->g));
-                    rc = ns_sse_json(out, c);
-                }
-            }
-            if (rc == NS_OK) rc = ns_sse_done(out);
-            j->finished = *eof = true;
-            return rc;
-        }
-        if (out->len) {
-            j->last_emit = ns_clock_now();
-            return NS_OK;
-        }
-        if (ns_clock_now() - j->last_emit > KEEPALIVE_S) { /* long prefill: keep the connection warm */
-            j->last_emit = ns_clock_now();
-            return ns_sse_keepalive(out);
-        }
-    }
+static ns_status cmpl_stream_delta(ns_gen_job *gj, ns_buf *out) {
+    json_t *s;
+    ns_status rc = ns_gen_new_text(&gj->g.text, &((cmpl_job *)gj)->sent_text, &s);
+    if (rc != NS_OK || !s) return rc;
+    return ns_gen_job_emit(gj, out, s, NULL);
 }
 
-static void cmpl_close(void *ctx, bool completed) {
-    (void)completed;
-    job_free(ctx);
+static json_t *cmpl_final_delta(ns_gen_job *gj) { return json_string(""); }
+
+static json_t *cmpl_whole_output(ns_gen_job *gj, const char *finish) {
+    return json_stringn(gj->g.text.data ? gj->g.text.data : "", gj->g.text.len);
 }
 
-static void respond_whole(cmpl_job *j, ns_http_response *resp) {
-    for (;;) {
-        ns_status rc = ns_gen_pump(&j->g, 100);
-        if (rc == NS_ERR_CANCELLED) {
-            /* nobody reads this; 499 (nginx's "client closed request") is counted as a disconnect */
-            ns_http_error_set(&resp->err, 499, NULL, "client_disconnected", "the client disconnected");
-            return;
-        }
-        if (rc != NS_OK) {
-            ns_http_error_from_status(&resp->err, rc, NULL, "generation failed");
-            return;
-        }
-        if (j->g.done) break;
-    }
-    if (ns_gen_failed(&j->g, &resp->err)) return;
-    json_t *c = chunk(j, j->g.text.data ? j->g.text.data : "", j->g.text.len, pending_logprobs(j),
-                      ns_gen_finish_reason(&j->g, false));
-    if (!c) {
-        ns_http_error_set(&resp->err, 500, NULL, "internal_error", "out of memory");
-        return;
-    }
-    json_object_set_new(c, "object", json_string("text_completion"));
-    json_object_set_new(c, "usage", ns_gen_usage(&j->g));
-    if (j->gp.return_token_ids) {
-        json_t *ids = json_array();
-        for (int32_t i = 0; i < j->g.n_ids; i++) json_array_append_new(ids, json_integer(j->g.ids[i]));
-        json_object_set_new(json_array_get(json_object_get(c, "choices"), 0), "token_ids", ids);
-    }
-    ns_http_set_json(resp, 200, json_dumps(c, JSON_COMPACT));
-    json_decref(c);
-}
+static const ns_gen_endpoint k_completions = {
+    .job_size = sizeof(cmpl_job),
+    .chat = false,
+    .kind = "completion",
+    .id_prefix = "cmpl-",
+    .object = "text_completion",
+    .chunk_object = "text_completion",
+    .whole_key = "text",
+    .delta_key = "text",
+    .prompt_param = "prompt",
+    .prepare = cmpl_prepare,
+    .stream_delta = cmpl_stream_delta,
+    .final_delta = cmpl_final_delta,
+    .logprobs = cmpl_logprobs,
+    .whole_output = cmpl_whole_output,
+    .release = cmpl_release,
+};
 
 void ns_api_completions(void *ud, const ns_http_request *req, ns_http_response *resp) {
-    ns_api *a = ud;
-    if (!ns_api_require_ready(a, resp)) return;
-    json_t *body = ns_api_parse_body(a, req, resp);
-    if (!body) return;
-    cmpl_job *j = calloc(1, sizeof *j);
-    if (!j) {
-        json_decref(body);
-        ns_http_error_set(&resp->err, 500, NULL, "internal_error", "out of memory");
-        return;
-    }
-    j->a = a;
-    j->body = body;
-    j->created = time(NULL);
-    ns_api_random_id("cmpl-", j->id, sizeof j->id);
-    if (!ns_api_parse_gen_params(a, body, false, &j->gp, &resp->err)) goto done;
-    if (!check_unsupported(body, &resp->err)) goto done;
-    if (!parse_prompt(a, body, j, &resp->err)) goto done;
-    if (!ns_api_check_context(a, (int32_t)(j->n_ids > INT32_MAX ? INT32_MAX : j->n_ids), j->gp.rp.max_tokens,
-                              "prompt", &resp->err))
-        goto done;
-    ns_gen_opts go = {
-        .rp = j->gp.rp,
-        .stops = j->gp.stops,
-        .n_stops = j->gp.n_stops,
-        .kind = "completion",
-    };
-    if (!ns_gen_start(&j->g, a, j->ids, (int32_t)j->n_ids, &go, &req->conn, j->id, &resp->err)) goto done;
-    if (j->gp.stream) {
-        j->last_emit = ns_clock_now();
-        resp->status = 200;
-        resp->content_type = "text/event-stream";
-        resp->stream.ctx = j;
-        resp->stream.next = cmpl_next;
-        resp->stream.close = cmpl_close;
-        return;
-    }
-    respond_whole(j, resp);
-done:
-    job_free(j);
+    ns_gen_handle(&k_completions, ud, req, resp);
 }

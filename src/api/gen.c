@@ -320,3 +320,183 @@ void ns_gen_free(ns_gen *g) {
     free(g->ids);
     free(g->lps);
 }
+
+/* ---- one completion request: the path shared by the endpoints ---- */
+
+#define KEEPALIVE_S 15.0
+
+static void job_free(ns_gen_job *j) {
+    if (!j) return;
+    ns_gen_free(&j->g); /* cancels a generation that is not done */
+    if (j->ep->release) j->ep->release(j);
+    json_decref(j->body);
+    free(j);
+}
+
+/* The logprobs not sent yet (null when there are none or they are off). */
+static json_t *pending_logprobs(ns_gen_job *j) {
+    if (!j->gp.rp.logprobs || j->sent_lps >= j->g.n_lps) return json_null();
+    json_t *lp = j->ep->logprobs(j, j->sent_lps, j->g.n_lps);
+    j->sent_lps = j->g.n_lps;
+    return lp;
+}
+
+/* id, object, created, model, system_fingerprint, choices, and "usage":
+ * null when the client asked for a usage chunk (as OpenAI sends it). */
+static json_t *chunk(ns_gen_job *j, json_t *choices) {
+    json_t *c = json_pack("{s:s,s:s,s:I,s:s,s:s,s:o}", "id", j->id, "object", j->ep->chunk_object, "created",
+                          (json_int_t)j->created, "model", j->a->model_name, "system_fingerprint", j->a->fingerprint,
+                          "choices", choices);
+    if (c && j->gp.include_usage) json_object_set_new(c, "usage", json_null());
+    return c;
+}
+
+ns_status ns_gen_job_emit(ns_gen_job *j, ns_buf *out, json_t *value, const char *finish) {
+    json_t *choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, j->ep->delta_key, value, "logprobs",
+                               pending_logprobs(j), "finish_reason", finish ? json_string(finish) : json_null());
+    j->last_emit = ns_clock_now();
+    return ns_sse_json(out, choice ? chunk(j, json_pack("[o]", choice)) : NULL);
+}
+
+ns_status ns_gen_new_text(const ns_buf *b, size_t *sent, json_t **str) {
+    *str = NULL;
+    if (b->len <= *sent) return NS_OK;
+    size_t end = ns_utf8_complete(b->data, *sent, b->len);
+    if (end <= *sent) return NS_OK;
+    *str = json_stringn(b->data + *sent, end - *sent);
+    *sent = end;
+    return *str ? NS_OK : NS_ERR_NOMEM;
+}
+
+/* The end of a stream: an error event, or the last chunk (finish_reason)
+ * and the usage chunk; then [DONE]. */
+static ns_status stream_end(ns_gen_job *j, ns_buf *out) {
+    ns_http_error e = {0};
+    ns_status rc;
+    if (ns_gen_failed(&j->g, &e)) {
+        rc = ns_sse_error(out, &e);
+    } else {
+        rc = ns_gen_job_emit(j, out, j->ep->final_delta(j), ns_gen_finish_reason(&j->g, true));
+        if (rc == NS_OK && j->gp.include_usage) {
+            json_t *c = chunk(j, json_array());
+            if (c) json_object_set_new(c, "usage", ns_gen_usage(&j->g));
+            rc = ns_sse_json(out, c);
+        }
+    }
+    if (rc == NS_OK) rc = ns_sse_done(out);
+    j->finished = true;
+    return rc;
+}
+
+static ns_status stream_next(void *ctx, ns_buf *out, bool *eof) {
+    ns_gen_job *j = ctx;
+    if (j->finished) {
+        *eof = true;
+        return NS_OK;
+    }
+    if (!j->started) {
+        j->started = true;
+        if (j->ep->stream_start) return j->ep->stream_start(j, out);
+    }
+    for (;;) {
+        ns_status rc = ns_gen_pump(&j->g, 50);
+        if (rc == NS_ERR_CANCELLED) return rc; /* client gone: drop the connection */
+        if (rc != NS_OK) {
+            ns_http_error e = {0};
+            ns_http_error_from_status(&e, rc, NULL, "generation failed");
+            rc = ns_sse_error(out, &e);
+            if (rc == NS_OK) rc = ns_sse_done(out);
+            j->finished = *eof = true;
+            return rc;
+        }
+        rc = j->ep->stream_delta(j, out);
+        if (rc != NS_OK) return rc;
+        if (j->g.done) {
+            *eof = true;
+            return stream_end(j, out);
+        }
+        if (out->len) return NS_OK;
+        if (ns_clock_now() - j->last_emit > KEEPALIVE_S) { /* long prefill: keep the connection warm */
+            j->last_emit = ns_clock_now();
+            return ns_sse_keepalive(out);
+        }
+    }
+}
+
+static void stream_close(void *ctx, bool completed) {
+    (void)completed; /* ns_gen_free cancels a generation that is not done */
+    job_free(ctx);
+}
+
+static void respond_whole(ns_gen_job *j, ns_http_response *resp) {
+    for (;;) {
+        ns_status rc = ns_gen_pump(&j->g, 100);
+        if (rc == NS_ERR_CANCELLED) {
+            /* nobody reads this; 499 (nginx's "client closed request") is counted as a disconnect */
+            ns_http_error_set(&resp->err, 499, NULL, "client_disconnected", "the client disconnected");
+            return;
+        }
+        if (rc != NS_OK) {
+            ns_http_error_from_status(&resp->err, rc, NULL, "generation failed");
+            return;
+        }
+        if (j->g.done) break;
+    }
+    if (ns_gen_failed(&j->g, &resp->err)) return;
+    const char *finish = ns_gen_finish_reason(&j->g, false);
+    json_t *lp = j->gp.rp.logprobs ? j->ep->logprobs(j, 0, j->g.n_lps) : json_null();
+    json_t *choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, j->ep->whole_key, j->ep->whole_output(j, finish),
+                               "logprobs", lp, "finish_reason", finish);
+    if (choice && j->gp.return_token_ids) {
+        json_t *ids = json_array();
+        for (int32_t i = 0; i < j->g.n_ids; i++) json_array_append_new(ids, json_integer(j->g.ids[i]));
+        json_object_set_new(choice, "token_ids", ids);
+    }
+    json_t *root = json_pack("{s:s,s:s,s:I,s:s,s:s,s:[o],s:o}", "id", j->id, "object", j->ep->object, "created",
+                             (json_int_t)j->created, "model", j->a->model_name, "system_fingerprint",
+                             j->a->fingerprint, "choices", choice, "usage", ns_gen_usage(&j->g));
+    ns_http_set_json(resp, 200, root ? json_dumps(root, JSON_COMPACT) : NULL); /* NULL: 500 */
+    json_decref(root);
+}
+
+void ns_gen_handle(const ns_gen_endpoint *ep, void *ud, const ns_http_request *req, ns_http_response *resp) {
+    ns_api *a = ud;
+    if (!ns_api_require_ready(a, resp)) return;
+    json_t *body = ns_api_parse_body(a, req, resp);
+    if (!body) return;
+    ns_gen_job *j = calloc(1, ep->job_size);
+    if (!j) {
+        json_decref(body);
+        ns_http_error_set(&resp->err, 500, NULL, "internal_error", "out of memory");
+        return;
+    }
+    j->ep = ep;
+    j->a = a;
+    j->body = body;
+    j->created = time(NULL);
+    ns_api_random_id(ep->id_prefix, j->id, sizeof j->id);
+    if (!ns_api_parse_gen_params(a, body, ep->chat, &j->gp, &resp->err)) goto done;
+    ns_gen_opts go = {
+        .rp = j->gp.rp,
+        .stops = j->gp.stops,
+        .n_stops = j->gp.n_stops,
+        .kind = ep->kind,
+    };
+    if (!ep->prepare(j, &go, &resp->err)) goto done;
+    if (!ns_api_check_context(a, (int32_t)(j->n_prompt > INT32_MAX ? INT32_MAX : j->n_prompt), j->gp.rp.max_tokens,
+                              ep->prompt_param, &resp->err))
+        goto done;
+    if (!ns_gen_start(&j->g, a, j->prompt, (int32_t)j->n_prompt, &go, &req->conn, j->id, &resp->err)) goto done;
+    if (j->gp.stream) {
+        j->last_emit = ns_clock_now();
+        resp->status = 200;
+        resp->content_type = "text/event-stream";
+        resp->stream.ctx = j;
+        resp->stream.next = stream_next;
+        resp->stream.close = stream_close;
+        return;
+    }
+    respond_whole(j, resp);
+done: /* also the end of a non-streaming request */
+    job_free(j);
+}

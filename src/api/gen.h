@@ -1,4 +1,7 @@
-/* gen.h — one generation as the HTTP side sees it: submits the request to
+/* gen.h — the one request path of the completion endpoints
+ * (/v1/chat/completions and /v1/completions), in two layers.
+ *
+ * ns_gen — one generation as the HTTP side sees it: submits the request to
  * the scheduler, then turns the token events into text through the
  * pipeline
  *
@@ -9,6 +12,14 @@
  * calls, token ids, logprob records). Endpoints diff that state to stream
  * deltas, or format it once at the end.
  *
+ * ns_gen_job — one whole request: ns_gen_handle parses the body and the
+ * common parameters (ns_api_parse_gen_params), lets the endpoint build the
+ * prompt, checks the context, submits, and answers either as one JSON
+ * object or as an SSE stream (deltas, a last chunk with finish_reason, an
+ * optional usage chunk, [DONE]; keep-alive comments while nothing comes;
+ * engine failures as an error event). What differs between the endpoints
+ * (the prompt, the output shape, the logprobs shape) is an ns_gen_endpoint.
+ *
  * Invariants: text after a matched stop string never enters the state, and
  * the request is cancelled as soon as it matched; tokens the engine still
  * produced afterwards are not counted. The end-of-sequence token is
@@ -16,13 +27,14 @@
  * for events) cancels the request. Everything is owned by the ns_gen and
  * released by ns_gen_free, which also writes the request's log line.
  *
- * Threads: an ns_gen belongs to one HTTP connection thread.
+ * Threads: an ns_gen (and its job) belongs to one HTTP connection thread.
  */
 #ifndef NS_API_GEN_H
 #define NS_API_GEN_H
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "api/api.h"
 #include "api/reasoning.h"
@@ -90,12 +102,73 @@ bool ns_gen_failed(const ns_gen *g, ns_http_error *e);
  * otherwise only when every call is valid). */
 const char *ns_gen_finish_reason(const ns_gen *g, bool streaming);
 /* {"prompt_tokens", "completion_tokens", "total_tokens",
- *  "prompt_tokens_details": {"cached_tokens"}} */
+ *  "prompt_tokens_details": {"cached_tokens",
+ *                            "cached_tokens_by_tier": {"device", "ram", "ssd"}}} */
 json_t *ns_gen_usage(const ns_gen *g);
 /* Chat logprob entries for records [from, to) appended to arr. */
 void ns_gen_chat_logprobs(const ns_gen *g, int32_t from, int32_t to, json_t *arr);
 /* Completions logprobs object for records [from, to); *text_off advances. */
 json_t *ns_gen_completion_logprobs(const ns_gen *g, int32_t from, int32_t to, size_t *text_off);
 void ns_gen_free(ns_gen *g);
+
+/* ---- one completion request (ns_gen_handle) ---- */
+
+typedef struct ns_gen_job ns_gen_job;
+
+/* What one completion endpoint adds to the shared path. Its job struct
+ * starts with an ns_gen_job (job_size bytes, zeroed, are allocated). */
+typedef struct ns_gen_endpoint {
+    size_t job_size;
+    bool chat;                /* chat parameter rules (ns_api_parse_gen_params) */
+    const char *kind;         /* "chat" / "completion", for the log line */
+    const char *id_prefix;    /* "chatcmpl-" / "cmpl-" */
+    const char *object;       /* "object" of the whole response */
+    const char *chunk_object; /* "object" of a stream chunk */
+    const char *whole_key;    /* the choice's output field: "message" / "text" */
+    const char *delta_key;    /* the same in a chunk: "delta" / "text" */
+    const char *prompt_param; /* the field a context error names */
+    /* Parses the endpoint's own fields and builds the prompt: sets
+     * j->prompt/n_prompt (owned by the endpoint's job) and the endpoint's
+     * fields of o. False with e set on failure. */
+    bool (*prepare)(ns_gen_job *j, ns_gen_opts *o, ns_http_error *e);
+    /* Streaming: the first chunk, before any generated token (NULL: none). */
+    ns_status (*stream_start)(ns_gen_job *j, ns_buf *out);
+    /* Streaming: chunks for what is new since the last call (may add none). */
+    ns_status (*stream_delta)(ns_gen_job *j, ns_buf *out);
+    /* Streaming: the delta_key value of the last chunk (with finish_reason). */
+    json_t *(*final_delta)(ns_gen_job *j);
+    /* The "logprobs" value for logprob records [from, to). */
+    json_t *(*logprobs)(ns_gen_job *j, int32_t from, int32_t to);
+    /* Whole response: the whole_key value for the finished generation. */
+    json_t *(*whole_output)(ns_gen_job *j, const char *finish);
+    /* Releases what prepare allocated (NULL: nothing). */
+    void (*release)(ns_gen_job *j);
+} ns_gen_endpoint;
+
+struct ns_gen_job {
+    const ns_gen_endpoint *ep;
+    ns_api *a;
+    json_t *body;             /* keeps the strings gen borrows alive */
+    ns_api_gen_params gp;
+    ns_gen g;
+    char id[64];
+    time_t created;
+    const int32_t *prompt;    /* set by prepare */
+    size_t n_prompt;
+    bool started, finished;   /* streaming state */
+    int32_t sent_lps;         /* logprob records already sent */
+    double last_emit;         /* when the last chunk went out (keep-alive) */
+};
+
+/* The handler body of a completion endpoint. */
+void ns_gen_handle(const ns_gen_endpoint *ep, void *ud, const ns_http_request *req, ns_http_response *resp);
+/* Streaming: appends one chunk whose single choice holds value (stolen)
+ * under ep->delta_key, the logprobs not sent yet, and finish_reason
+ * (NULL: null). */
+ns_status ns_gen_job_emit(ns_gen_job *j, ns_buf *out, json_t *value, const char *finish);
+/* The text of b past *sent up to the end of its last whole UTF-8
+ * character, as a JSON string in *str (NULL when there is none yet);
+ * *sent advances. NS_ERR_NOMEM when the string cannot be made. */
+ns_status ns_gen_new_text(const ns_buf *b, size_t *sent, json_t **str);
 
 #endif
