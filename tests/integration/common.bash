@@ -46,18 +46,18 @@ start_server() {
   SERVER_PID=$!
   SERVER_PIDS+=("$SERVER_PID")
   PORT=""
-  for _ in $(seq 1 300); do
+  for _ in $(seq 1 1500); do
     PORT=$(sed -n 's/.*listening on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$LOG" | head -1)
     [ -n "$PORT" ] && break
     kill -0 "$SERVER_PID" 2>/dev/null || fail "server exited during start-up"
-    sleep 0.1
+    sleep 0.02
   done
   [ -n "$PORT" ] || fail "server did not report its port"
   BASE="http://127.0.0.1:$PORT"
-  for _ in $(seq 1 300); do
+  for _ in $(seq 1 1500); do
     [ "$(curl -s -o /dev/null -w '%{http_code}' "$BASE/health")" = 200 ] && return 0
     kill -0 "$SERVER_PID" 2>/dev/null || fail "server exited while loading"
-    sleep 0.1
+    sleep 0.02
   done
   fail "server not ready after 30 s"
 }

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Crash consistency of the SSD cache tier over HTTP (CPU, tinystories-656k):
+# 100 iterations of start, serve (with /admin/flush now and then), then
+# SIGKILL at a random moment while other requests are writing behind;
+# after every restart each prompt a flush reported durable must be served
+# from the cache, and every prompt's greedy output must equal the cold
+# run's (a corrupt or foreign page would change it). Bounded: fails if the
+# loop takes more than 300 s.
+set -u
+cd "$(dirname "$0")/../.."
+source tests/integration/common.bash
+
+MODEL=$NS_SHARED/models/tinystories-656k
+SSD="$TMP/ssd"
+P=16
+N_PROMPTS=6
+ITER=${NS_CRASH_ITERATIONS:-100}
+declare -a PROMPT LEN COLD EXT
+
+prompt_ids() {
+  node -e 'const n=+process.argv[1];let x=+process.argv[2];const a=[1];for(let i=1;i<n;i++){x=(x*1103515245+12345)%2147483648;a.push(3+(x>>8)%2000);}console.log(JSON.stringify(a))' "$1" "$2"
+}
+
+# complete IDS -> OUT (token ids), CACHED
+complete() {
+  post /v1/completions "{\"prompt\":$1,\"max_tokens\":6,\"temperature\":0,\"return_token_ids\":true}"
+  [ "$STATUS" = 200 ] || fail "completion: status $STATUS: $BODY_OUT"
+  local r
+  r=$(json_get "$BODY_OUT" 'j.choices[0].token_ids.join(",") + "|" + j.usage.prompt_tokens_details.cached_tokens')
+  OUT=${r%|*}
+  CACHED=${r#*|}
+}
+
+for k in $(seq 0 $((N_PROMPTS - 1))); do
+  LEN[$k]=$((300 + 25 * k))
+  PROMPT[$k]=$(prompt_ids "${LEN[$k]}" $((k + 1)))
+  # three next turns of this prompt (the prompt + 60 new tokens each)
+  for j in 0 1 2; do
+    EXT[$((k * 3 + j))]=$(node -e 'const a=JSON.parse(process.argv[1]);let x=+process.argv[2];for(let i=0;i<60;i++){x=(x*1103515245+12345)%2147483648;a.push(3+(x>>8)%2000);}console.log(JSON.stringify(a))' "${PROMPT[$k]}" "$((k * 7 + j + 1))")
+  done
+done
+
+start_server --model "$MODEL" --no-ssd-cache
+for k in $(seq 0 $((N_PROMPTS - 1))); do complete "${PROMPT[$k]}"; COLD[$k]=$OUT; done
+kill -KILL "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null
+
+declare -A DURABLE=()
+t0=$(date +%s)
+kills_during_writes=0
+for i in $(seq 1 "$ITER"); do
+  [ $(( $(date +%s) - t0 )) -le 300 ] || fail "crash loop over its time bound at iteration $i"
+  start_server --model "$MODEL" --ssd-cache "$SSD"
+  # every prompt reported durable by an earlier flush comes back, exact
+  for k in "${!DURABLE[@]}"; do
+    complete "${PROMPT[$k]}"
+    [ "$CACHED" -ge $(( (LEN[$k] - 1) / P * P )) ] || fail "iteration $i: durable prompt $k cached only $CACHED of ${LEN[$k]}"
+    [ "$OUT" = "${COLD[$k]}" ] || fail "iteration $i: durable prompt $k: output $OUT != cold ${COLD[$k]}"
+  done
+  # a random prompt, cached or not, gives the cold output
+  k=$((RANDOM % N_PROMPTS))
+  complete "${PROMPT[$k]}"
+  [ "$OUT" = "${COLD[$k]}" ] || fail "iteration $i: prompt $k: output $OUT != cold ${COLD[$k]}"
+  if [ $((RANDOM % 3)) -eq 0 ]; then
+    post /admin/flush '{}'
+    [ "$STATUS" = 200 ] || fail "iteration $i: flush status $STATUS"
+    [ "$(json_get "$BODY_OUT" 'j.complete')" = true ] && DURABLE[$k]=1
+  fi
+  # heavy write-behind: new turns extending other prompts, killed midway
+  for j in 1 2 3; do
+    m=$(( (k + j) % N_PROMPTS ))
+    curl -s -o /dev/null -H 'Content-Type: application/json' \
+      --data-binary "{\"prompt\":${EXT[$((m * 3 + RANDOM % 3))]},\"max_tokens\":8,\"temperature\":0}" \
+      "$BASE/v1/completions" &
+  done
+  sleep "0.$(printf '%03d' $((RANDOM % 200)))"
+  kill -KILL "$SERVER_PID"
+  wait "$SERVER_PID" 2>/dev/null
+  wait 2>/dev/null
+  kills_during_writes=$((kills_during_writes + 1))
+done
+[ ${#DURABLE[@]} -gt 0 ] || fail "no flush ever completed"
+echo "ok: $ITER SIGKILL restarts in $(( $(date +%s) - t0 )) s; ${#DURABLE[@]} prompts durable and restored exactly"
