@@ -82,14 +82,20 @@ typedef struct ns_api_gen_params {
     bool return_token_ids;
 } ns_api_gen_params;
 
-/* Parses sampling, max_tokens/max_completion_tokens, stop, seed, n,
- * stream/stream_options, logprobs (chat: bool + top_logprobs; completions:
- * an integer), ignore_eos. Strings point into body. */
+/* Parses the fields both completion endpoints share: sampling
+ * (temperature, top_p, top_k, min_p, presence/frequency/repetition
+ * penalties, repetition_penalty_last_n), seed (else a.random_seed()),
+ * n (only 1), max_tokens (chat also max_completion_tokens), stop,
+ * stream/stream_options.include_usage, logprobs (chat: a bool plus
+ * top_logprobs; completions: an integer count, or a bool), ignore_eos,
+ * return_token_ids and response_format (only "text"). Strings point into
+ * body. False with e set (400 naming the field) on a bad value. */
 bool ns_api_parse_gen_params(ns_api *a, json_t *body, bool chat, ns_api_gen_params *p, ns_http_error *e);
 
 /* "prefix-" + 24 random alphanumerics into out (>= 32 bytes). */
 void ns_api_random_id(const char *prefix, char *out, size_t cap);
-/* Checks n_prompt against the context (400 context_length_exceeded). */
+/* Checks n_prompt against the context: 400 empty_prompt for 0 tokens,
+ * 400 context_length_exceeded (with the numbers) when it does not fit. */
 bool ns_api_check_context(ns_api *a, int32_t n_prompt, int64_t max_tokens, const char *param, ns_http_error *e);
 /* Maps a submit failure (never fits -> 400 context_exceeds_capacity with
  * the numbers and retryable false). */

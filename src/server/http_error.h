@@ -1,11 +1,22 @@
-/* http_error.h — the one place where failures become HTTP error responses.
+/* http_error.h — the one place where failures get their HTTP error shape.
  *
- * Every error the server sends has the OpenAI shape
+ * Every error the server sends, as a response or as an error event of a
+ * stream, has the OpenAI shape
  *   {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
- * (plus optional extra fields such as the numbers of a capacity refusal).
- * The HTTP status decides the type ("invalid_request_error" for 4xx,
- * "server_error" for 5xx, ...); ns_status codes map to a status in
- * ns_http_error_from_status, so handlers never pick numbers ad hoc.
+ * (plus optional extra fields such as the numbers of a capacity refusal),
+ * rendered by ns_http_error_json. The "type" follows from the HTTP status
+ * alone (ns_http_error_type): 401 -> invalid_request_error (as OpenAI; the
+ * code says invalid_api_key), 403 -> permission_error, 404 ->
+ * not_found_error, 429 -> rate_limit_error, other 4xx ->
+ * invalid_request_error, 5xx -> server_error.
+ *
+ * Who picks the status: code that rejects a request for a reason it knows
+ * names the status, the offending param and a code itself with
+ * ns_http_error_set (for example the server: 401, 404, 405, 413, 503 once
+ * draining; handlers: 400 naming a bad field, 503 while the model loads,
+ * 499 for a client that went away, 500 when out of memory). A failure that
+ * arrives as an ns_status is mapped in one place,
+ * ns_http_error_from_status.
  */
 #ifndef NS_HTTP_ERROR_H
 #define NS_HTTP_ERROR_H
@@ -26,12 +37,17 @@ typedef struct ns_http_error {
 /* Sets e (any previous extra is released). The message is printf-style. */
 void ns_http_error_set(ns_http_error *e, int status, const char *param, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-/* Maps an internal failure: INVALID/FORMAT/RANGE/UNSUPPORTED -> 400,
- * FULL -> 503, CANCELLED -> 499-like 400, NOMEM/IO/INTERNAL -> 500. */
+/* Maps an ns_status failure: INVALID, FORMAT -> 400 invalid_value;
+ * RANGE -> 400 out_of_range; UNSUPPORTED -> 400 unsupported; FULL -> 503
+ * overloaded; CANCELLED -> 503 cancelled; anything else (NOMEM, IO,
+ * INTERNAL) -> 500 internal_error. The message is msg, or the status name
+ * when msg is NULL or empty. */
 void ns_http_error_from_status(ns_http_error *e, ns_status st, const char *param, const char *msg);
-/* "invalid_request_error", "authentication_error", ... for a status. */
+/* The error "type" for an HTTP status (see above). */
 const char *ns_http_error_type(int status);
-/* Serializes e into a malloc'd JSON text ({"error": {...}}). */
+/* Serializes e into a malloc'd JSON text ({"error": {...}}); message and
+ * param that are not valid UTF-8 have their non-ASCII bytes replaced, and
+ * a body that cannot be built becomes a fixed internal-error body. */
 char *ns_http_error_json(const ns_http_error *e, size_t *len);
 void ns_http_error_clear(ns_http_error *e);
 
