@@ -93,13 +93,13 @@ tests: $(BUILD)/nightshift $(TEST_BIN)
 # sample, backend, engine, model, cli bench) instead of the whole tree, so the GPU
 # runs do not depend on the server/tokenizer/template code compiling.
 ifdef CUDA
-CORE_SRC := $(shell find src/util src/sample src/backend src/engine src/model -name '*.c' | sort) src/cli/cli_bench_engine.c
+CORE_SRC := $(shell find src/util src/sample src/backend src/engine src/model src/kv src/sched -name '*.c' | sort) src/cli/cli_bench_engine.c
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
-GPU_LDLIBS := -lopenblas -ljansson -lxxhash -lm -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++
+GPU_LDLIBS := -lopenblas -ljansson -lxxhash -lsqlite3 -lm -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++
 GPU_TEST_SRC := $(sort $(wildcard tests/gpu/test_*.c))
 GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/gpu-tests/%,$(GPU_TEST_SRC))
 .PHONY: gpu-tests
-gpu-tests: $(GPU_TEST_BIN) $(BUILD)/gpu-tests/bench_engine
+gpu-tests: $(GPU_TEST_BIN) $(BUILD)/gpu-tests/bench_engine $(BUILD)/gpu-tests/bench_tiers $(BUILD)/gpu-tests/bench_kv_ssd
 
 $(BUILD)/libns_core.a: $(CORE_OBJ)
 	@mkdir -p $(@D)
@@ -111,6 +111,10 @@ $(BUILD)/gpu-tests/%: tests/gpu/%.c $(BUILD)/libns_core.a
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libns_core.a $(LDFLAGS) $(GPU_LDLIBS)
 
 $(BUILD)/gpu-tests/bench_engine: bench/bench_engine_main.c $(BUILD)/libns_core.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libns_core.a $(LDFLAGS) $(GPU_LDLIBS)
+
+$(BUILD)/gpu-tests/bench_%: bench/bench_%.c $(BUILD)/libns_core.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libns_core.a $(LDFLAGS) $(GPU_LDLIBS)
 endif

@@ -46,8 +46,14 @@ struct ns_sched {
     int64_t reserved; /* sum of running requests' reserve_pages */
     uint64_t next_id;
     /* seconds per unit of step work, learned from measured steps (EMA);
-     * work = tokens + attention pairs / ATTN_PAIRS_PER_UNIT */
+     * work = tokens + attention pairs / pairs_per_unit */
     double sec_per_unit;
+    double pairs_per_unit; /* attention pairs costing one token's other work */
+    /* the same, from large steps only (>= BULK_STEP_TOKENS new tokens):
+     * small steps are dominated by fixed costs (weights read once per
+     * step), so their rate overstates what a long prefill costs per token
+     * and would make recomputing look dearer than it is */
+    double sec_per_unit_bulk;
     /* step scratch */
     int32_t *b_tokens, *b_pos, *b_seq_start, *b_seq_len, *b_pt, *b_rows, *b_chunk;
     ns_seq **b_seqs;
@@ -87,6 +93,16 @@ static int32_t pages_for(const ns_sched *s, int64_t tokens) { return (int32_t)((
 /* Tokens one request can use at most: pool and context. */
 static int64_t pool_tokens(const ns_sched *s) { return (int64_t)s->n_pages * s->P; }
 
+/* Attention pairs that cost one token's non-attention work (see
+ * work_units): 2 x layer weights per token / 4 x heads x head_dim per pair. */
+static double pairs_per_unit_of(const ns_model_config *c) {
+    const double h = c->hidden_size, qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
+    const double layer_params = h * (qd + 2 * kvd) + qd * h + 3 * h * (double)c->intermediate_size;
+    const double pair_flops = 4.0 * qd;
+    double r = pair_flops > 0 ? 2 * layer_params / pair_flops : 256;
+    return r < 16 ? 16 : r;
+}
+
 /* Frees an engine-owned sequence and drops the engine's reference on its
  * request. Its pages must have been released. */
 static void seq_free(ns_seq *q) {
@@ -113,6 +129,7 @@ ns_status ns_sched_create(ns_engine *e, const ns_sched_opts *opts, ns_sched **ou
     if (s->opts.target_step_ms <= 0) s->opts.target_step_ms = 50.0;
     s->P = e->opts.page_tokens;
     s->n_pages = e->opts.n_pages;
+    s->pairs_per_unit = pairs_per_unit_of(&e->model->cfg);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->flush_cv, NULL);
@@ -337,16 +354,22 @@ static ns_status grow_i32(int32_t **p, int32_t *cap, int32_t need) {
 
 /* A step's cost grows with its tokens (weights are read once per step,
  * matmuls scale with tokens) and with attention pairs (each new token
- * attends to its whole context). One unit ~ one token's non-attention
- * work; the ratio is a rough constant, the scale is learned online. */
-#define ATTN_PAIRS_PER_UNIT 256.0
+ * attends to its whole context). One unit = one token's non-attention
+ * work; an attention pair costs 1/pairs_per_unit of it, the ratio of their
+ * FLOPs from the model's shape (2 x layer weights per token vs 4 x layers
+ * x heads x head_dim per pair: ~240 for tiny-qwen3, ~23k for an 8B), so
+ * the one learned scale predicts a 30k-token prefill from short steps. */
+static double work_units(const ns_sched *s, int64_t tokens, double attn_pairs) {
+    return (double)tokens + attn_pairs / s->pairs_per_unit;
+}
 
-static double work_units(int64_t tokens, double attn_pairs) { return (double)tokens + attn_pairs / ATTN_PAIRS_PER_UNIT; }
+#define BULK_STEP_TOKENS 128
 
 /* Predicted seconds to prefill tokens [from, n) of a prompt. */
 static double recompute_seconds(const ns_sched *s, int64_t from, int64_t n) {
     int64_t t = n - from;
-    return s->sec_per_unit * work_units(t, (double)t * ((double)from + t / 2.0));
+    double rate = s->sec_per_unit_bulk > 0 && t >= BULK_STEP_TOKENS ? s->sec_per_unit_bulk : s->sec_per_unit;
+    return rate * work_units(s, t, (double)t * ((double)from + t / 2.0));
 }
 
 /* Restore vs recompute: how many of the matched pages to reuse. Device
@@ -540,7 +563,7 @@ static int32_t bounded_chunk(const ns_sched *s, int32_t want, int32_t ctx, doubl
     if (s->sec_per_unit <= 0) return want;
     double budget_units = s->opts.target_step_ms * 1e-3 / s->sec_per_unit - planned_units;
     int32_t c = want;
-    while (c > 16 && work_units(c, (double)c * ((double)ctx + c / 2.0)) > budget_units) c /= 2;
+    while (c > 16 && work_units(s, c, (double)c * ((double)ctx + c / 2.0)) > budget_units) c /= 2;
     return c;
 }
 
@@ -578,7 +601,7 @@ static bool step(ns_sched *s) {
                 chunk = q->req->n_prompt - q->n_ctx;
                 if (chunk > s->opts.prefill_chunk) chunk = s->opts.prefill_chunk;
                 if (chunk > budget) chunk = budget;
-                if (decoding) chunk = bounded_chunk(s, chunk, q->n_ctx, work_units(nt, attn_pairs));
+                if (decoding) chunk = bounded_chunk(s, chunk, q->n_ctx, work_units(s, nt, attn_pairs));
             }
             int32_t need = pages_for(s, q->n_ctx + chunk);
             bool ok = true;
@@ -718,8 +741,10 @@ static bool step(ns_sched *s) {
         }
     }
     {
-        double per = (t1 - t0) / work_units(nt, attn_pairs);
+        double per = (t1 - t0) / work_units(s, nt, attn_pairs);
         s->sec_per_unit = s->sec_per_unit <= 0 ? per : 0.8 * s->sec_per_unit + 0.2 * per;
+        if (nt >= BULK_STEP_TOKENS)
+            s->sec_per_unit_bulk = s->sec_per_unit_bulk <= 0 ? per : 0.8 * s->sec_per_unit_bulk + 0.2 * per;
     }
     pthread_mutex_lock(&s->mu);
     hist_add(&s->stats.step_seconds, t1 - t0);
