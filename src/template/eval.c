@@ -26,6 +26,14 @@ ns_status ns_tundef_fail(ns_tctx *c, const ns_tv *u) {
     return ns_trt_fail(c, NS_ERR_INVALID, "%.*s", (int)(u->u.s.n > 400 ? 400 : u->u.s.n), u->u.s.p);
 }
 
+ns_status ns_twant_int(ns_tctx *c, const ns_tv *v, const char *what, int64_t *out) {
+    if (v->kind == NS_TV_INT) *out = v->u.i;
+    else if (v->kind == NS_TV_BOOL) *out = v->u.b;
+    else if (v->kind == NS_TV_UNDEF) return ns_tundef_fail(c, v);
+    else return ns_trt_fail(c, NS_ERR_INVALID, "%s must be an integer, not %s", what, ns_tv_type_name(v));
+    return NS_OK;
+}
+
 ns_tv ns_tmk_undef(ns_tctx *c, const char *fmt, ...) {
     char msg[300];
     va_list ap;

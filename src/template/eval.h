@@ -101,6 +101,9 @@ ns_status ns_tcall_value(ns_tctx *c, const ns_tv *fn, const ns_tcallargs *args, 
 ns_status ns_trt_fail(ns_tctx *c, ns_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Fails because an Undefined was used where a value is required. */
 ns_status ns_tundef_fail(ns_tctx *c, const ns_tv *u);
+/* An integer argument of a filter or method (a bool counts, as in Python)
+ * into *out; anything else fails naming `what`. */
+ns_status ns_twant_int(ns_tctx *c, const ns_tv *v, const char *what, int64_t *out);
 /* An Undefined carrying a formatted message (arena-owned). */
 ns_tv ns_tmk_undef(ns_tctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Charges n steps to the budget. */

@@ -45,14 +45,6 @@ static ns_status want_str(ns_tctx *c, const ns_tv *v, const char *what) {
     return ns_trt_fail(c, NS_ERR_INVALID, "%s must be a string, not %s", what, ns_tv_type_name(v));
 }
 
-static ns_status want_int(ns_tctx *c, const ns_tv *v, const char *what, int64_t *out) {
-    if (v->kind == NS_TV_INT) *out = v->u.i;
-    else if (v->kind == NS_TV_BOOL) *out = v->u.b;
-    else if (v->kind == NS_TV_UNDEF) return ns_tundef_fail(c, v);
-    else return ns_trt_fail(c, NS_ERR_INVALID, "%s must be an integer, not %s", what, ns_tv_type_name(v));
-    return NS_OK;
-}
-
 static ns_status to_str(ns_tctx *c, const ns_tv *v, ns_tv *out) { return ns_tv_to_str(c->a, v, out, c->err); }
 
 static ns_tv list_val(ns_tlist *l) {
@@ -219,7 +211,7 @@ static ns_status f_int(ns_tctx *c, const ns_tv *v, const ns_tcallargs *a, ns_tv 
     ns_status st = bind(c, "int", a, P, 2, s);
     if (st != NS_OK) return st;
     int64_t base = 10;
-    if (s[1] && (st = want_int(c, s[1], "base", &base)) != NS_OK) return st;
+    if (s[1] && (st = ns_twant_int(c, s[1], "base", &base)) != NS_OK) return st;
     ns_tv def = s[0] ? *s[0] : ns_tv_int(0);
     switch (v->kind) {
     case NS_TV_INT: *out = *v; return NS_OK;
@@ -286,7 +278,7 @@ static ns_status f_tojson(ns_tctx *c, const ns_tv *v, const ns_tcallargs *a, ns_
             o.indent_n = s[1]->u.s.n;
         } else {
             int64_t w;
-            if ((st = want_int(c, s[1], "indent", &w)) != NS_OK) return st;
+            if ((st = ns_twant_int(c, s[1], "indent", &w)) != NS_OK) return st;
             if (w > 1024) w = 1024;
             if (w < 0) w = 0;
             char *sp = ns_tarena_alloc(c->a, (size_t)w + 1);
@@ -403,7 +395,7 @@ static ns_status f_indent(ns_tctx *c, const ns_tv *v, const ns_tcallargs *a, ns_
         ind = *s[0];
     } else {
         int64_t w = 4;
-        if (s[0] && (st = want_int(c, s[0], "indent width", &w)) != NS_OK) return st;
+        if (s[0] && (st = ns_twant_int(c, s[0], "indent width", &w)) != NS_OK) return st;
         if (w < 0) w = 0;
         if (w > 4096) w = 4096;
         char *sp = ns_tarena_alloc(c->a, (size_t)w + 1);
@@ -626,7 +618,7 @@ static ns_status f_round(ns_tctx *c, const ns_tv *v, const ns_tcallargs *a, ns_t
     ns_status st = bind(c, "round", a, P, 2, s);
     if (st != NS_OK) return st;
     int64_t prec = 0;
-    if (s[0] && (st = want_int(c, s[0], "precision", &prec)) != NS_OK) return st;
+    if (s[0] && (st = ns_twant_int(c, s[0], "precision", &prec)) != NS_OK) return st;
     const char *method = "common";
     if (s[1]) {
         if ((st = want_str(c, s[1], "round method")) != NS_OK) return st;
@@ -715,7 +707,7 @@ static ns_status f_batch(ns_tctx *c, const ns_tv *v, const ns_tcallargs *a, ns_t
     if (st != NS_OK) return st;
     int64_t per;
     if (!s[0]) return ns_trt_fail(c, NS_ERR_INVALID, "batch requires a line count");
-    if ((st = want_int(c, s[0], "linecount", &per)) != NS_OK) return st;
+    if ((st = ns_twant_int(c, s[0], "linecount", &per)) != NS_OK) return st;
     if (per <= 0) return ns_trt_fail(c, NS_ERR_INVALID, "batch line count must be positive");
     const ns_tlist *items;
     if ((st = ns_titer(c, v, &items)) != NS_OK) return st;
@@ -813,7 +805,7 @@ ns_status ns_tfilter(ns_tctx *c, const char *name, size_t n, const ns_tv *v, con
         int64_t count = -1;
         if ((st = bind(c, "replace", a, P, 3, s)) != NS_OK || (st = to_str(c, v, &str)) != NS_OK) return st;
         if (!s[0] || !s[1]) return ns_trt_fail(c, NS_ERR_INVALID, "replace needs old and new strings");
-        if (s[2] && s[2]->kind != NS_TV_NONE && (st = want_int(c, s[2], "count", &count)) != NS_OK) return st;
+        if (s[2] && s[2]->kind != NS_TV_NONE && (st = ns_twant_int(c, s[2], "count", &count)) != NS_OK) return st;
         ns_tv o, r;
         if ((st = to_str(c, s[0], &o)) != NS_OK || (st = to_str(c, s[1], &r)) != NS_OK) return st;
         return ns_tstr_replace(c, &str, &o, &r, count, out);

@@ -59,14 +59,6 @@ static ns_status want_str(ns_tctx *c, const ns_tv *v, const char *what) {
     return ns_trt_fail(c, NS_ERR_INVALID, "%s must be str, not %s", what, v ? ns_tv_type_name(v) : "nothing");
 }
 
-static ns_status want_int(ns_tctx *c, const ns_tv *v, const char *what, int64_t *out) {
-    if (v->kind == NS_TV_INT) *out = v->u.i;
-    else if (v->kind == NS_TV_BOOL) *out = v->u.b;
-    else if (v->kind == NS_TV_UNDEF) return ns_tundef_fail(c, v);
-    else return ns_trt_fail(c, NS_ERR_INVALID, "%s must be an integer, not %s", what, ns_tv_type_name(v));
-    return NS_OK;
-}
-
 static ns_status mk_list(ns_tctx *c, ns_tvec *vec, int tuple, ns_tv *out) {
     return ns_tvec_finish(c->a, vec, tuple, out, c->err);
 }
@@ -380,12 +372,12 @@ static ns_status sub_range(ns_tctx *c, const ns_tv *s, const ns_tv *start, const
     *hi = len;
     ns_status st;
     if (!is_none(start)) {
-        if ((st = want_int(c, start, "slice index", lo)) != NS_OK) return st;
+        if ((st = ns_twant_int(c, start, "slice index", lo)) != NS_OK) return st;
         if (*lo < 0) *lo = *lo + len < 0 ? 0 : *lo + len;
         if (*lo > len) *lo = len;
     }
     if (!is_none(end)) {
-        if ((st = want_int(c, end, "slice index", hi)) != NS_OK) return st;
+        if ((st = ns_twant_int(c, end, "slice index", hi)) != NS_OK) return st;
         if (*hi < 0) *hi = *hi + len < 0 ? 0 : *hi + len;
         if (*hi > len) *hi = len;
     }
@@ -487,7 +479,7 @@ static ns_status str_pad(ns_tctx *c, const ns_tv *self, const ns_tcallargs *a, i
     const ns_tv *w = ns_targ(a, 0, "width");
     int64_t width;
     if (!w) return ns_trt_fail(c, NS_ERR_INVALID, "missing width argument");
-    ns_status st = want_int(c, w, "width", &width);
+    ns_status st = ns_twant_int(c, w, "width", &width);
     if (st != NS_OK) return st;
     const char *fill = " ";
     size_t fill_n = 1;
@@ -645,7 +637,7 @@ static ns_status str_method(ns_tctx *c, const ns_tv *self, const char *name, siz
     if (name_is(name, n, "split") || name_is(name, n, "rsplit")) {
         const ns_tv *ms = ns_targ(a, 1, "maxsplit");
         int64_t maxsplit = -1;
-        if (ms && (st = want_int(c, ms, "maxsplit", &maxsplit)) != NS_OK) return st;
+        if (ms && (st = ns_twant_int(c, ms, "maxsplit", &maxsplit)) != NS_OK) return st;
         return ns_tstr_split(c, self, ns_targ(a, 0, "sep"), maxsplit, name[0] == 'r', out);
     }
     if (name_is(name, n, "splitlines")) {
@@ -655,7 +647,7 @@ static ns_status str_method(ns_tctx *c, const ns_tv *self, const char *name, siz
     if (name_is(name, n, "replace")) {
         const ns_tv *cnt = ns_targ(a, 2, "count");
         int64_t count = -1;
-        if (cnt && (st = want_int(c, cnt, "count", &count)) != NS_OK) return st;
+        if (cnt && (st = ns_twant_int(c, cnt, "count", &count)) != NS_OK) return st;
         return ns_tstr_replace(c, self, ns_targ(a, 0, NULL), ns_targ(a, 1, NULL), count, out);
     }
     if (name_is(name, n, "find")) return str_find(c, self, a, 0, 0, 0, out);
@@ -1226,7 +1218,7 @@ static ns_status do_range(ns_tctx *c, const ns_tcallargs *a, ns_tv *out) {
     if (a->npos < 1 || a->npos > 3)
         return ns_trt_fail(c, NS_ERR_INVALID, "range expected 1 to 3 arguments, got %zu", a->npos);
     for (size_t i = 0; i < a->npos; i++)
-        if ((st = want_int(c, &a->pos[i], "range() argument", &v[a->npos == 1 ? 1 : i])) != NS_OK) return st;
+        if ((st = ns_twant_int(c, &a->pos[i], "range() argument", &v[a->npos == 1 ? 1 : i])) != NS_OK) return st;
     int64_t start = v[0], stop = v[1], step = v[2];
     if (step == 0) return ns_trt_fail(c, NS_ERR_INVALID, "range() arg 3 must not be zero");
     int64_t count = 0;
