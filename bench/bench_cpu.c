@@ -10,12 +10,7 @@
 #include <time.h>
 
 #include "engine/runner.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "util/clock.h"
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -56,16 +51,16 @@ int main(int argc, char **argv) {
         for (int r = 0; r < reps; r++) {
             ns_runner run;
             ns_runner_init(&run, e, &err);
-            double t0 = now_s();
+            double t0 = ns_clock_now();
             ns_runner_feed(&run, prompt, n_prompt, false, NULL, NULL, &err);
-            double t1 = now_s();
+            double t1 = ns_clock_now();
             for (int i = 0; i < n_dec; i++) {
                 int32_t tok = 0;
                 for (int32_t v = 1; v < m->cfg.vocab_size; v++)
                     if (run.logits[v] > run.logits[tok]) tok = v;
                 ns_runner_feed(&run, &tok, 1, false, NULL, NULL, &err);
             }
-            double t2 = now_s();
+            double t2 = ns_clock_now();
             pre[r] = n_prompt / (t1 - t0);
             dec[r] = n_dec / (t2 - t1);
             ns_runner_free(&run);

@@ -20,15 +20,10 @@
 #include <unistd.h>
 
 #include "kv/kv_ssd.h"
+#include "util/clock.h"
 
 #define PAGE_TOKENS 16
 #define PAGE_BYTES ((size_t)2 << 20)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Drops every segment of dir from the page cache; with remove, deletes all
  * files of dir and dir itself. */
@@ -58,7 +53,7 @@ static uint64_t page_hash(int i) { return 0x9E3779B97F4A7C15ULL * (uint64_t)(i +
 
 /* Reads all n pages; returns seconds, or -1 on a failed read. */
 static double read_all(ns_kv_ssd *s, int n, unsigned char *buf, int32_t *tok) {
-    double t0 = now_s();
+    double t0 = ns_clock_now();
     for (int i = 0; i < n; i++) {
         ns_error err = {0};
         if (ns_kv_ssd_get(s, page_hash(i), tok, buf, &err) != NS_OK) {
@@ -66,7 +61,7 @@ static double read_all(ns_kv_ssd *s, int n, unsigned char *buf, int32_t *tok) {
             return -1;
         }
     }
-    return now_s() - t0;
+    return ns_clock_now() - t0;
 }
 
 int main(int argc, char **argv) {
@@ -101,7 +96,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_kv_ssd: %s\n", err.msg);
         goto cleanup;
     }
-    double t0 = now_s();
+    double t0 = ns_clock_now();
     for (int i = 0; i < n; i++) {
         unsigned char *page = src + (size_t)(i % 4) * PAGE_BYTES;
         uint64_t h = page_hash(i);
@@ -118,7 +113,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_kv_ssd: flush: %lld durable of %d\n", (long long)fr.durable, n);
         goto cleanup;
     }
-    double tw = now_s() - t0;
+    double tw = ns_clock_now() - t0;
     ns_kv_ssd_stats st;
     ns_kv_ssd_get_stats(s, &st);
     printf("kv_ssd bench: %d records of %.2f MB in %s\n", n, rec_mb, parent);
@@ -129,12 +124,12 @@ int main(int argc, char **argv) {
     s = NULL;
 
     sweep(dir, 0);
-    double t1 = now_s();
+    double t1 = ns_clock_now();
     if (ns_kv_ssd_open(&o, &s, &err) != NS_OK) {
         fprintf(stderr, "bench_kv_ssd: reopen: %s\n", err.msg);
         goto cleanup;
     }
-    double topen = now_s() - t1;
+    double topen = ns_clock_now() - t1;
     double tc = read_all(s, n, buf, tok);
     if (tc < 0) goto cleanup;
     double th = read_all(s, n, buf, tok);

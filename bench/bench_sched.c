@@ -13,12 +13,7 @@
 #include <time.h>
 
 #include "sched/sched.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "util/clock.h"
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -51,7 +46,7 @@ static int32_t drain(ns_request *r, double *times, int32_t cap) {
     ns_token_event ev[16];
     while (!done) {
         int k = ns_request_poll(r, ev, 16, -1, &done);
-        double t = now_s();
+        double t = ns_clock_now();
         for (int i = 0; i < k; i++, n++)
             if (times && n < cap) times[n] = t;
     }
@@ -90,7 +85,7 @@ int main(int argc, char **argv) {
         double reps[3];
         for (int rep = 0; rep < 3; rep++) {
             ns_request *rs[16];
-            double t0 = now_s();
+            double t0 = ns_clock_now();
             for (int i = 0; i < c; i++) {
                 make_prompt(prompt, 32, (uint32_t)(rep * 100 + i + 1), V);
                 rs[i] = submit(s, prompt, 32, gen);
@@ -100,20 +95,20 @@ int main(int argc, char **argv) {
                 total += drain(rs[i], NULL, 0);
                 ns_request_release(rs[i]);
             }
-            reps[rep] = total / (now_s() - t0);
+            reps[rep] = total / (ns_clock_now() - t0);
         }
         qsort(reps, 3, sizeof(double), cmp_d);
         printf("decode, %2d concurrent sequences: %.1f tokens/s aggregate (median of 3)\n", c, reps[1]);
     }
     int32_t long_n = ctx - 64 < 8192 ? ctx - 64 : 8192;
     make_prompt(prompt, long_n, 4242, V);
-    double t0 = now_s();
+    double t0 = ns_clock_now();
     ns_request *r = submit(s, prompt, long_n, 1);
     double tt[1];
     drain(r, tt, 1);
     double cold = tt[0] - t0;
     ns_request_release(r);
-    t0 = now_s();
+    t0 = ns_clock_now();
     r = submit(s, prompt, long_n, 1);
     drain(r, tt, 1);
     ns_request_result res;

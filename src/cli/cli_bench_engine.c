@@ -35,6 +35,7 @@
 #include "engine/engine.h"
 #include "engine/sample.h"
 #include "model/model.h"
+#include "util/clock.h"
 #ifdef NS_HAVE_CUDA
 #include "backend/cuda/cuda.h"
 #endif
@@ -65,12 +66,6 @@ typedef struct bench {
     size_t cap_tok, cap_pt;
     uint64_t rng;
 } bench;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static uint64_t rnd(bench *B) {
     B->rng ^= B->rng << 13;
@@ -253,9 +248,9 @@ static ns_status cpu_ceilings(bench *B, ns_error *err) {
     memcpy(b, a, bytes);
     double best = 1e30;
     for (int i = 0; i < 5; i++) {
-        double t0 = now_s();
+        double t0 = ns_clock_now();
         memcpy(b, a, bytes);
-        double t = now_s() - t0;
+        double t = ns_clock_now() - t0;
         if (t < best) best = t;
     }
     B->bw_gbs = 2.0 * (double)bytes / best / 1e9;
@@ -268,11 +263,11 @@ static ns_status cpu_ceilings(bench *B, ns_error *err) {
     for (int64_t i = 0; i < n * k; i++) xv[i] = (float)((int64_t)(rnd(B) % 2001) - 1000) / 1000.0f + 1e-3f;
     best = 1e30;
     for (int i = 0; i < 4; i++) {
-        double t0 = now_s();
+        double t0 = ns_clock_now();
         B->be->ops->matmul(B->be, &y, &x, &w);
         rc = B->be->ops->sync(B->be, err);
         if (rc != NS_OK) goto cleanup;
-        double t = now_s() - t0;
+        double t = ns_clock_now() - t0;
         if (i && t < best) best = t;
     }
     B->gemm_tfs = 2.0 * n * m * k / best / 1e12;
@@ -325,9 +320,9 @@ static ns_status open_model(bench *B, ns_error *err) {
     ns_status rc = ns_config_from_json(root, NULL, &cfg, err);
     json_decref(root);
     if (rc != NS_OK) return rc;
-    double t0 = now_s();
+    double t0 = ns_clock_now();
     rc = ns_model_create_random(&cfg, B->be, NS_DT_BF16, B->o.seed, &B->m, err);
-    if (rc == NS_OK) printf("dummy weights generated on the device in %.2f s\n", now_s() - t0);
+    if (rc == NS_OK) printf("dummy weights generated on the device in %.2f s\n", ns_clock_now() - t0);
     return rc;
 }
 
@@ -428,7 +423,7 @@ static ns_status run_prefill(bench *B, int32_t L, double *secs, ns_error *err) {
     for (int32_t i = 0; i < pages; i++) B->pt[i] = i;
     rc = B->be->ops->sync(B->be, err);
     if (rc != NS_OK) return rc;
-    double t0 = now_s();
+    double t0 = ns_clock_now();
     for (int32_t c0 = 0; c0 < L; c0 += B->o.chunk) {
         int32_t n = L - c0 < B->o.chunk ? L - c0 : B->o.chunk;
         for (int32_t i = 0; i < n; i++) {
@@ -447,7 +442,7 @@ static ns_status run_prefill(bench *B, int32_t L, double *secs, ns_error *err) {
         if (rc != NS_OK) return rc;
     }
     rc = B->be->ops->sync(B->be, err);
-    *secs = now_s() - t0;
+    *secs = ns_clock_now() - t0;
     return rc;
 }
 
@@ -501,7 +496,7 @@ static ns_status run_decode(bench *B, int32_t ctx, int32_t batch, int steps, int
         if (k == warm) {
             rc = B->be->ops->sync(B->be, err);
             if (rc != NS_OK) goto cleanup;
-            t0 = now_s();
+            t0 = ns_clock_now();
         }
         for (int32_t s = 0; s < batch; s++) {
             B->tok[s] = cur[s];
@@ -519,7 +514,7 @@ static ns_status run_decode(bench *B, int32_t ctx, int32_t batch, int steps, int
         if (rc != NS_OK) goto cleanup;
         if (k >= warm) kv_tokens += (double)batch * (ctx + k + 1);
     }
-    double dt = now_s() - t0;
+    double dt = ns_clock_now() - t0;
     r->step_s = dt / steps;
     r->tok_s = (double)batch * steps / dt;
     double kv_bytes_tok = (double)c->n_layers * 2 * c->n_kv_heads * c->head_dim * ns_dtype_size(B->be->kv.dtype);

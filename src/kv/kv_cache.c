@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "kv/kv_pages.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 /* Nodes the index may hold beyond the device pages and RAM slots: SSD-only
@@ -54,12 +55,6 @@ struct ns_kv_cache {
     double bps[NS_TIER_COUNT]; /* measured restore bandwidth per tier */
     ns_kv_cache_stats st;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 const char *ns_kv_tier_name(ns_kv_tier t) {
     switch (t) {
@@ -414,7 +409,7 @@ static int32_t promote(ns_kv_cache *kc, int32_t id) {
     if (page < 0) return -1;
     ns_prefix_node *n = ns_prefix_index_node(kc->ix, id);
     ns_error err = {0};
-    double t0 = now_s();
+    double t0 = ns_clock_now();
     ns_status rc;
     ns_kv_tier from;
     if (n->ram >= 0) {
@@ -441,7 +436,7 @@ static int32_t promote(ns_kv_cache *kc, int32_t id) {
         maybe_drop_node(kc, id);
         return -1;
     }
-    note_bandwidth(kc, from, now_s() - t0);
+    note_bandwidth(kc, from, ns_clock_now() - t0);
     n = ns_prefix_index_node(kc->ix, id);
     n->dev = page;
     set_page_node(kc, page, id);

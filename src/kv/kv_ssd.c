@@ -82,6 +82,7 @@
 #include <sqlite3.h>
 #include <xxhash.h>
 
+#include "util/clock.h"
 #include "util/log.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -213,12 +214,6 @@ static uint64_t i2u(int64_t v) {
     uint64_t r;
     memcpy(&r, &v, sizeof r);
     return r;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static void seg_path(const ns_kv_ssd *s, uint32_t id, char *buf, size_t n) {
@@ -552,9 +547,9 @@ static int run_txn(ns_kv_ssd *s, const ins_rec *ins, size_t n_ins, const upd_rec
 /* ---- the writer ----------------------------------------------------------- */
 
 static int timed_sync(ns_kv_ssd *s, int fd) {
-    double t0 = now_s();
+    double t0 = ns_clock_now();
     int r = fdatasync(fd) ? errno : 0;
-    hist_add(s, now_s() - t0);
+    hist_add(s, ns_clock_now() - t0);
     return r;
 }
 
@@ -1318,13 +1313,7 @@ cleanup:
 
 ns_status ns_kv_ssd_flush(ns_kv_ssd *s, int timeout_ms, ns_kv_ssd_flush_result *out, ns_error *err) {
     if (!s) return ns_fail(err, NS_ERR_INVALID, "kv_ssd: flush without a store");
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    if (timeout_ms > 0) {
-        dl.tv_sec += timeout_ms / 1000;
-        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-    }
+    struct timespec dl = ns_clock_deadline(CLOCK_MONOTONIC, timeout_ms > 0 ? timeout_ms : 0);
     pthread_mutex_lock(&s->mu);
     uint64_t target = s->last_ticket;
     while (s->done_ticket < target) {

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "sched/sched_internal.h"
+#include "util/clock.h"
 
 ns_request *ns_request_new(const int32_t *prompt, int32_t n_prompt, const ns_request_params *params) {
     if (n_prompt <= 0 || !params) return NULL;
@@ -44,16 +45,7 @@ void ns_request_cancel(ns_request *r) {
 int ns_request_poll(ns_request *r, ns_token_event *out, int max, int timeout_ms, bool *done) {
     pthread_mutex_lock(&r->mu);
     if (timeout_ms != 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        if (timeout_ms > 0) {
-            ts.tv_sec += timeout_ms / 1000;
-            ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-        }
+        struct timespec ts = ns_clock_deadline(CLOCK_REALTIME, timeout_ms);
         while (r->ev_head == r->n_events && !r->finished) {
             if (timeout_ms < 0) pthread_cond_wait(&r->cv, &r->mu);
             else if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) != 0) break;

@@ -15,7 +15,9 @@
 
 #include "kv/kv_cache.h"
 #include "sched/sched_internal.h"
+#include "util/clock.h"
 #include "util/log.h"
+#include "util/vec.h"
 
 struct ns_sched {
     ns_engine *e;
@@ -64,12 +66,6 @@ struct ns_sched {
 
     ns_sched_stats stats;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void hist_init(ns_histogram *h, double first, double factor) {
     memset(h, 0, sizeof *h);
@@ -248,7 +244,7 @@ ns_status ns_sched_submit(ns_sched *s, ns_request *r, ns_capacity *cap, ns_error
         free(q);
         return rc;
     }
-    q->t_submit = now_s();
+    q->t_submit = ns_clock_now();
     q->req = r;
     atomic_fetch_add(&r->refs, 1); /* the engine's reference, held by q */
     pthread_mutex_lock(&s->mu);
@@ -272,20 +268,14 @@ ns_status ns_sched_flush(ns_sched *s, int timeout_ms, ns_kv_ssd_flush_result *ou
     memset(out, 0, sizeof *out);
     if (!ns_kv_cache_tier_on(s->kv, NS_TIER_SSD))
         return ns_fail(err, NS_ERR_UNSUPPORTED, "the SSD cache tier is off (--no-ssd-cache, or it failed to open)");
-    const double deadline = now_s() + timeout_ms / 1000.0;
+    const double deadline = ns_clock_now() + timeout_ms / 1000.0;
     pthread_mutex_lock(&s->mu);
     uint64_t ticket = ++s->flush_asked;
     pthread_cond_signal(&s->cv);
     while (s->flush_served < ticket && !s->stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = ns_clock_deadline(CLOCK_REALTIME, 50);
         pthread_cond_timedwait(&s->flush_cv, &s->mu, &ts);
-        if (now_s() > deadline) break;
+        if (ns_clock_now() > deadline) break;
     }
     bool served = s->flush_served >= ticket;
     pthread_mutex_unlock(&s->mu);
@@ -296,7 +286,7 @@ ns_status ns_sched_flush(ns_sched *s, int timeout_ms, ns_kv_ssd_flush_result *ou
         out->pending += 1; /* at least one page never reached the tier */
         return ns_fail(err, NS_ERR_CANCELLED, "flush timed out before every committed page reached the SSD tier");
     }
-    int left = (int)((deadline - now_s()) * 1000.0);
+    int left = (int)((deadline - ns_clock_now()) * 1000.0);
     return ns_kv_cache_ssd_flush(s->kv, left > 0 ? left : 0, out, err);
 }
 
@@ -339,17 +329,6 @@ static void remove_running_seq(ns_sched *s, ns_seq *q) {
             remove_running(s, j);
             return;
         }
-}
-
-static ns_status grow_i32(int32_t **p, int32_t *cap, int32_t need) {
-    if (need <= *cap) return NS_OK;
-    int32_t n = *cap ? *cap : 64;
-    while (n < need) n *= 2;
-    int32_t *np = realloc(*p, (size_t)n * sizeof(int32_t));
-    if (!np) return NS_ERR_NOMEM;
-    *p = np;
-    *cap = n;
-    return NS_OK;
 }
 
 /* A step's cost grows with its tokens (weights are read once per step,
@@ -453,8 +432,8 @@ static bool try_admit(ns_sched *s, ns_seq *q) {
     int64_t avail = (int64_t)ns_kv_cache_available(s->kv) - ns_kv_cache_lookup_reclaimable(s->kv, &lk, n_use) -
                     s->reserved;
     if (need > avail) return false;
-    if (grow_i32(&q->pages, &q->cap_pages, total) != NS_OK ||
-        grow_i32(&q->tokens, &q->cap_tokens, r->n_prompt + r->params.max_tokens + 1) != NS_OK)
+    if (NS_VEC_GROW(q->pages, q->cap_pages, (size_t)total, 0) != NS_OK ||
+        NS_VEC_GROW(q->tokens, q->cap_tokens, (size_t)r->n_prompt + (size_t)r->params.max_tokens + 1, 0) != NS_OK)
         return false; /* retried next step; OOM here is transient or fatal either way */
     int32_t by_tier[NS_TIER_COUNT];
     const int32_t got = ns_kv_cache_acquire(s->kv, &lk, n_use, q->pages, by_tier);
@@ -498,7 +477,7 @@ static bool try_admit(ns_sched *s, ns_seq *q) {
 }
 
 static void admit(ns_sched *s) {
-    const double t = now_s();
+    const double t = ns_clock_now();
     int32_t kept = 0;
     bool blocked = false;
     for (int32_t i = 0; i < s->n_waiting; i++) {
@@ -661,7 +640,7 @@ static bool step(ns_sched *s) {
         .logit_rows = s->b_rows,
         .n_logits = n_logits,
     };
-    const double t0 = now_s();
+    const double t0 = ns_clock_now();
     ns_error err = {0};
     ns_status rc = ns_engine_forward(e, &b, &err);
     /* which requests own the logit rows, in row order */
@@ -682,7 +661,7 @@ static bool step(ns_sched *s) {
     if (rc == NS_OK && n_logits > 0)
         rc = e->be->ops->sample(e->be, &e->logits, n_logits, s->b_samplers, s->b_sampled, &err);
     if (rc == NS_OK && n_logits == 0) rc = e->be->ops->sync(e->be, &err);
-    const double t1 = now_s();
+    const double t1 = ns_clock_now();
     if (rc != NS_OK) {
         NS_ERROR("engine step failed: %s", err.msg);
         for (int32_t i = 0; i < ns; i++) {
@@ -801,13 +780,7 @@ static void *engine_main(void *arg) {
             pthread_mutex_lock(&s->mu);
             /* sleep until a submit, or re-check waiters/cancels shortly */
             if (!s->stop && !s->in_head) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += 20 * 1000000L;
-                if (ts.tv_nsec >= 1000000000L) {
-                    ts.tv_sec++;
-                    ts.tv_nsec -= 1000000000L;
-                }
+                struct timespec ts = ns_clock_deadline(CLOCK_REALTIME, 20);
                 pthread_cond_timedwait(&s->cv, &s->mu, &ts);
             }
             pthread_mutex_unlock(&s->mu);

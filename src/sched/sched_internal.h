@@ -39,10 +39,12 @@ typedef struct ns_seq {
     ns_req_state state;
     ns_sampler sampler;
     int32_t *tokens;          /* prompt + generated */
-    int32_t n_tokens, cap_tokens;
+    int32_t n_tokens;
+    size_t cap_tokens;
     int32_t n_ctx;            /* tokens whose KV is in pages */
     int32_t *pages;           /* page table (device pages, one reference each) */
-    int32_t n_pages, cap_pages;
+    int32_t n_pages;
+    size_t cap_pages;
     int32_t reserve_pages;    /* pages still promised to this sequence */
     int32_t n_committed;      /* leading full pages already in the index */
     uint64_t last_hash;       /* chain hash of the last committed page */
