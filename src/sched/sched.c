@@ -758,10 +758,49 @@ static void update_gauges(ns_sched *s) {
     s->stats.kv = kst;
     s->stats.requests_running = s->n_running;
     s->stats.requests_waiting = s->n_waiting + s->n_incoming;
+    s->stats.reserved_pages = s->reserved;
     s->stats.pages_free = s->stats.kv.pool_free;
     s->stats.pages_cached = s->stats.kv.pool_cached;
     s->stats.pages_used = s->stats.kv.pool_held;
     pthread_mutex_unlock(&s->mu);
+}
+
+void ns_sched_get_capacity(ns_sched *s, ns_sched_capacity *out) {
+    ns_sched_stats st;
+    ns_sched_get_stats(s, &st);
+    const ns_kv_cache_stats *k = &st.kv;
+    const int64_t P = s->P;
+    memset(out, 0, sizeof *out);
+    out->running = st.requests_running;
+    out->waiting = st.requests_waiting;
+    out->paused = st.requests_paused;
+    out->context_tokens = s->e->model->cfg.max_position_embeddings;
+    out->pool_tokens = (int64_t)s->n_pages * P;
+    out->largest_fits_alone_tokens = out->pool_tokens < out->context_tokens ? out->pool_tokens : out->context_tokens;
+    int64_t adm = ((int64_t)k->pool_free + k->pool_cached - st.reserved_pages) * P;
+    if (adm < 0) adm = 0;
+    if (adm > out->largest_fits_alone_tokens) adm = out->largest_fits_alone_tokens;
+    out->admissible_tokens = adm;
+    ns_tier_capacity *d = &out->tiers[NS_TIER_DEVICE];
+    d->enabled = true;
+    d->free_tokens = ((int64_t)k->pool_free + k->pool_cached) * P;
+    d->used_tokens = (int64_t)k->pool_held * P;
+    d->cached_tokens = (int64_t)k->pages[NS_TIER_DEVICE] * P;
+    ns_tier_capacity *r = &out->tiers[NS_TIER_RAM];
+    r->enabled = k->capacity[NS_TIER_RAM] >= 0;
+    if (r->enabled) {
+        r->cached_tokens = k->pages[NS_TIER_RAM] * P;
+        r->free_tokens = (k->capacity[NS_TIER_RAM] - k->pages[NS_TIER_RAM]) * P;
+    }
+    ns_tier_capacity *d2 = &out->tiers[NS_TIER_SSD];
+    d2->enabled = k->ssd_on;
+    if (d2->enabled) {
+        d2->cached_tokens = k->pages[NS_TIER_SSD] * P;
+        int64_t rec = k->page_bytes > 0 ? (int64_t)(s->opts.ssd_bytes > 0 ? s->opts.ssd_bytes : (32ll << 30)) /
+                                              (k->page_bytes + (int64_t)P * 4 + 64)
+                                        : 0;
+        d2->free_tokens = rec > k->pages[NS_TIER_SSD] ? (rec - k->pages[NS_TIER_SSD]) * P : 0;
+    }
 }
 
 static void *engine_main(void *arg) {

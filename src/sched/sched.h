@@ -141,7 +141,8 @@ typedef struct ns_histogram {
 } ns_histogram;
 
 typedef struct ns_sched_stats {
-    int32_t requests_running, requests_waiting;
+    int32_t requests_running, requests_waiting, requests_paused;
+    int64_t reserved_pages;   /* pages promised to running sequences, not yet taken */
     uint64_t requests_total, requests_rejected, requests_cancelled;
     uint64_t prompt_tokens_total, generated_tokens_total;
     uint64_t prefix_lookup_tokens_total, prefix_hit_tokens_total;
@@ -151,5 +152,24 @@ typedef struct ns_sched_stats {
     ns_kv_cache_stats kv; /* per-tier pages, hits, demotions/promotions, SSD */
 } ns_sched_stats;
 void ns_sched_get_stats(ns_sched *s, ns_sched_stats *out);
+
+/* What a client may ask for right now (GET /v1/capacity, the
+ * X-Nightshift-Max-Context-Tokens header, /v1/models), from the same
+ * snapshot as ns_sched_get_stats. Per tier: free + reclaimable cached,
+ * used (held by running and paused sequences) and cached tokens; for the
+ * device tier free + used = the pool. */
+typedef struct ns_tier_capacity {
+    bool enabled;
+    int64_t free_tokens, used_tokens, cached_tokens;
+} ns_tier_capacity;
+typedef struct ns_sched_capacity {
+    int32_t running, waiting, paused;
+    int64_t admissible_tokens;         /* KV a new request could get now */
+    int64_t largest_fits_alone_tokens; /* prompt + max_tokens that fit an idle server */
+    int64_t context_tokens;            /* the model's context */
+    int64_t pool_tokens;               /* the device pool */
+    ns_tier_capacity tiers[NS_TIER_COUNT];
+} ns_sched_capacity;
+void ns_sched_get_capacity(ns_sched *s, ns_sched_capacity *out);
 
 #endif
