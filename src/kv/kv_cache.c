@@ -505,6 +505,16 @@ int32_t ns_kv_cache_copy_partial(ns_kv_cache *kc, int32_t node, int32_t n_slots)
 
 int32_t ns_kv_cache_alloc(ns_kv_cache *kc) { return ns_kv_pages_alloc(&kc->pool); }
 
+size_t ns_kv_cache_page_bytes(const ns_kv_cache *kc) { return kc->page_bytes; }
+
+ns_status ns_kv_cache_page_read(ns_kv_cache *kc, int32_t page, void *dst, ns_error *err) {
+    return kc->be->ops->kv_page_read(kc->be, page, dst, err);
+}
+
+ns_status ns_kv_cache_page_write(ns_kv_cache *kc, int32_t page, const void *src, ns_error *err) {
+    return kc->be->ops->kv_page_write(kc->be, page, src, err);
+}
+
 void ns_kv_cache_commit(ns_kv_cache *kc, uint64_t parent, uint64_t h, const int32_t *tokens, int32_t page) {
     if (kc->page_node[page] >= 0) return; /* already indexed (it was restored from the cache) */
     bool existed = false;

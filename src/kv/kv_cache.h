@@ -98,6 +98,12 @@ int32_t ns_kv_cache_acquire(ns_kv_cache *kc, const ns_kv_lookup *lk, int32_t n_u
  * the caller's) holding the first n_slots of node's device page; -1 if no
  * page could be had. */
 int32_t ns_kv_cache_copy_partial(ns_kv_cache *kc, int32_t node, int32_t n_slots);
+/* Bytes of one device page to/from host memory (page_bytes): a paused
+ * sequence keeps its partially filled last page this way, since partial
+ * pages have no place in the lower tiers. Sync points. */
+size_t ns_kv_cache_page_bytes(const ns_kv_cache *kc);
+ns_status ns_kv_cache_page_read(ns_kv_cache *kc, int32_t page, void *dst, ns_error *err);
+ns_status ns_kv_cache_page_write(ns_kv_cache *kc, int32_t page, const void *src, ns_error *err);
 /* A fresh device page (one reference, the caller's), evicting (and
  * demoting) the least recently used cached page if none is free; -1 when
  * every page is held. */

@@ -61,6 +61,15 @@ int ns_request_poll(ns_request *r, ns_token_event *out, int max, int timeout_ms,
     return n;
 }
 
+bool ns_request_waiting(ns_request *r, bool *paused, int32_t *queue_pos) {
+    pthread_mutex_lock(&r->mu);
+    bool w = r->waiting && !r->finished;
+    if (paused) *paused = r->paused;
+    if (queue_pos) *queue_pos = r->queue_pos;
+    pthread_mutex_unlock(&r->mu);
+    return w;
+}
+
 void ns_request_result_get(ns_request *r, ns_request_result *out) {
     pthread_mutex_lock(&r->mu);
     *out = r->result;

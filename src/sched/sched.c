@@ -46,7 +46,7 @@ struct ns_sched {
     ns_seq **running;
     int32_t n_running;
     int64_t reserved; /* sum of running requests' reserve_pages */
-    uint64_t next_id;
+    uint64_t admit_counter; /* admission order of new sequences */
     /* seconds per unit of step work, learned from measured steps (EMA);
      * work = tokens + attention pairs / pairs_per_unit */
     double sec_per_unit;
@@ -59,6 +59,9 @@ struct ns_sched {
     /* step scratch */
     int32_t *b_tokens, *b_pos, *b_seq_start, *b_seq_len, *b_pt, *b_rows, *b_chunk;
     ns_seq **b_seqs;
+    ns_seq **plan_q;     /* this step's sequences and their token counts */
+    ns_seq **plan_order; /* the same, oldest admitted first */
+    int32_t *plan_chunk;
     int32_t *acq_pages;
     ns_sampler **b_samplers;
     int32_t *b_sampled;
@@ -103,6 +106,7 @@ static double pairs_per_unit_of(const ns_model_config *c) {
  * request. Its pages must have been released. */
 static void seq_free(ns_seq *q) {
     if (!q) return;
+    free(q->saved_page);
     ns_sampler_free(&q->sampler);
     free(q->tokens);
     free(q->pages);
@@ -152,12 +156,15 @@ ns_status ns_sched_create(ns_engine *e, const ns_sched_opts *opts, ns_sched **ou
     s->b_rows = malloc(R * sizeof(int32_t));
     s->b_chunk = malloc(R * sizeof(int32_t));
     s->b_seqs = malloc(R * sizeof(ns_seq *));
+    s->plan_q = malloc(R * sizeof(ns_seq *));
+    s->plan_order = malloc(R * sizeof(ns_seq *));
+    s->plan_chunk = malloc(R * sizeof(int32_t));
     s->acq_pages = malloc((size_t)s->n_pages * sizeof(int32_t));
     s->b_samplers = malloc(R * sizeof(ns_sampler *));
     s->b_sampled = malloc(R * sizeof(int32_t));
     s->running = malloc(R * sizeof(ns_seq *));
     s->host_logits = malloc(R * (size_t)e->model->cfg.vocab_size * sizeof(float));
-    if (!s->b_tokens || !s->b_pos || !s->b_seq_start || !s->b_seq_len || !s->b_rows || !s->b_chunk || !s->b_seqs ||
+    if (!s->b_tokens || !s->b_pos || !s->b_seq_start || !s->b_seq_len || !s->b_rows || !s->b_chunk || !s->b_seqs || !s->plan_q || !s->plan_order || !s->plan_chunk ||
         !s->acq_pages || !s->b_samplers || !s->b_sampled || !s->running || !s->host_logits) {
         rc = ns_fail(err, NS_ERR_NOMEM, "out of memory");
         goto fail;
@@ -197,6 +204,9 @@ void ns_sched_free(ns_sched *s) {
     free(s->b_rows);
     free(s->b_chunk);
     free(s->b_seqs);
+    free(s->plan_q);
+    free(s->plan_order);
+    free(s->plan_chunk);
     free(s->acq_pages);
     free(s->b_samplers);
     free(s->b_sampled);
@@ -224,18 +234,19 @@ ns_status ns_sched_submit(ns_sched *s, ns_request *r, ns_capacity *cap, ns_error
     if (r->n_prompt >= ctx)
         return ns_fail(err, NS_ERR_RANGE, "the prompt has %d tokens; the model's context is %lld tokens", r->n_prompt,
                        (long long)ctx);
-    if (r->params.max_tokens <= 0) r->params.max_tokens = (int32_t)(limit - r->n_prompt);
-    if (r->params.max_tokens <= 0 || r->n_prompt + (int64_t)r->params.max_tokens > pool) {
+    if (r->n_prompt >= limit) {
         pthread_mutex_lock(&s->mu);
         s->stats.requests_rejected++;
         pthread_mutex_unlock(&s->mu);
         return ns_fail(err, NS_ERR_RANGE,
-                       "the request needs %lld tokens of KV (prompt %d + max_tokens %d) but this server's KV pool "
-                       "holds at most %lld tokens for one request",
-                       (long long)r->n_prompt + r->params.max_tokens, r->n_prompt, r->params.max_tokens,
-                       (long long)pool);
+                       "the prompt has %d tokens but this server's KV pool holds at most %lld tokens for one "
+                       "request (the model's context is %lld)",
+                       r->n_prompt, (long long)pool, (long long)ctx);
     }
-    if (r->n_prompt + (int64_t)r->params.max_tokens > ctx) r->params.max_tokens = (int32_t)(ctx - r->n_prompt);
+    /* max_tokens beyond what fits is clamped, never an error: the request
+     * ends with finish LENGTH there (agents send 8000 or 64000 blindly) */
+    if (r->params.max_tokens <= 0 || r->params.max_tokens > limit - r->n_prompt)
+        r->params.max_tokens = (int32_t)(limit - r->n_prompt);
     if (cap) cap->max_tokens = r->params.max_tokens;
     ns_seq *q = calloc(1, sizeof *q);
     if (!q) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
@@ -386,7 +397,7 @@ static void log_admission(ns_sched *s, ns_seq *q, const ns_kv_lookup *lk, int32_
     const ns_request *r = q->req;
     const ns_prefix_match *m = &lk->m;
     char line[1024];
-    int o = snprintf(line, sizeof line, "request %llu: prompt %d tokens, reused %d (", (unsigned long long)++s->next_id,
+    int o = snprintf(line, sizeof line, "request %llu: prompt %d tokens, reused %d (", (unsigned long long)q->admit_order,
                      r->n_prompt, cached);
     bool first = true;
     for (int t = 0; t < NS_TIER_COUNT && o > 0 && (size_t)o < sizeof line; t++) {
@@ -417,22 +428,60 @@ static void log_admission(ns_sched *s, ns_seq *q, const ns_kv_lookup *lk, int32_
     NS_INFO("%s", line);
 }
 
-/* Tries to admit q now. Returns true when admitted (it joins running). */
+/* Publishes q's queue state to its channel (the stream's keep-alives
+ * say "paused" / the queue position). */
+static void set_waiting(ns_seq *q, bool waiting, int32_t pos) {
+    pthread_mutex_lock(&q->req->mu);
+    q->req->waiting = waiting;
+    q->req->paused = waiting && q->state == RS_PAUSED;
+    q->req->queue_pos = pos;
+    pthread_mutex_unlock(&q->req->mu);
+}
+
+/* A prompt that shares more than a page beyond what is cached with a
+ * sequence still prefilling that very part waits for its pages to be
+ * committed instead of computing them a second time. */
+static bool prefix_in_flight(const ns_sched *s, const int32_t *toks, int32_t n, int32_t cached) {
+    for (int32_t i = 0; i < s->n_running; i++) {
+        const ns_seq *p = s->running[i];
+        if (p->state != RS_PREFILLING || p->n_ctx >= p->n_tokens) continue;
+        int32_t m = n < p->n_tokens ? n : p->n_tokens, lcp = 0;
+        while (lcp < m && toks[lcp] == p->tokens[lcp]) lcp++;
+        if (lcp >= cached + s->P && p->n_ctx < lcp) return true;
+    }
+    return false;
+}
+
+/* Tries to admit q now (a new request, or a paused sequence resuming).
+ * Returns true when admitted (it joins running). Pages: under the PAUSE
+ * policy q reserves what its prefill needs now (uncached prompt + one
+ * token); decode pages are taken as it goes, and when the pool runs dry
+ * the newest sequence is paused (plan_pages). Under RESERVE it reserves
+ * prompt + max_tokens. A resuming sequence also needs room for every
+ * running sequence's next page (the thrash guard: it must not be paused
+ * again at once). */
 static bool try_admit(ns_sched *s, ns_seq *q) {
     ns_request *r = q->req;
+    const bool resume = q->primed;
+    const int32_t *toks = resume ? q->tokens : r->prompt;
+    const int32_t n = resume ? q->n_tokens : r->n_prompt;
     ns_kv_lookup lk;
-    /* keep >= 1 prompt token to compute: its logits give the first token */
-    ns_kv_cache_lookup(s->kv, r->prompt, r->n_prompt, r->n_prompt - 1, &lk);
+    /* keep >= 1 token to compute: its logits give the next token */
+    ns_kv_cache_lookup(s->kv, toks, n, n - 1, &lk);
     double t_restore = 0, t_recompute = 0;
-    const int32_t n_use = plan_reuse(s, &lk, r->n_prompt, &t_restore, &t_recompute);
+    const int32_t n_use = plan_reuse(s, &lk, n, &t_restore, &t_recompute);
+    if (!resume && prefix_in_flight(s, toks, n, n_use * s->P)) return false;
     int32_t dev_shared = 0;
     for (int32_t i = 0; i < n_use; i++) dev_shared += lk.tier[i] == NS_TIER_DEVICE;
-    const int32_t total = pages_for(s, (int64_t)r->n_prompt + r->params.max_tokens);
+    const int32_t worst = pages_for(s, (int64_t)r->n_prompt + r->params.max_tokens);
+    int32_t total = s->opts.pause_policy == NS_PAUSE_POLICY_RESERVE ? worst : pages_for(s, (int64_t)n + 1);
+    if (total > worst) total = worst;
     const int32_t need = total - dev_shared;
+    const int32_t guard = resume ? s->n_running + 1 : 0;
     int64_t avail = (int64_t)ns_kv_cache_available(s->kv) - ns_kv_cache_lookup_reclaimable(s->kv, &lk, n_use) -
                     s->reserved;
-    if (need > avail) return false;
-    if (NS_VEC_GROW(q->pages, q->cap_pages, (size_t)total, 0) != NS_OK ||
+    if (need + guard > avail) return false;
+    if (NS_VEC_GROW(q->pages, q->cap_pages, (size_t)worst, 0) != NS_OK ||
         NS_VEC_GROW(q->tokens, q->cap_tokens, (size_t)r->n_prompt + (size_t)r->params.max_tokens + 1, 0) != NS_OK)
         return false; /* retried next step; OOM here is transient or fatal either way */
     int32_t by_tier[NS_TIER_COUNT];
@@ -440,40 +489,137 @@ static bool try_admit(ns_sched *s, ns_seq *q) {
     q->n_pages = got;
     q->n_committed = got;
     q->last_hash = got > 0 ? ns_kv_cache_lookup_hash(s->kv, &lk, got) : ns_kv_cache_seed(s->kv);
-    q->reserve_pages = total - got;
+    q->reserve_pages = total > got ? total - got : 0;
     s->reserved += q->reserve_pages;
-    memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
-    q->n_tokens = r->n_prompt;
+    if (!resume) {
+        memcpy(q->tokens, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
+        q->n_tokens = r->n_prompt;
+    }
     int32_t cached = got * s->P;
     int32_t tok_by_tier[NS_TIER_COUNT];
     for (int t = 0; t < NS_TIER_COUNT; t++) tok_by_tier[t] = by_tier[t] * s->P;
-    if (got == lk.m.n_full && lk.m.n_partial > 0 && q->n_pages < total) {
+    if (resume && q->saved_page && got * s->P == q->saved_base && q->n_pages < worst) {
+        /* the paused sequence's own last page, byte for byte */
+        int32_t dst = ns_kv_cache_alloc(s->kv);
+        ns_error err = {0};
+        if (dst >= 0 && ns_kv_cache_page_write(s->kv, dst, q->saved_page, &err) == NS_OK) {
+            q->pages[q->n_pages++] = dst;
+            if (q->reserve_pages > 0) {
+                q->reserve_pages--;
+                s->reserved--;
+            }
+            cached += q->saved_fill;
+            tok_by_tier[NS_TIER_DEVICE] += q->saved_fill;
+        } else if (dst >= 0) {
+            ns_kv_cache_release(s->kv, &dst, 1, 0, NULL, 0);
+        }
+    } else if (got == lk.m.n_full && lk.m.n_partial > 0) {
         int32_t dst = ns_kv_cache_copy_partial(s->kv, lk.m.partial_node, lk.m.n_partial);
         if (dst >= 0) {
             q->pages[q->n_pages++] = dst;
-            q->reserve_pages--;
-            s->reserved--;
+            if (q->reserve_pages > 0) {
+                q->reserve_pages--;
+                s->reserved--;
+            }
             cached += lk.m.n_partial;
             tok_by_tier[NS_TIER_DEVICE] += lk.m.n_partial;
         }
     }
     q->n_ctx = cached;
     ns_kv_cache_count_hits(s->kv, tok_by_tier);
-    for (int32_t i = 0; i < r->n_prompt; i++) ns_sampler_accept(&q->sampler, r->prompt[i]);
-    pthread_mutex_lock(&r->mu);
-    r->result.n_cached = cached;
-    for (int t = 0; t < NS_TIER_COUNT; t++) r->result.n_cached_by_tier[t] = tok_by_tier[t];
-    r->result.diverge_at = lk.m.diverge_at;
-    pthread_mutex_unlock(&r->mu);
-    pthread_mutex_lock(&s->mu);
-    s->stats.prefix_lookup_tokens_total += (uint64_t)r->n_prompt;
-    s->stats.prefix_hit_tokens_total += (uint64_t)cached;
-    s->stats.prompt_tokens_total += (uint64_t)r->n_prompt;
-    pthread_mutex_unlock(&s->mu);
-    log_admission(s, q, &lk, n_use, cached, tok_by_tier, t_restore, t_recompute);
+    if (!resume) {
+        for (int32_t i = 0; i < r->n_prompt; i++) ns_sampler_accept(&q->sampler, r->prompt[i]);
+        q->primed = true;
+        q->admit_order = ++s->admit_counter;
+        pthread_mutex_lock(&r->mu);
+        r->result.n_cached = cached;
+        for (int t = 0; t < NS_TIER_COUNT; t++) r->result.n_cached_by_tier[t] = tok_by_tier[t];
+        r->result.diverge_at = lk.m.diverge_at;
+        pthread_mutex_unlock(&r->mu);
+        pthread_mutex_lock(&s->mu);
+        s->stats.prefix_lookup_tokens_total += (uint64_t)r->n_prompt;
+        s->stats.prefix_hit_tokens_total += (uint64_t)cached;
+        s->stats.prompt_tokens_total += (uint64_t)r->n_prompt;
+        pthread_mutex_unlock(&s->mu);
+        log_admission(s, q, &lk, n_use, cached, tok_by_tier, t_restore, t_recompute);
+    } else {
+        pthread_mutex_lock(&s->mu);
+        s->stats.resumes_total++;
+        pthread_mutex_unlock(&s->mu);
+        NS_INFO("request %llu resumed after pause %d: %d of %d tokens restored (%d device, %d ram, %d ssd), "
+                "%d recomputed",
+                (unsigned long long)q->admit_order, q->n_pauses, cached, n, tok_by_tier[NS_TIER_DEVICE],
+                tok_by_tier[NS_TIER_RAM], tok_by_tier[NS_TIER_SSD], n - cached);
+    }
+    free(q->saved_page);
+    q->saved_page = NULL;
     q->state = RS_PREFILLING;
+    set_waiting(q, false, 0);
     s->running[s->n_running++] = q;
     return true;
+}
+
+/* Inserts q into the waiting list in arrival order (a paused sequence
+ * goes back ahead of everything that came after it: FIFO resume). */
+static bool enqueue_waiting(ns_sched *s, ns_seq *q) {
+    if (s->n_waiting == s->cap_waiting) {
+        int32_t nc = s->cap_waiting ? s->cap_waiting * 2 : 64;
+        ns_seq **p = realloc(s->waiting, (size_t)nc * sizeof *p);
+        if (!p) return false;
+        s->waiting = p;
+        s->cap_waiting = nc;
+    }
+    int32_t at = s->n_waiting;
+    while (at > 0 && s->waiting[at - 1]->t_submit > q->t_submit) at--;
+    memmove(&s->waiting[at + 1], &s->waiting[at], (size_t)(s->n_waiting - at) * sizeof *s->waiting);
+    s->waiting[at] = q;
+    s->n_waiting++;
+    return true;
+}
+
+/* Pauses a running sequence: its KV goes back to the cache (full pages
+ * stay indexed and are demoted, not dropped, when the pool needs them;
+ * the partial last page is kept as a copy-on-write continuation), and its
+ * sampler/RNG, tokens and budget stay in q. It resumes through try_admit,
+ * re-prefilling only what the tiers no longer hold. */
+static void pause_seq(ns_sched *s, ns_seq *q, const char *why) {
+    remove_running_seq(s, q);
+    const int32_t held = q->n_pages;
+    /* keep the partial last page's bytes: recomputing it would not give
+     * the same bits (other kernels, other batch), so the resumed output
+     * could differ from an uninterrupted run */
+    const int32_t fill = q->n_ctx - q->n_committed * s->P;
+    free(q->saved_page);
+    q->saved_page = NULL;
+    if (fill > 0 && q->n_pages == q->n_committed + 1) {
+        ns_error err = {0};
+        q->saved_page = malloc(ns_kv_cache_page_bytes(s->kv));
+        if (q->saved_page &&
+            ns_kv_cache_page_read(s->kv, q->pages[q->n_committed], q->saved_page, &err) == NS_OK) {
+            q->saved_base = q->n_committed * s->P;
+            q->saved_fill = fill;
+        } else {
+            free(q->saved_page);
+            q->saved_page = NULL;
+        }
+    }
+    release_pages(s, q);
+    q->n_ctx = 0;
+    q->n_committed = 0;
+    q->last_hash = ns_kv_cache_seed(s->kv);
+    q->state = RS_PAUSED;
+    q->n_pauses++;
+    if (!enqueue_waiting(s, q)) {
+        /* cannot queue it: end it rather than lose it silently */
+        finish(s, q, NS_FINISH_ERROR, "out of memory pausing the request");
+        return;
+    }
+    set_waiting(q, true, 0);
+    pthread_mutex_lock(&s->mu);
+    s->stats.pauses_total++;
+    pthread_mutex_unlock(&s->mu);
+    NS_INFO("request %llu paused (%s) after %d generated tokens; %d pages back to the cache tiers",
+            (unsigned long long)q->admit_order, why, q->n_generated, held);
 }
 
 static void admit(ns_sched *s) {
@@ -492,10 +638,12 @@ static void admit(ns_sched *s) {
             continue;
         }
         if (!blocked && s->n_running < s->opts.max_running && try_admit(s, q)) continue;
-        /* FIFO with aging: once the oldest waiter has waited long enough,
-         * nobody behind it may take the pages it is waiting for. */
-        if (t - q->t_submit > s->opts.aging_seconds) blocked = true;
+        /* FIFO with aging: once the oldest waiter has waited long enough
+         * (a paused sequence always has), nobody behind it may take the
+         * pages it is waiting for. */
+        if (q->state == RS_PAUSED || t - q->t_submit > s->opts.aging_seconds) blocked = true;
         s->waiting[kept++] = q;
+        set_waiting(q, true, kept);
     }
     s->n_waiting = kept;
 }
@@ -509,19 +657,13 @@ static void take_incoming(ns_sched *s) {
     for (ns_seq *n; q; q = n) {
         n = q->next;
         q->next = NULL;
-        if (s->n_waiting == s->cap_waiting) {
-            int32_t nc = s->cap_waiting ? s->cap_waiting * 2 : 64;
-            ns_seq **p = realloc(s->waiting, (size_t)nc * sizeof *p);
-            if (!p) {
-                ns_request_finish(q->req, NS_FINISH_ERROR, "out of memory queueing the request");
-                seq_free(q);
-                continue;
-            }
-            s->waiting = p;
-            s->cap_waiting = nc;
-        }
         q->state = RS_WAITING;
-        s->waiting[s->n_waiting++] = q;
+        if (!enqueue_waiting(s, q)) {
+            ns_request_finish(q->req, NS_FINISH_ERROR, "out of memory queueing the request");
+            seq_free(q);
+            continue;
+        }
+        set_waiting(q, true, s->n_waiting);
     }
 }
 
@@ -546,6 +688,97 @@ static int32_t bounded_chunk(const ns_sched *s, int32_t want, int32_t ctx, doubl
     return c;
 }
 
+/* Prefill order: fewest remaining prompt tokens first; every second of
+ * waiting counts as AGING_TOKENS_PER_S fewer tokens, so a long prompt is
+ * never starved by a stream of short ones. */
+#define AGING_TOKENS_PER_S 2048.0
+
+static double prefill_key(const ns_seq *q, double now) {
+    return (double)(q->n_tokens - q->n_ctx) - (now - q->t_submit) * AGING_TOKENS_PER_S;
+}
+
+static void sort_prefill(ns_seq **v, int32_t n, double now) {
+    for (int32_t i = 1; i < n; i++) { /* insertion sort: n <= max_running */
+        ns_seq *x = v[i];
+        double kx = prefill_key(x, now);
+        int32_t j = i;
+        while (j > 0 && prefill_key(v[j - 1], now) > kx) {
+            v[j] = v[j - 1];
+            j--;
+        }
+        v[j] = x;
+    }
+}
+
+/* The running sequence admitted last (the pause victim). */
+static ns_seq *newest_running(const ns_sched *s) {
+    ns_seq *v = NULL;
+    for (int32_t i = 0; i < s->n_running; i++)
+        if (!v || s->running[i]->admit_order > v->admit_order) v = s->running[i];
+    return v;
+}
+
+/* Drops q from the step's plan (it was paused). */
+static void unplan(ns_sched *s, int32_t *n_plan, ns_seq *q) {
+    for (int32_t k = 0; k < *n_plan; k++)
+        if (s->plan_q[k] == q) {
+            memmove(&s->plan_q[k], &s->plan_q[k + 1], (size_t)(*n_plan - k - 1) * sizeof *s->plan_q);
+            memmove(&s->plan_chunk[k], &s->plan_chunk[k + 1], (size_t)(*n_plan - k - 1) * sizeof *s->plan_chunk);
+            (*n_plan)--;
+            return;
+        }
+}
+
+/* Gives every planned sequence the pages its chunk needs, oldest admitted
+ * first. A sequence takes from its own reservation first, then from what
+ * no one has reserved; when neither has a page, the newest running
+ * sequence is paused (its reservation and pages come back) and the
+ * allocation retried. The newest is always processed last, so a pause
+ * never hits a sequence already given its pages this step; the oldest
+ * always fits (a prompt that cannot fit alone was refused at submit). */
+static void plan_pages(ns_sched *s, int32_t *n_plan) {
+    ns_seq **order = s->plan_order;
+    int32_t n = 0;
+    for (int32_t k = 0; k < *n_plan; k++) order[n++] = s->plan_q[k];
+    for (int32_t i = 1; i < n; i++) {
+        ns_seq *x = order[i];
+        int32_t j = i;
+        while (j > 0 && order[j - 1]->admit_order > x->admit_order) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = x;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        ns_seq *q = order[i];
+        if (q->state == RS_PAUSED) continue; /* paused for an older one */
+        int32_t chunk = 0;
+        for (int32_t k = 0; k < *n_plan; k++)
+            if (s->plan_q[k] == q) chunk = s->plan_chunk[k];
+        const int32_t need = pages_for(s, q->n_ctx + chunk);
+        while (q->n_pages < need) {
+            const bool own = q->reserve_pages > 0;
+            int32_t pg = -1;
+            if (own || ns_kv_cache_available(s->kv) - s->reserved > 0) pg = ns_kv_cache_alloc(s->kv);
+            if (pg >= 0) {
+                q->pages[q->n_pages++] = pg;
+                if (own) {
+                    q->reserve_pages--;
+                    s->reserved--;
+                }
+                continue;
+            }
+            ns_seq *v = newest_running(s);
+            if (!v) break;
+            if (s->opts.pause_policy == NS_PAUSE_POLICY_RESERVE)
+                NS_ERROR("scheduler: KV pool exhausted under the reserve policy (accounting bug); pausing");
+            unplan(s, n_plan, v);
+            pause_seq(s, v, "KV pool full");
+            if (v == q) break;
+        }
+    }
+}
+
 /* Plans and runs one step. Returns false when there was nothing to do. */
 static bool step(ns_sched *s) {
     ns_engine *e = s->e;
@@ -563,59 +796,66 @@ static bool step(ns_sched *s) {
     admit(s);
     if (s->n_running == 0) return false;
 
-    int32_t budget = s->opts.max_batch_tokens, nt = 0, ns = 0, n_logits = 0, max_pages = 0;
-    double attn_pairs = 0;
+    /* 1. plan each sequence's tokens for this step: decode tokens first
+     * (they bound every stream's inter-token latency), then prefill
+     * chunks, shortest remaining prompt first with aging, so a short
+     * prompt never waits behind a long prefill */
+    int32_t budget = s->opts.max_batch_tokens, np = 0;
+    double planned_pairs = 0;
+    int32_t planned_tokens = 0;
     bool decoding = false;
     for (int32_t i = 0; i < s->n_running; i++) decoding |= s->running[i]->state == RS_DECODING;
-    /* decode tokens first: they bound every stream's inter-token latency */
-    for (int pass = 0; pass < 2; pass++) {
-        for (int32_t i = 0; i < s->n_running && budget > 0; i++) {
-            ns_seq *q = s->running[i];
-            int32_t chunk;
-            if (pass == 0) {
-                if (q->state != RS_DECODING) continue;
-                chunk = 1;
-            } else {
-                if (q->state != RS_PREFILLING) continue;
-                chunk = q->req->n_prompt - q->n_ctx;
-                if (chunk > s->opts.prefill_chunk) chunk = s->opts.prefill_chunk;
-                if (chunk > budget) chunk = budget;
-                if (decoding) chunk = bounded_chunk(s, chunk, q->n_ctx, work_units(s, nt, attn_pairs));
-            }
-            int32_t need = pages_for(s, q->n_ctx + chunk);
-            bool ok = true;
-            while (q->n_pages < need) {
-                int32_t pg = ns_kv_cache_alloc(s->kv);
-                if (pg < 0) {
-                    ok = false;
-                    break;
-                }
-                q->pages[q->n_pages++] = pg;
-                if (q->reserve_pages > 0) {
-                    q->reserve_pages--;
-                    s->reserved--;
-                }
-            }
-            if (!ok) {
-                /* cannot happen while the admission arithmetic holds */
-                NS_ERROR("scheduler: KV pool exhausted for a running request (accounting bug)");
-                continue;
-            }
-            s->b_seq_start[ns] = nt;
-            for (int32_t j = 0; j < chunk; j++) {
-                s->b_tokens[nt + j] = q->tokens[q->n_ctx + j];
-                s->b_pos[nt + j] = q->n_ctx + j;
-            }
-            nt += chunk;
-            budget -= chunk;
-            attn_pairs += (double)chunk * ((double)q->n_ctx + chunk / 2.0);
-            s->b_seq_len[ns] = q->n_ctx + chunk;
-            s->b_chunk[ns] = chunk;
-            s->b_seqs[ns] = q;
-            if (q->n_ctx + chunk == q->n_tokens) s->b_rows[n_logits++] = nt - 1;
-            if (q->n_pages > max_pages) max_pages = q->n_pages;
-            ns++;
+    for (int32_t i = 0; i < s->n_running && budget > 0; i++) {
+        ns_seq *q = s->running[i];
+        if (q->state != RS_DECODING) continue;
+        s->plan_q[np] = q;
+        s->plan_chunk[np++] = 1;
+        budget--;
+        planned_tokens++;
+        planned_pairs += (double)q->n_ctx + 0.5;
+    }
+    const int32_t n_dec = np;
+    for (int32_t i = 0; i < s->n_running; i++)
+        if (s->running[i]->state == RS_PREFILLING) s->plan_q[np++] = s->running[i];
+    sort_prefill(s->plan_q + n_dec, np - n_dec, ns_clock_now());
+    int32_t n_plan = n_dec;
+    for (int32_t i = n_dec; i < np && budget > 0; i++) {
+        ns_seq *q = s->plan_q[i];
+        int32_t chunk = q->n_tokens - q->n_ctx;
+        if (chunk > s->opts.prefill_chunk) chunk = s->opts.prefill_chunk;
+        if (chunk > budget) chunk = budget;
+        if (decoding) chunk = bounded_chunk(s, chunk, q->n_ctx, work_units(s, planned_tokens, planned_pairs));
+        if (chunk <= 0) continue;
+        s->plan_q[n_plan] = q;
+        s->plan_chunk[n_plan++] = chunk;
+        budget -= chunk;
+        planned_tokens += chunk;
+        planned_pairs += (double)chunk * ((double)q->n_ctx + chunk / 2.0);
+    }
+    /* 2. pages for the plan, oldest admitted first; when the pool is dry
+     * the newest running sequence is paused (possibly the one asking) */
+    plan_pages(s, &n_plan);
+    if (n_plan == 0) return s->n_running > 0 || s->n_waiting > 0;
+
+    /* 3. the ragged batch, in plan order */
+    int32_t nt = 0, ns = 0, n_logits = 0, max_pages = 0;
+    double attn_pairs = 0;
+    for (int32_t k = 0; k < n_plan; k++) {
+        ns_seq *q = s->plan_q[k];
+        const int32_t chunk = s->plan_chunk[k];
+        s->b_seq_start[ns] = nt;
+        for (int32_t j = 0; j < chunk; j++) {
+            s->b_tokens[nt + j] = q->tokens[q->n_ctx + j];
+            s->b_pos[nt + j] = q->n_ctx + j;
         }
+        nt += chunk;
+        attn_pairs += (double)chunk * ((double)q->n_ctx + chunk / 2.0);
+        s->b_seq_len[ns] = q->n_ctx + chunk;
+        s->b_chunk[ns] = chunk;
+        s->b_seqs[ns] = q;
+        if (q->n_ctx + chunk == q->n_tokens) s->b_rows[n_logits++] = nt - 1;
+        if (q->n_pages > max_pages) max_pages = q->n_pages;
+        ns++;
     }
     if (ns == 0) return false;
     s->b_seq_start[ns] = nt;
@@ -694,9 +934,10 @@ static bool step(ns_sched *s) {
         q->tokens[q->n_tokens++] = tok;
         q->n_generated++;
         generated++;
-        if (q->state == RS_PREFILLING) {
+        const bool first = q->n_generated == 1;
+        q->state = RS_DECODING;
+        if (first) {
             q->t_first = t1;
-            q->state = RS_DECODING;
             pthread_mutex_lock(&s->mu);
             hist_add(&s->stats.ttft_seconds, t1 - q->t_submit);
             pthread_mutex_unlock(&s->mu);
@@ -717,6 +958,8 @@ static bool step(ns_sched *s) {
         if (why != NS_FINISH_NONE) {
             remove_running_seq(s, q);
             finish(s, q, why, why == NS_FINISH_ERROR ? "out of memory" : NULL);
+        } else if (r->params.test_pause_every > 0 && q->n_generated % r->params.test_pause_every == 0) {
+            pause_seq(s, q, "test_pause_every");
         }
     }
     {
@@ -758,6 +1001,9 @@ static void update_gauges(ns_sched *s) {
     s->stats.kv = kst;
     s->stats.requests_running = s->n_running;
     s->stats.requests_waiting = s->n_waiting + s->n_incoming;
+    s->stats.requests_paused = 0;
+    for (int32_t i = 0; i < s->n_waiting; i++) s->stats.requests_paused += s->waiting[i]->state == RS_PAUSED;
+    s->stats.requests_waiting -= s->stats.requests_paused;
     s->stats.reserved_pages = s->reserved;
     s->stats.pages_free = s->stats.kv.pool_free;
     s->stats.pages_cached = s->stats.kv.pool_cached;

@@ -7,10 +7,13 @@
  * chunks) and pushes events. Raw JSON never reaches this module.
  *
  * Request life cycle: QUEUED -> PREFILLING -> DECODING -> FINISHED, plus
- * WAITING (admission found no room yet), CANCELLED (client gone: the
- * engine drops it at the next step; pages it completed stay in the
- * prefix cache). A request that can never fit is refused by
- * ns_sched_submit with NS_ERR_RANGE and the numbers in *cap.
+ * WAITING (admission found no room yet), PAUSED (the pool ran out: its KV
+ * went back to the cache tiers, its sampler/RNG and tokens are kept; it
+ * resumes exactly, re-prefilling only what the tiers no longer hold),
+ * CANCELLED (client gone: the engine drops it at the next step; pages it
+ * completed stay in the prefix cache). A request whose prompt can never
+ * fit is refused by ns_sched_submit with NS_ERR_RANGE and the numbers in
+ * *cap; admitted work is never aborted for lack of memory.
  *
  * Two halves: ns_request is the HTTP <-> engine channel (prompt, typed
  * parameters, cancel flag, event queue, result), shared by both sides;
@@ -63,10 +66,14 @@ typedef struct ns_request_params {
     bool logprobs;           /* report each token's logprob */
     int32_t top_logprobs;    /* 0..NS_MAX_TOP_LOGPROBS */
     bool ignore_eos;
+    /* Test-only knob: the engine pauses the sequence after every this many
+     * generated tokens (0 = never), to prove a pause/resume is exact. */
+    int32_t test_pause_every;
 } ns_request_params;
 
 /* Creates a request owning a copy of the prompt. NULL on OOM.
- * params->max_tokens <= 0 means "as many as fit" (context and pool). */
+ * params->max_tokens <= 0 means "as many as fit" (context and pool); a
+ * larger max_tokens than fits is clamped (finish LENGTH when reached). */
 ns_request *ns_request_new(const int32_t *prompt, int32_t n_prompt, const ns_request_params *params);
 void ns_request_release(ns_request *r);
 /* Sets the cancel flag; the engine notices within one step. */
@@ -75,6 +82,10 @@ void ns_request_cancel(ns_request *r);
  * one event is available or timeout_ms passes (-1 = forever). Returns the
  * number popped; *done is set once the DONE event has been popped. */
 int ns_request_poll(ns_request *r, ns_token_event *out, int max, int timeout_ms, bool *done);
+/* True while the engine has the request paused (its KV released to the
+ * cache tiers) or queued; *queue_pos (if non-NULL) is its place among the
+ * waiting and paused requests, 1 = next. For the stream's keep-alives. */
+bool ns_request_waiting(ns_request *r, bool *paused, int32_t *queue_pos);
 
 /* Results, valid once done: */
 typedef struct ns_request_result {
@@ -88,6 +99,15 @@ typedef struct ns_request_result {
     int32_t diverge_at;
 } ns_request_result;
 void ns_request_result_get(ns_request *r, ns_request_result *out);
+
+/* What happens when the KV pool cannot hold every admitted sequence:
+ * PAUSE admits on the pages a request needs now (its uncached prompt and
+ * a page of decode headroom) and, when a running sequence needs a page
+ * the pool cannot give, pauses the newest admitted one (its KV stays in
+ * the cache tiers; it resumes exactly, FIFO, when it fits again).
+ * RESERVE admits only when prompt + max_tokens fit next to every running
+ * request's worst case, so nothing is ever paused (fewer run at once). */
+typedef enum { NS_PAUSE_POLICY_PAUSE = 0, NS_PAUSE_POLICY_RESERVE = 1 } ns_pause_policy;
 
 typedef struct ns_sched_opts {
     int32_t max_batch_tokens; /* per-step token budget (<= engine's) */
@@ -105,6 +125,7 @@ typedef struct ns_sched_opts {
     int64_t ram_cache_bytes;  /* host-RAM tier, 0 = off */
     const char *ssd_dir;      /* SSD tier directory, NULL = off */
     int64_t ssd_bytes;        /* SSD tier size cap (0 = 32 GiB) */
+    ns_pause_policy pause_policy;
 } ns_sched_opts;
 
 typedef struct ns_capacity {
@@ -144,6 +165,7 @@ typedef struct ns_sched_stats {
     int32_t requests_running, requests_waiting, requests_paused;
     int64_t reserved_pages;   /* pages promised to running sequences, not yet taken */
     uint64_t requests_total, requests_rejected, requests_cancelled;
+    uint64_t pauses_total, resumes_total;
     uint64_t prompt_tokens_total, generated_tokens_total;
     uint64_t prefix_lookup_tokens_total, prefix_hit_tokens_total;
     int32_t pages_total, pages_used, pages_free, pages_cached;

@@ -15,7 +15,7 @@
 
 #include "sched/sched.h"
 
-typedef enum { RS_QUEUED = 0, RS_WAITING, RS_PREFILLING, RS_DECODING, RS_DONE } ns_req_state;
+typedef enum { RS_QUEUED = 0, RS_WAITING, RS_PREFILLING, RS_DECODING, RS_PAUSED, RS_DONE } ns_req_state;
 
 struct ns_request {
     atomic_int refs;
@@ -30,6 +30,8 @@ struct ns_request {
     ns_token_event *events;
     int n_events, cap_events, ev_head;
     bool finished;
+    bool waiting, paused;     /* queued / paused by the engine (for keep-alives) */
+    int32_t queue_pos;
     ns_request_result result;
 };
 
@@ -49,6 +51,14 @@ typedef struct ns_seq {
     int32_t n_committed;      /* leading full pages already in the index */
     uint64_t last_hash;       /* chain hash of the last committed page */
     int32_t n_generated;
+    uint64_t admit_order;     /* first admission order: victims are the newest */
+    bool primed;              /* the prompt went through the sampler's history */
+    int32_t n_pauses;
+    /* while paused: the bytes of the partially filled last page (partial
+     * pages have no place in the lower tiers), valid when its full pages
+     * [0, saved_base) come back from the cache; NULL if none */
+    void *saved_page;
+    int32_t saved_base, saved_fill;
     double t_submit, t_first, t_last;
 } ns_seq;
 

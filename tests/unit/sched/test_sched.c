@@ -40,7 +40,13 @@ static void make_prompt(int32_t *out, int32_t n, int32_t shared, uint32_t seed) 
     }
 }
 
+static int32_t greedy_alone_eos(ns_engine *e, const int32_t *prompt, int32_t n, int32_t n_gen, int32_t *out,
+                                bool stop_at_eos);
 static int32_t greedy_alone(ns_engine *e, const int32_t *prompt, int32_t n, int32_t n_gen, int32_t *out) {
+    return greedy_alone_eos(e, prompt, n, n_gen, out, true);
+}
+static int32_t greedy_alone_eos(ns_engine *e, const int32_t *prompt, int32_t n, int32_t n_gen, int32_t *out,
+                                bool stop_at_eos) {
     ns_runner r;
     ns_error err = {0};
     if (ns_runner_init(&r, e, &err) != NS_OK) return -1;
@@ -52,7 +58,7 @@ static int32_t greedy_alone(ns_engine *e, const int32_t *prompt, int32_t n, int3
         for (int32_t v = 1; v < V; v++)
             if (r.logits[v] > r.logits[tok]) tok = v;
         out[got++] = tok;
-        if (ns_config_is_eos(&e->model->cfg, tok)) break;
+        if (stop_at_eos && ns_config_is_eos(&e->model->cfg, tok)) break;
         if (got < n_gen && ns_runner_feed(&r, &tok, 1, false, NULL, NULL, &err) != NS_OK) break;
     }
 done:
@@ -239,16 +245,23 @@ TEST(small_pool_waits_and_rejects) {
         CHECKF(res.finish == NS_FINISH_LENGTH || res.finish == NS_FINISH_EOS, "request %d finish %d (%d tokens)", i, res.finish, n);
         ns_request_release(rs[i]);
     }
-    /* never fits: 150 prompt + 100 max_tokens > 192 pool tokens */
-    int32_t big[150];
-    make_prompt(big, 150, 0, 77);
+    /* never fits: a 200-token prompt > 192 pool tokens */
+    int32_t big[200];
+    make_prompt(big, 200, 0, 77);
     ns_request_params p = {.sampling = ns_sampling_default(), .max_tokens = 100};
-    ns_request *r = ns_request_new(big, 150, &p);
+    ns_request *r = ns_request_new(big, 200, &p);
     ns_capacity cap;
     ns_error err = {0};
     CHECK(ns_sched_submit(s, r, &cap, &err) == NS_ERR_RANGE);
     CHECK_EQ_INT(cap.pool_tokens, 192);
-    CHECK_EQ_INT(cap.prompt_tokens, 150);
+    CHECK_EQ_INT(cap.prompt_tokens, 200);
+    ns_request_release(r);
+    /* fits once max_tokens is clamped: 150 + 100 > 192 runs with 42 */
+    r = ns_request_new(big, 150, &p);
+    CHECK(ns_sched_submit(s, r, &cap, &err) == NS_OK);
+    CHECK_EQ_INT(cap.max_tokens, 42);
+    int32_t got[100];
+    CHECK(collect(r, got, 100) <= 42);
     ns_request_release(r);
     ns_sched_free(s);
     ns_engine_free(e);
@@ -377,6 +390,115 @@ TEST(restart_serves_from_ssd) {
     CHECK(system(cmd) == 0);
 }
 
+static ns_sched *make_sched_policy(ns_engine *e, int32_t max_running, int64_t ram, ns_pause_policy pol) {
+    ns_sched_opts so = {.max_batch_tokens = e->opts.max_batch_tokens, .max_running = max_running, .prefill_chunk = 32,
+                        .ram_cache_bytes = ram, .pause_policy = pol};
+    ns_sched *s = NULL;
+    ns_error err = {0};
+    if (ns_sched_create(e, &so, &s, &err) != NS_OK || ns_sched_start(s, &err) != NS_OK) printf("# %s\n", err.msg);
+    return s;
+}
+
+/* Pressure: three long requests and a pool for ~1.5 of them. Admission is
+ * optimistic, so all three start; when the pool runs dry the newest is
+ * paused and resumed later. All complete, none aborted, each output
+ * token-identical to the same request run alone. */
+static void pressure_case(int64_t ram, int32_t pause_every, const char *label) {
+    enum { N = 3, LEN = 100, GEN = 150 };
+    ns_engine *e = make_engine(64, 64, 4);
+    int32_t prompts[N][LEN], want[N][GEN], n_want[N];
+    for (int i = 0; i < N; i++) {
+        make_prompt(prompts[i], LEN, 0, (uint32_t)i + 900);
+        prompts[i][0] = 1;
+        n_want[i] = greedy_alone_eos(e, prompts[i], LEN, GEN, want[i], false);
+    }
+    ns_engine_free(e);
+    e = make_engine(24, 64, 4); /* 24 pages x 16 = 384 tokens: 1.5 x (100 + 150) */
+    ns_sched *s = make_sched_policy(e, 4, ram, NS_PAUSE_POLICY_PAUSE);
+    ns_request *rs[N];
+    for (int i = 0; i < N; i++) {
+        ns_request_params p = {.sampling = ns_sampling_default(), .max_tokens = GEN, .ignore_eos = true,
+                               .test_pause_every = pause_every};
+        rs[i] = ns_request_new(prompts[i], LEN, &p);
+        ns_capacity cap;
+        ns_error err = {0};
+        CHECK(ns_sched_submit(s, rs[i], &cap, &err) == NS_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        int32_t got[GEN];
+        int32_t n = collect(rs[i], got, GEN);
+        ns_request_result res;
+        ns_request_result_get(rs[i], &res);
+        CHECKF(res.finish == NS_FINISH_LENGTH, "%s: request %d finish %d after %d tokens", label, i, res.finish, n);
+        int32_t same = 0;
+        while (same < n && same < n_want[i] && got[same] == want[i][same]) same++;
+        CHECKF(n == n_want[i] && same == n, "%s: request %d differs from its solo run at token %d of %d", label, i,
+               same, n);
+        ns_request_release(rs[i]);
+    }
+    ns_sched_stats st;
+    ns_sched_get_stats(s, &st);
+    CHECKF(st.pauses_total > 0 && st.resumes_total == st.pauses_total, "%s: pauses %llu resumes %llu", label,
+           (unsigned long long)st.pauses_total, (unsigned long long)st.resumes_total);
+    CHECK_EQ_INT(st.requests_cancelled, 0);
+    ns_sched_free(s);
+    ns_engine_free(e);
+}
+
+TEST(pressure_pauses_and_resumes_exactly) {
+    setup();
+    if (!g_model) return;
+    pressure_case(0, 0, "no lower tier (recompute)");
+    pressure_case(4 << 20, 0, "RAM tier");
+}
+
+TEST(forced_pauses_give_identical_output) {
+    setup();
+    if (!g_model) return;
+    pressure_case(4 << 20, 7, "pause every 7 tokens, RAM tier");
+    pressure_case(0, 5, "pause every 5 tokens, recompute");
+}
+
+/* Optimistic admission: two requests without max_tokens in a pool of ~1.5
+ * contexts both stream tokens before either finishes. */
+TEST(unbounded_requests_run_together_in_a_small_pool) {
+    setup();
+    if (!g_model) return;
+    const int32_t ctx = g_model->cfg.max_position_embeddings;
+    ns_engine *e = make_engine(3 * ctx / (2 * P), 64, 4);
+    ns_sched *s = make_sched(e, 4);
+    ns_request *rs[2];
+    int32_t prompt[20];
+    for (int i = 0; i < 2; i++) {
+        make_prompt(prompt, 20, 0, (uint32_t)i + 700);
+        prompt[0] = 1;
+        ns_request_params p = {.sampling = ns_sampling_default(), .max_tokens = 0, .ignore_eos = true};
+        rs[i] = ns_request_new(prompt, 20, &p);
+        ns_capacity cap;
+        ns_error err = {0};
+        CHECK(ns_sched_submit(s, rs[i], &cap, &err) == NS_OK);
+    }
+    /* both have tokens before either is done */
+    int32_t got[2] = {0, 0};
+    for (int it = 0; it < 20000 && (got[0] == 0 || got[1] == 0); it++) {
+        for (int i = 0; i < 2; i++) {
+            ns_token_event ev[8];
+            bool done = false;
+            got[i] += ns_request_poll(rs[i], ev, 8, 1, &done);
+            CHECK(!done);
+        }
+    }
+    CHECK(got[0] > 0 && got[1] > 0);
+    for (int i = 0; i < 2; i++) {
+        ns_request_cancel(rs[i]);
+        int32_t dummy[8];
+        collect(rs[i], dummy, 8);
+        ns_request_release(rs[i]);
+    }
+    ns_sched_free(s);
+    ns_engine_free(e);
+}
+
 int main(void) {
     RUN(batched_equals_alone);
     RUN(agent_replay_hits_cache);
@@ -386,6 +508,9 @@ int main(void) {
     RUN(partial_eviction_keeps_longest_prefix);
     RUN(churned_session_comes_back_from_ram);
     RUN(restart_serves_from_ssd);
+    RUN(pressure_pauses_and_resumes_exactly);
+    RUN(forced_pauses_give_identical_output);
+    RUN(unbounded_requests_run_together_in_a_small_pool);
     ns_model_free(g_model);
     if (g_be) g_be->ops->destroy(g_be);
     TEST_MAIN_END;
