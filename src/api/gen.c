@@ -324,6 +324,7 @@ void ns_gen_free(ns_gen *g) {
 /* ---- one completion request: the path shared by the endpoints ---- */
 
 #define KEEPALIVE_S 15.0
+#define KEEPALIVE_QUEUED_S 5.0
 
 static void job_free(ns_gen_job *j) {
     if (!j) return;
@@ -416,9 +417,16 @@ static ns_status stream_next(void *ctx, ns_buf *out, bool *eof) {
             return stream_end(j, out);
         }
         if (out->len) return NS_OK;
-        if (ns_clock_now() - j->last_emit > KEEPALIVE_S) { /* long prefill: keep the connection warm */
+        /* keep the connection warm through a long prefill, a queue or a
+         * pause, and tell the client which (an SSE comment: clients
+         * ignore it, people reading the stream see it) */
+        bool paused = false;
+        int32_t pos = 0;
+        const bool queued = ns_request_waiting(j->g.req, &paused, &pos);
+        if (ns_clock_now() - j->last_emit > (queued ? KEEPALIVE_QUEUED_S : KEEPALIVE_S)) {
             j->last_emit = ns_clock_now();
-            return ns_sse_keepalive(out);
+            if (!queued) return ns_sse_keepalive(out);
+            return ns_buf_printf(out, ": %s, queue position %d\n\n", paused ? "paused" : "waiting", pos);
         }
     }
 }
