@@ -21,6 +21,7 @@ struct ns_server {
     const ns_http_route *routes;
     int n_routes;
     void *ud;
+    long long (*max_context_tokens)(void *ud);
     char *api_key;
     char *admin_key; /* NULL: admin routes are guarded by api_key */
     size_t max_body;
@@ -116,6 +117,16 @@ static void count_status(ns_server *s, int status) {
     else atomic_fetch_add(&s->n_5xx, 1);
 }
 
+/* Headers every response carries (buffers, errors and streams alike). */
+static void add_common_headers(ns_server *s, struct MHD_Response *resp) {
+    if (!s->max_context_tokens) return;
+    long long v = s->max_context_tokens(s->ud);
+    if (v < 0) return;
+    char num[32];
+    snprintf(num, sizeof num, "%lld", v);
+    MHD_add_response_header(resp, "X-Nightshift-Max-Context-Tokens", num);
+}
+
 static enum MHD_Result queue_buffer(ns_server *s, struct MHD_Connection *mc, int status, const char *ctype,
                                     char *body, size_t len, int retry_after) {
     struct MHD_Response *resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
@@ -124,6 +135,7 @@ static enum MHD_Result queue_buffer(ns_server *s, struct MHD_Connection *mc, int
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    add_common_headers(s, resp);
     if (retry_after > 0) {
         char ra[16];
         snprintf(ra, sizeof ra, "%d", retry_after);
@@ -208,6 +220,7 @@ static enum MHD_Result queue_stream(ns_server *s, struct MHD_Connection *mc, ns_
                             r->content_type ? r->content_type : "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    add_common_headers(s, resp);
     int status = r->status ? r->status : 200;
     count_status(s, status);
     enum MHD_Result ok = MHD_queue_response(mc, (unsigned)status, resp);
@@ -373,6 +386,7 @@ ns_status ns_server_start(const ns_server_opts *o, const ns_http_route *routes, 
     s->routes = routes;
     s->n_routes = n_routes;
     s->ud = ud;
+    s->max_context_tokens = o->max_context_tokens;
     s->max_body = o->max_body_bytes ? o->max_body_bytes : (size_t)32 << 20;
     if ((o->api_key && *o->api_key && !(s->api_key = strdup(o->api_key))) ||
         (o->admin_key && *o->admin_key && !(s->admin_key = strdup(o->admin_key)))) {

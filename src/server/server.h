@@ -15,6 +15,10 @@
  * noticed even before the next write fails. close() runs exactly once,
  * with completed=false when the client went away or the write failed.
  *
+ * Every response may carry X-Nightshift-Max-Context-Tokens, a number the
+ * embedder supplies through opts.max_context_tokens (the server does not
+ * know what it means).
+ *
  * Shutdown: ns_server_quiesce stops accepting connections (in-flight ones
  * continue; new requests on kept-alive connections get 503 once draining is
  * set); ns_server_active counts requests still being answered;
@@ -84,6 +88,12 @@ typedef struct ns_server_opts {
     size_t max_body_bytes;     /* default 32 MiB */
     unsigned max_connections;  /* default 512 */
     unsigned timeout_s;        /* idle connection timeout; default 3600 */
+    /* Optional: called (with the routes' ud) while building every
+     * response — any route, errors, 404/401/413 and streams included — on
+     * the connection thread; a value >= 0 is sent as the header
+     * X-Nightshift-Max-Context-Tokens, a negative one omits it. Must be
+     * thread-safe and cheap. */
+    long long (*max_context_tokens)(void *ud);
 } ns_server_opts;
 
 typedef struct ns_server ns_server;
