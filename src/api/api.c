@@ -16,6 +16,7 @@ static const ns_http_route g_routes[] = {
     {"POST", "/completions", ns_api_completions, false, false},
     {"GET", "/v1/models", ns_api_models, false, false},
     {"GET", "/models", ns_api_models, false, false},
+    {"GET", "/v1/capacity", ns_api_capacity, false, false},
     {"GET", "/health", ns_api_health, true, false},
     {"GET", "/v1/health", ns_api_health, true, false},
     {"POST", "/tokenize", ns_api_tokenize, false, false},
@@ -351,12 +352,21 @@ bool ns_api_check_context(ns_api *a, int32_t n_prompt, int64_t max_tokens, const
     return false;
 }
 
+int64_t ns_api_largest_prompt_tokens(const ns_capacity *cap) {
+    /* admission refuses only a prompt of min(pool, context) tokens or more
+     * (it must leave one token to generate); max_tokens beyond what is
+     * left is clamped, so it does not change what fits */
+    const int64_t limit = cap->pool_tokens < cap->context_tokens ? cap->pool_tokens : cap->context_tokens;
+    return limit > 1 ? limit - 1 : 0;
+}
+
 void ns_api_submit_error(ns_status st, const ns_capacity *cap, const ns_error *err, ns_http_error *e) {
     if (st == NS_ERR_RANGE) {
         ns_http_error_set(e, 400, NULL, "context_exceeds_capacity", "%s", err->msg);
-        e->extra = json_pack("{s:I,s:I,s:I,s:I,s:b}", "prompt_tokens", (json_int_t)cap->prompt_tokens, "max_tokens",
-                             (json_int_t)cap->max_tokens, "pool_tokens", (json_int_t)cap->pool_tokens,
-                             "context_tokens", (json_int_t)cap->context_tokens, "retryable", 0);
+        e->extra = json_pack("{s:I,s:I,s:I,s:I,s:I,s:b}", "prompt_tokens", (json_int_t)cap->prompt_tokens,
+                             "max_tokens", (json_int_t)cap->max_tokens, "pool_tokens", (json_int_t)cap->pool_tokens,
+                             "context_tokens", (json_int_t)cap->context_tokens, "largest_prompt_tokens",
+                             (json_int_t)ns_api_largest_prompt_tokens(cap), "retryable", 0);
         return;
     }
     ns_http_error_from_status(e, st, NULL, err->msg);

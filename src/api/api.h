@@ -97,8 +97,11 @@ void ns_api_random_id(const char *prefix, char *out, size_t cap);
 /* Checks n_prompt against the context: 400 empty_prompt for 0 tokens,
  * 400 context_length_exceeded (with the numbers) when it does not fit. */
 bool ns_api_check_context(ns_api *a, int32_t n_prompt, int64_t max_tokens, const char *param, ns_http_error *e);
+/* The largest prompt the scheduler admits (min(pool, context) - 1: one
+ * token must be left to generate; max_tokens past that is clamped); >= 0. */
+int64_t ns_api_largest_prompt_tokens(const ns_capacity *cap);
 /* Maps a submit failure (never fits -> 400 context_exceeds_capacity with
- * the numbers and retryable false). */
+ * the numbers, largest_prompt_tokens and retryable false). */
 void ns_api_submit_error(ns_status st, const ns_capacity *cap, const ns_error *err, ns_http_error *e);
 
 /* ---- endpoints (one file each) ---- */
@@ -110,6 +113,12 @@ void ns_api_tokenize(void *ud, const ns_http_request *req, ns_http_response *res
 void ns_api_detokenize(void *ud, const ns_http_request *req, ns_http_response *resp);
 void ns_api_apply_template(void *ud, const ns_http_request *req, ns_http_response *resp);
 void ns_api_metrics(void *ud, const ns_http_request *req, ns_http_response *resp);
+/* GET /v1/capacity (capacity.c) */
+void ns_api_capacity(void *ud, const ns_http_request *req, ns_http_response *resp);
+/* The X-Nightshift-Max-Context-Tokens value (ns_server_opts.max_context_tokens,
+ * ud = the ns_api): min(model context, admissible tokens) once the model is
+ * READY, -1 (no header) otherwise. Thread-safe. */
+long long ns_api_max_context_tokens(void *ud);
 /* POST /admin/flush, GET /admin/cache (admin.c) */
 void ns_api_admin_flush(void *ud, const ns_http_request *req, ns_http_response *resp);
 void ns_api_admin_cache(void *ud, const ns_http_request *req, ns_http_response *resp);

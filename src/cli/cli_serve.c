@@ -369,6 +369,7 @@ int ns_cli_serve(int argc, char **argv) {
     int n_routes;
     const ns_http_route *routes = ns_api_routes(&n_routes);
     ns_error err = {0};
+    o.http.max_context_tokens = ns_api_max_context_tokens; /* X-Nightshift-Max-Context-Tokens */
     if (ns_server_start(&o.http, routes, n_routes, api, &srv, &err) != NS_OK) {
         fprintf(stderr, "nightshift serve: %s\n", err.msg);
         goto out;
