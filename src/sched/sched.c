@@ -255,7 +255,7 @@ ns_status ns_sched_submit(ns_sched *s, ns_request *r, ns_capacity *cap, ns_error
         free(q);
         return rc;
     }
-    q->t_submit = ns_clock_now();
+    q->t_submit = q->t_served = ns_clock_now();
     q->req = r;
     atomic_fetch_add(&r->refs, 1); /* the engine's reference, held by q */
     pthread_mutex_lock(&s->mu);
@@ -688,13 +688,14 @@ static int32_t bounded_chunk(const ns_sched *s, int32_t want, int32_t ctx, doubl
     return c;
 }
 
-/* Prefill order: fewest remaining prompt tokens first; every second of
- * waiting counts as AGING_TOKENS_PER_S fewer tokens, so a long prompt is
- * never starved by a stream of short ones. */
+/* Prefill order: fewest remaining prompt tokens first; every second a
+ * sequence went without a prefill chunk counts as AGING_TOKENS_PER_S fewer
+ * tokens, so a long prompt is never starved by a stream of short ones
+ * (but a long prompt that is being served does not age into a block). */
 #define AGING_TOKENS_PER_S 2048.0
 
 static double prefill_key(const ns_seq *q, double now) {
-    return (double)(q->n_tokens - q->n_ctx) - (now - q->t_submit) * AGING_TOKENS_PER_S;
+    return (double)(q->n_tokens - q->n_ctx) - (now - q->t_served) * AGING_TOKENS_PER_S;
 }
 
 static void sort_prefill(ns_seq **v, int32_t n, double now) {
@@ -826,6 +827,7 @@ static bool step(ns_sched *s) {
         if (chunk > budget) chunk = budget;
         if (decoding) chunk = bounded_chunk(s, chunk, q->n_ctx, work_units(s, planned_tokens, planned_pairs));
         if (chunk <= 0) continue;
+        q->t_served = ns_clock_now();
         s->plan_q[n_plan] = q;
         s->plan_chunk[n_plan++] = chunk;
         budget -= chunk;

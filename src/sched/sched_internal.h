@@ -60,6 +60,7 @@ typedef struct ns_seq {
     void *saved_page;
     int32_t saved_base, saved_fill;
     double t_submit, t_first, t_last;
+    double t_served;          /* last prefill chunk planned (fair-prefill aging) */
 } ns_seq;
 
 ns_status ns_request_push(ns_request *r, const ns_token_event *ev);
