@@ -499,6 +499,38 @@ TEST(unbounded_requests_run_together_in_a_small_pool) {
     ns_engine_free(e);
 }
 
+/* Two agents send the same long prompt at once: the second waits for the
+ * first one's pages instead of prefilling the same tokens again. */
+TEST(concurrent_shared_prefix_is_prefilled_once) {
+    setup();
+    if (!g_model) return;
+    ns_engine *e = make_engine(256, 64, 4);
+    ns_sched *s = make_sched(e, 4);
+    int32_t prompt[400];
+    make_prompt(prompt, 400, 400, 61);
+    prompt[0] = 1;
+    ns_request *rs[2];
+    for (int i = 0; i < 2; i++) {
+        ns_status st;
+        rs[i] = submit(s, prompt, 400, 4, &st);
+        CHECK(st == NS_OK);
+    }
+    ns_request_result res[2];
+    for (int i = 0; i < 2; i++) {
+        int32_t got[4];
+        collect(rs[i], got, 4);
+        ns_request_result_get(rs[i], &res[i]);
+        ns_request_release(rs[i]);
+    }
+    CHECKF(res[1].n_cached >= 400 - P, "the second request prefilled again: cached %d", res[1].n_cached);
+    ns_sched_stats st;
+    ns_sched_get_stats(s, &st);
+    CHECKF(st.prompt_tokens_total - st.prefix_hit_tokens_total <= 400 + P, "prefilled %llu tokens for two copies",
+           (unsigned long long)(st.prompt_tokens_total - st.prefix_hit_tokens_total));
+    ns_sched_free(s);
+    ns_engine_free(e);
+}
+
 int main(void) {
     RUN(batched_equals_alone);
     RUN(agent_replay_hits_cache);
@@ -511,6 +543,7 @@ int main(void) {
     RUN(pressure_pauses_and_resumes_exactly);
     RUN(forced_pauses_give_identical_output);
     RUN(unbounded_requests_run_together_in_a_small_pool);
+    RUN(concurrent_shared_prefix_is_prefilled_once);
     ns_model_free(g_model);
     if (g_be) g_be->ops->destroy(g_be);
     TEST_MAIN_END;
