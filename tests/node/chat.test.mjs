@@ -27,10 +27,14 @@ async function collect(stream) {
 }
 
 test('models', async () => {
-  const list = await srv.client.models.list();
+  const { data: list, response } = await srv.client.models.list().withResponse();
   assert.equal(list.data.length, 1);
   assert.equal(list.data[0].id, 'tiny-qwen3');
   assert.equal(list.data[0].object, 'model');
+  // the default CPU pool holds 4 contexts: the effective context is the model's
+  assert.equal(list.data[0].model_context_length, 40960);
+  assert.equal(list.data[0].context_length, 40960);
+  assert.equal(response.headers.get('x-nightshift-max-context-tokens'), '40960');
 });
 
 test('chat non-streaming', async () => {
