@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/hash.h"
 #include "util/vec.h"
 
 enum { M_TEXT = 0, M_PLAIN, M_JSTART, M_PRE, M_OBJ, M_POST, M_JAFTER };
@@ -108,13 +109,8 @@ static ns_status revert(ns_toolparse *p) {
     return rc;
 }
 
-static uint64_t next_rand(ns_toolparse *p) {
-    /* splitmix64: ids only need to be unique, not secret */
-    uint64_t z = (p->rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+/* ids only need to be unique, not secret */
+static uint64_t next_rand(ns_toolparse *p) { return ns_splitmix64(&p->rng); }
 
 static bool name_allowed(const ns_toolparse *p, const char *s) {
     if (p->n_names == 0) return true;
@@ -322,6 +318,19 @@ static void start_call(ns_toolparse *p) {
     p->sub = O_KEY_OR_END;
 }
 
+/* Where a Llama-JSON call may start: '{' opens one (true, *rc set);
+ * anything else makes the rest of the output plain text (false). */
+static bool json_call_open(ns_toolparse *p, char c, ns_status *rc) {
+    if (c != '{') {
+        p->mode = M_PLAIN;
+        return false;
+    }
+    start_call(p);
+    p->mode = M_OBJ;
+    *rc = ns_buf_putc(&p->raw, c);
+    return true;
+}
+
 static ns_status end_call(ns_toolparse *p) {
     ns_tool_call *c = cur_call(p);
     c->complete = true;
@@ -361,12 +370,7 @@ static ns_status step(ns_toolparse *p, char c) {
             return text_char(p, c);
         case M_JSTART:
             if (is_ws(c)) return ns_buf_putc(&p->ws, c);
-            if (c == '{') {
-                start_call(p);
-                p->mode = M_OBJ;
-                return ns_buf_putc(&p->raw, c);
-            }
-            p->mode = M_PLAIN;
+            if (json_call_open(p, c, &rc)) return rc;
             continue;
         case M_PRE:
             if (is_ws(c)) return ns_buf_putc(&p->raw, c);
@@ -422,12 +426,7 @@ static ns_status step(ns_toolparse *p, char c) {
             continue;
         case M_JAFTER:
             if (is_ws(c) || c == ';') return NS_OK;
-            if (c == '{') {
-                start_call(p);
-                p->mode = M_OBJ;
-                return ns_buf_putc(&p->raw, c);
-            }
-            p->mode = M_PLAIN;
+            if (json_call_open(p, c, &rc)) return rc;
             continue;
         default:
             return NS_ERR_INTERNAL;

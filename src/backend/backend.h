@@ -33,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/hash.h"
 #include "util/status.h"
 
 typedef enum { NS_DT_F32 = 0, NS_DT_BF16 = 1, NS_DT_F16 = 2 } ns_dtype;
@@ -52,6 +53,23 @@ typedef struct ns_tensor {
 
 static inline size_t ns_tensor_bytes(const ns_tensor *t) {
     return (size_t)t->rows * (size_t)t->cols * ns_dtype_size(t->dtype);
+}
+
+/* Makes t the owner of allocation p holding rows x cols of dt (what a
+ * backend's tensor_alloc returns). */
+static inline void ns_tensor_own(ns_tensor *t, ns_dtype dt, int64_t rows, int64_t cols, void *p) {
+    t->dtype = dt;
+    t->rows = rows;
+    t->cols = cols;
+    t->data = p;
+    t->alloc = p;
+}
+
+/* The pseudo-random value of element i for seed (weight_random): uniform
+ * in [-1, 1), the same bits on the host and in CUDA device code. */
+static inline NS_HOSTDEV float ns_random_weight(uint64_t seed, uint64_t i) {
+    uint64_t z = ns_splitmix64_mix(seed * 0x9e3779b97f4a7c15ULL + i * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL);
+    return (float)((double)(z >> 40) * (1.0 / 8388608.0) - 1.0);
 }
 
 /* Geometry of the KV page pool. page_size_bytes covers all layers, K and V. */
@@ -113,10 +131,11 @@ typedef struct ns_backend_ops {
     ns_status (*weight_from_host)(ns_backend *be, ns_tensor *t, const void *src, ns_dtype src_dt,
                                   int64_t rows, int64_t cols, ns_error *err);
     /* Fills a new weight tensor with deterministic pseudo-random values,
-     * uniform in [-scale, scale), generated where the backend computes
-     * (so --dummy-weights needs no host copy of a full-size model).
-     * Same (seed, rows, cols) gives the same values on every backend
-     * up to the stored dtype's rounding. */
+     * element i (row-major) = ns_random_weight(seed, i) * scale, uniform in
+     * [-scale, scale), generated where the backend computes (so
+     * --dummy-weights needs no host copy of a full-size model). Same
+     * (seed, rows, cols) gives the same values on every backend up to the
+     * stored dtype's rounding. */
     ns_status (*weight_random)(ns_backend *be, ns_tensor *t, ns_dtype dt, int64_t rows, int64_t cols,
                                uint64_t seed, float scale, ns_error *err);
     /* Host f32 -> tensor (t must be F32) and back. Download is a sync point. */

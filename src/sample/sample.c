@@ -1,4 +1,5 @@
 #include "sample/sample.h"
+#include "util/hash.h"
 #include "util/vmath.h"
 
 #include <float.h>
@@ -28,13 +29,6 @@ ns_status ns_sampling_validate(const ns_sampling_params *p, ns_error *err) {
         return ns_fail(err, NS_ERR_INVALID, "frequency_penalty must be in [-2, 2]");
     if (p->penalty_last_n > (1 << 24)) return ns_fail(err, NS_ERR_INVALID, "penalty_last_n is too large");
     return NS_OK;
-}
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
 }
 
 static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -68,7 +62,7 @@ ns_status ns_sampler_init(ns_sampler *s, const ns_sampling_params *p, int32_t n_
     s->p = *p;
     s->n_vocab = n_vocab;
     uint64_t x = p->seed;
-    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    for (int i = 0; i < 4; i++) s->rng[i] = ns_splitmix64(&x);
     if (ns_sampler_has_penalties(s)) {
         s->counts = calloc((size_t)n_vocab, sizeof *s->counts);
         if (!s->counts) goto oom;

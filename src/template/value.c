@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "template/ustr.h"
+#include "util/hash.h"
 #include "util/utf8.h"
 
 /* ---- string builder ------------------------------------------------------ */
@@ -141,31 +142,22 @@ ns_status ns_tvec_finish(ns_tarena *a, ns_tvec *vec, int tuple, ns_tv *out, ns_e
 
 /* ---- hashing and dicts ----------------------------------------------------- */
 
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-}
-
 /* Returns 0 for unhashable values. Equal values hash equal across
  * int/float/bool as in Python (1 == 1.0 == True). */
 static int tv_hash(const ns_tv *v, uint64_t *h, int depth) {
     switch (v->kind) {
     case NS_TV_NONE: *h = 0x9e3779b97f4a7c15ULL; return 1;
     case NS_TV_UNDEF: *h = 0x1234567ULL; return 1;
-    case NS_TV_BOOL: *h = mix64((uint64_t)v->u.b); return 1;
-    case NS_TV_INT: *h = mix64((uint64_t)v->u.i); return 1;
+    case NS_TV_BOOL: *h = ns_mix64((uint64_t)v->u.b); return 1;
+    case NS_TV_INT: *h = ns_mix64((uint64_t)v->u.i); return 1;
     case NS_TV_FLOAT: {
         double f = v->u.f;
         if (f == floor(f) && fabs(f) < 9.2e18) {
-            *h = mix64((uint64_t)(int64_t)f);
+            *h = ns_mix64((uint64_t)(int64_t)f);
         } else {
             uint64_t bits;
             memcpy(&bits, &f, sizeof bits);
-            *h = mix64(bits);
+            *h = ns_mix64(bits);
         }
         return 1;
     }
@@ -184,7 +176,7 @@ static int tv_hash(const ns_tv *v, uint64_t *h, int depth) {
         for (size_t i = 0; i < v->u.l->n; i++) {
             uint64_t e;
             if (!tv_hash(&v->u.l->v[i], &e, depth + 1)) return 0;
-            x = mix64(x ^ e) + i;
+            x = ns_mix64(x ^ e) + i;
         }
         *h = x;
         return 1;
@@ -193,7 +185,7 @@ static int tv_hash(const ns_tv *v, uint64_t *h, int depth) {
     case NS_TV_NS:
         return 0;
     default:
-        *h = mix64((uint64_t)(uintptr_t)v->u.obj);
+        *h = ns_mix64((uint64_t)(uintptr_t)v->u.obj);
         return 1;
     }
 }

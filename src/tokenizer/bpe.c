@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/hash.h"
 #include "util/vec.h"
 
 /* Vocabularies larger than this are treated as corrupt (ids index arrays). */
@@ -65,19 +66,10 @@ const char *ns_bpe_piece(const ns_bpe *b, int32_t id, size_t *len) {
 
 int32_t ns_bpe_id(const ns_bpe *b, const char *s, size_t n) { return ns_strmap_get(&b->vocab, s, n); }
 
-static inline uint64_t mix64(uint64_t k) {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    k *= 0xc4ceb9fe1a85ec53ull;
-    k ^= k >> 33;
-    return k;
-}
-
 static inline bool merge_get(const ns_bpe *b, int32_t l, int32_t r, uint32_t *rank, int32_t *nid) {
     if (!b->mcap) return false;
     uint64_t key = ((uint64_t)(uint32_t)l << 32) | (uint32_t)r;
-    size_t j = (size_t)mix64(key) & (b->mcap - 1);
+    size_t j = (size_t)ns_mix64(key) & (b->mcap - 1);
     for (;;) {
         uint64_t k = b->mkey[j];
         if (k == key) {
@@ -93,7 +85,7 @@ static inline bool merge_get(const ns_bpe *b, int32_t l, int32_t r, uint32_t *ra
 /* Later duplicates overwrite earlier ones, like HF's HashMap collect. */
 static void merge_put(ns_bpe *b, int32_t l, int32_t r, uint32_t rank, int32_t nid) {
     uint64_t key = ((uint64_t)(uint32_t)l << 32) | (uint32_t)r;
-    size_t j = (size_t)mix64(key) & (b->mcap - 1);
+    size_t j = (size_t)ns_mix64(key) & (b->mcap - 1);
     while (b->mkey[j] != UINT64_MAX && b->mkey[j] != key) j = (j + 1) & (b->mcap - 1);
     b->mkey[j] = key;
     b->mrank[j] = rank;

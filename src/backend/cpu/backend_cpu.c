@@ -28,11 +28,7 @@ static ns_status cpu_tensor_alloc(ns_backend *be, ns_tensor *t, ns_dtype dt, int
      * aligned_alloc requires a multiple of the alignment. */
     void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
     if (!p) return ns_fail(err, NS_ERR_NOMEM, "out of memory allocating %zu bytes", bytes);
-    t->dtype = dt;
-    t->rows = rows;
-    t->cols = cols;
-    t->data = p;
-    t->alloc = p;
+    ns_tensor_own(t, dt, rows, cols, p);
     return NS_OK;
 }
 
@@ -80,16 +76,6 @@ static ns_status cpu_weight_from_host(ns_backend *be, ns_tensor *t, const void *
     return NS_OK;
 }
 
-/* splitmix-style hash of (seed, index) -> uniform [-1, 1). Shared formula
- * with the CUDA backend so dummy models are the same on both. */
-static inline float hash_uniform(uint64_t seed, uint64_t i) {
-    uint64_t z = seed * 0x9e3779b97f4a7c15ULL + i * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    return (float)((double)(z >> 40) * (1.0 / 8388608.0) - 1.0);
-}
-
 static ns_status cpu_weight_random(ns_backend *be, ns_tensor *t, ns_dtype dt, int64_t rows, int64_t cols,
                                    uint64_t seed, float scale, ns_error *err) {
     ns_dtype store = rows > 1 && dt == NS_DT_BF16 ? NS_DT_BF16 : NS_DT_F32;
@@ -97,7 +83,7 @@ static ns_status cpu_weight_random(ns_backend *be, ns_tensor *t, ns_dtype dt, in
     if (rc != NS_OK) return rc;
     size_t n = (size_t)rows * (size_t)cols;
     for (size_t i = 0; i < n; i++) {
-        float v = hash_uniform(seed, i) * scale;
+        float v = ns_random_weight(seed, i) * scale;
         if (store == NS_DT_BF16) ((uint16_t *)t->data)[i] = f32_to_bf16(v);
         else ((float *)t->data)[i] = dt == NS_DT_BF16 ? bf16_to_f32(f32_to_bf16(v)) : v;
     }

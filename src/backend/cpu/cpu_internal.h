@@ -81,6 +81,17 @@ static inline const float *row_f32(const ns_tensor *w, int64_t r, float *buf) {
     return buf;
 }
 
+#ifdef __AVX2__
+/* Sum of the 8 lanes of v. */
+static inline float hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    return _mm_cvtss_f32(lo);
+}
+#endif
+
 static inline float dot(const float *a, const float *b, int64_t n) {
     int64_t i = 0;
     float s = 0;
@@ -94,12 +105,7 @@ static inline float dot(const float *a, const float *b, int64_t n) {
         acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
     }
     for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    __m256 acc = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
-    __m128 lo = _mm256_castps256_ps128(acc), hi = _mm256_extractf128_ps(acc, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    s = _mm_cvtss_f32(lo);
+    s = hsum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
 #endif
     for (; i < n; i++) s += a[i] * b[i];
     return s;
@@ -120,12 +126,7 @@ static inline float dot_bf16(const float *a, const uint16_t *b, int64_t n) {
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), b0, acc0);
         acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), b1, acc1);
     }
-    __m256 acc = _mm256_add_ps(acc0, acc1);
-    __m128 lo = _mm256_castps256_ps128(acc), hi = _mm256_extractf128_ps(acc, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    s = _mm_cvtss_f32(lo);
+    s = hsum8(_mm256_add_ps(acc0, acc1));
 #endif
     for (; i < n; i++) s += a[i] * bf16_to_f32(b[i]);
     return s;

@@ -832,11 +832,7 @@ static ns_status cu_tensor_alloc(ns_backend *be, ns_tensor *t, ns_dtype dt, int6
             return rc;
         }
     }
-    t->dtype = dt;
-    t->rows = rows;
-    t->cols = cols;
-    t->data = p;
-    t->alloc = p;
+    ns_tensor_own(t, dt, rows, cols, p);
     return NS_OK;
 }
 
@@ -1617,33 +1613,18 @@ extern "C" void ns_cuda_set_graphs(ns_backend *be, int on) {
     c->graphs_enabled = on;
 }
 
-extern "C" void ns_cuda_set_fusion(ns_backend *be, int on) {
+/* Changes a setting that captured graphs embody: they are recaptured. */
+static void set_captured_setting(ns_backend *be, int cu_impl::*setting, int on) {
     cu_impl *c = IMPL(be);
     flush(be);
-    cu_bump_generation(c); /* captured graphs embody the old setting */
-    c->fusion = on;
+    cu_bump_generation(c);
+    c->*setting = on;
 }
 
-extern "C" void ns_cuda_set_pdl(ns_backend *be, int on) {
-    cu_impl *c = IMPL(be);
-    flush(be);
-    cu_bump_generation(c); /* captured graphs embody the old setting */
-    c->pdl = on;
-}
-
-extern "C" void ns_cuda_set_prefetch(ns_backend *be, int on) {
-    cu_impl *c = IMPL(be);
-    flush(be);
-    cu_bump_generation(c); /* captured graphs embody the old setting */
-    c->prefetch = on;
-}
-
-extern "C" void ns_cuda_set_early_loads(ns_backend *be, int on) {
-    cu_impl *c = IMPL(be);
-    flush(be);
-    cu_bump_generation(c); /* captured graphs embody the old setting */
-    c->early_loads = on;
-}
+extern "C" void ns_cuda_set_fusion(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::fusion, on); }
+extern "C" void ns_cuda_set_pdl(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::pdl, on); }
+extern "C" void ns_cuda_set_prefetch(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::prefetch, on); }
+extern "C" void ns_cuda_set_early_loads(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::early_loads, on); }
 
 extern "C" void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager) {
     cu_impl *c = IMPL(be);

@@ -24,6 +24,23 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* Runs op 3 times to warm up, then iters times, each between two events
+ * on the backend's stream, into t[iters]; returns the median in ms, or -1
+ * when op reported a failure (returned false). */
+template <typename Op>
+static double time_median_ms(cu_impl *c, cudaEvent_t e0, cudaEvent_t e1, double *t, int iters, Op op) {
+    for (int i = 0; i < 3 + iters; i++) {
+        cudaEventRecord(e0, c->stream);
+        if (!op()) return -1;
+        cudaEventRecord(e1, c->stream);
+        cu_check(c, cudaEventSynchronize(e1), "sync");
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (i >= 3) t[i - 3] = ms;
+    }
+    return median(t, iters);
+}
+
 static ns_status take_error(cu_impl *c, ns_error *err) {
     if (c->err_status == NS_OK) return NS_OK;
     ns_status st = ns_fail(err, c->err_status, "%s", c->err_msg);
@@ -44,17 +61,13 @@ extern "C" ns_status ns_cuda_measure_copy_bw(ns_backend *be, size_t bytes, int i
         cu_check(c, cudaEventCreate(&e0), "event") || cu_check(c, cudaEventCreate(&e1), "event"))
         goto done;
     cu_launch_fill_random(c, (bf16 *)a, NULL, bytes / 2, 1, 1.0f, true);
-    for (int i = 0; i < 3; i++) cu_check(c, cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, c->stream), "copy");
-    for (int i = 0; i < iters; i++) {
-        cudaEventRecord(e0, c->stream);
-        cu_check(c, cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, c->stream), "copy");
-        cudaEventRecord(e1, c->stream);
-        cu_check(c, cudaEventSynchronize(e1), "sync");
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        t[i] = ms;
+    {
+        double ms = time_median_ms(c, e0, e1, t, iters, [&] {
+            cu_check(c, cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, c->stream), "copy");
+            return true;
+        });
+        *gbps = 2.0 * (double)bytes / (ms * 1e-3) / 1e9;
     }
-    *gbps = 2.0 * (double)bytes / (median(t, iters) * 1e-3) / 1e9;
 done:
     if (a) cudaFree(a);
     if (b) cudaFree(b);
@@ -104,19 +117,15 @@ extern "C" ns_status ns_cuda_measure_gemm(ns_backend *be, int n, int iters, doub
         cu_check_blas(c, CUBLAS_STATUS_NOT_SUPPORTED, "no bf16 GEMM algorithm");
         goto done;
     }
-    for (int i = 0; i < 3 + iters; i++) {
-        int k = i % sets;
-        cudaEventRecord(e0, c->stream);
-        if (cu_check_blas(c, cublasLtMatmul(c->lt, op, &alpha, A[k], la, B[k], la, &beta, C, lc, C, lc, &res.algo, c->lt_ws,
-                                            c->lt_ws_bytes, c->stream), "gemm"))
-            goto done;
-        cudaEventRecord(e1, c->stream);
-        cu_check(c, cudaEventSynchronize(e1), "sync");
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (i >= 3) t[i - 3] = ms;
+    {
+        int run = 0;
+        double ms = time_median_ms(c, e0, e1, t, iters, [&] {
+            int k = run++ % sets;
+            return !cu_check_blas(c, cublasLtMatmul(c->lt, op, &alpha, A[k], la, B[k], la, &beta, C, lc, C, lc, &res.algo,
+                                                    c->lt_ws, c->lt_ws_bytes, c->stream), "gemm");
+        });
+        if (ms >= 0) *tflops = 2.0 * (double)N * N * N / (ms * 1e-3) / 1e12;
     }
-    *tflops = 2.0 * (double)N * N * N / (median(t, iters) * 1e-3) / 1e12;
 done:
     for (int i = 0; i < sets; i++) {
         if (A[i]) cudaFree(A[i]);
@@ -155,16 +164,10 @@ extern "C" ns_status ns_cuda_time_matmul(ns_backend *be, int64_t n, int64_t m, i
     if (cu_check(c, cudaEventCreate(&e0), "event") || cu_check(c, cudaEventCreate(&e1), "event")) goto done;
     if (path == 1) c->gemv_max = 0;
     if (path == 2) c->gemv_max = 1 << 20;
-    for (int i = 0; i < 3 + iters; i++) {
-        cudaEventRecord(e0, c->stream);
+    *ms_out = time_median_ms(c, e0, e1, t, iters, [&] {
         be->ops->matmul(be, &y, &x, &w);
-        cudaEventRecord(e1, c->stream);
-        cu_check(c, cudaEventSynchronize(e1), "sync");
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (i >= 3) t[i - 3] = ms;
-    }
-    *ms_out = median(t, iters);
+        return true;
+    });
 done:
     c->gemv_max = saved;
     if (e0) cudaEventDestroy(e0);

@@ -26,12 +26,7 @@ static inline unsigned grid_for(size_t n, unsigned threads, unsigned cap = 65535
 __global__ void k_fill_random(bf16 *dbf, float *df, size_t n, uint64_t seed, float scale, int round_bf) {
     PDL_ENTRY();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        /* must stay bit-identical to hash_uniform in backend_cpu.c */
-        uint64_t z = seed * 0x9e3779b97f4a7c15ULL + (uint64_t)i * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        z ^= z >> 31;
-        float u = (float)((double)(z >> 40) * (1.0 / 8388608.0) - 1.0);
+        float u = ns_random_weight(seed, (uint64_t)i); /* the CPU backend's values, bit for bit */
         float v = __fmul_rn(u, scale);
         if (dbf) dbf[i] = __float2bfloat16_rn(v);
         else df[i] = round_bf ? __bfloat162float(__float2bfloat16_rn(v)) : v;
