@@ -358,7 +358,9 @@ static double work_units(const ns_sched *s, int64_t tokens, double attn_pairs) {
 /* Predicted seconds to prefill tokens [from, n) of a prompt. */
 static double recompute_seconds(const ns_sched *s, int64_t from, int64_t n) {
     int64_t t = n - from;
-    double rate = s->sec_per_unit_bulk > 0 && t >= BULK_STEP_TOKENS ? s->sec_per_unit_bulk : s->sec_per_unit;
+    /* one rate for every length, so the estimate has no step in it that
+     * the planner could "win" by dropping cached pages */
+    double rate = s->sec_per_unit_bulk > 0 ? s->sec_per_unit_bulk : s->sec_per_unit;
     return rate * work_units(s, t, (double)t * ((double)from + t / 2.0));
 }
 
@@ -370,15 +372,18 @@ static double recompute_seconds(const ns_sched *s, int64_t from, int64_t n) {
 static int32_t plan_reuse(const ns_sched *s, const ns_kv_lookup *lk, int32_t n_prompt, double *t_restore,
                           double *t_recompute) {
     const int32_t n_full = lk->m.n_full;
-    double restore = 0, best_restore = 0;
+    double restore = 0;
     for (int32_t i = 0; i < n_full; i++) restore += ns_kv_cache_restore_seconds(s->kv, (ns_kv_tier)lk->tier[i]);
     *t_restore = restore;
     *t_recompute = s->sec_per_unit > 0 ? recompute_seconds(s, 0, n_prompt) : 0;
     if (s->sec_per_unit <= 0 || n_full == 0) return n_full;
-    int32_t best = 0;
-    double best_cost = recompute_seconds(s, 0, n_prompt);
+    /* the leading device pages cost nothing to reuse: always kept */
+    int32_t k0 = 0;
+    while (k0 < n_full && lk->tier[k0] == NS_TIER_DEVICE) k0++;
+    int32_t best = k0;
+    double best_restore = 0, best_cost = recompute_seconds(s, (int64_t)k0 * s->P, n_prompt);
     restore = 0;
-    for (int32_t k = 1; k <= n_full; k++) {
+    for (int32_t k = k0 + 1; k <= n_full; k++) {
         restore += ns_kv_cache_restore_seconds(s->kv, (ns_kv_tier)lk->tier[k - 1]);
         double cost = restore + recompute_seconds(s, (int64_t)k * s->P, n_prompt);
         if (cost <= best_cost) {
