@@ -1033,6 +1033,7 @@ void ns_sched_get_capacity(ns_sched *s, ns_sched_capacity *out) {
     int64_t adm = ((int64_t)k->pool_free + k->pool_cached - st.reserved_pages) * P;
     if (adm < 0) adm = 0;
     if (adm > out->largest_fits_alone_tokens) adm = out->largest_fits_alone_tokens;
+    if (out->running >= s->opts.max_running) adm = 0; /* a new request would wait for a slot */
     out->admissible_tokens = adm;
     ns_tier_capacity *d = &out->tiers[NS_TIER_DEVICE];
     d->enabled = true;

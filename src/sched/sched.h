@@ -177,9 +177,12 @@ void ns_sched_get_stats(ns_sched *s, ns_sched_stats *out);
 
 /* What a client may ask for right now (GET /v1/capacity, the
  * X-Nightshift-Max-Context-Tokens header, /v1/models), from the same
- * snapshot as ns_sched_get_stats. Per tier: free + reclaimable cached,
- * used (held by running and paused sequences) and cached tokens; for the
- * device tier free + used = the pool. */
+ * snapshot as ns_sched_get_stats (refreshed once per engine step). Per
+ * tier: free (+ reclaimable cached), used (held by running sequences:
+ * paused ones give their pages back to the cache) and cached tokens
+ * (indexed content, which overlaps used for pages a running sequence
+ * shares); for the device tier free + used = the pool. admissible_tokens
+ * is 0 while every running slot (--max-running) is taken. */
 typedef struct ns_tier_capacity {
     bool enabled;
     int64_t free_tokens, used_tokens, cached_tokens;
