@@ -560,61 +560,42 @@ static ns_status mk_binary(parser *P, const ns_ttok *at, int op, ns_tnode *l, ns
     return NS_OK;
 }
 
+/* One left-associative level of binary operators, `sub (op sub)*`, as
+ * Jinja's parser has one per precedence: match returns the binary op code
+ * the current token continues the chain with, or 0 (NS_OP_NONE). */
+typedef ns_status (*subexpr_fn)(parser *P, ns_tnode **out);
+static ns_status parse_left_assoc(parser *P, subexpr_fn sub, int (*match)(const parser *P), ns_tnode **out) {
+    ns_tnode *l;
+    TRY(sub(P, &l));
+    int op;
+    while ((op = match(P)) != 0) {
+        const ns_ttok *t = cur(P);
+        advance(P);
+        ns_tnode *r;
+        TRY(sub(P, &r));
+        TRY(mk_binary(P, t, op, l, r, &l));
+    }
+    *out = l;
+    return NS_OK;
+}
+
+static int match_pow(const parser *P) { return is_op(P, NS_OP_POW) ? NS_OP_POW : 0; }
+static int match_math2(const parser *P) {
+    int m = is_op(P, NS_OP_MUL) || is_op(P, NS_OP_DIV) || is_op(P, NS_OP_FLOORDIV) || is_op(P, NS_OP_MOD);
+    return m ? cur(P)->op : 0;
+}
+static int match_concat(const parser *P) { return is_op(P, NS_OP_TILDE) ? NS_OP_TILDE : 0; }
+static int match_math1(const parser *P) { return is_op(P, NS_OP_ADD) || is_op(P, NS_OP_SUB) ? cur(P)->op : 0; }
+static int match_and(const parser *P) { return is_name(P, "and") ? NS_B_AND : 0; }
+static int match_or(const parser *P) { return is_name(P, "or") ? NS_B_OR : 0; }
+
+static ns_status parse_unary_filtered(parser *P, ns_tnode **out) { return parse_unary(P, 1, out); }
 static ns_status parse_pow(parser *P, ns_tnode **out) {
-    ns_tnode *l;
-    TRY(parse_unary(P, 1, &l));
-    while (is_op(P, NS_OP_POW)) {
-        const ns_ttok *t = cur(P);
-        advance(P);
-        ns_tnode *r;
-        TRY(parse_unary(P, 1, &r));
-        TRY(mk_binary(P, t, NS_OP_POW, l, r, &l));
-    }
-    *out = l;
-    return NS_OK;
+    return parse_left_assoc(P, parse_unary_filtered, match_pow, out);
 }
-
-static ns_status parse_math2(parser *P, ns_tnode **out) {
-    ns_tnode *l;
-    TRY(parse_pow(P, &l));
-    while (is_op(P, NS_OP_MUL) || is_op(P, NS_OP_DIV) || is_op(P, NS_OP_FLOORDIV) || is_op(P, NS_OP_MOD)) {
-        const ns_ttok *t = cur(P);
-        advance(P);
-        ns_tnode *r;
-        TRY(parse_pow(P, &r));
-        TRY(mk_binary(P, t, t->op, l, r, &l));
-    }
-    *out = l;
-    return NS_OK;
-}
-
-static ns_status parse_concat(parser *P, ns_tnode **out) {
-    ns_tnode *l;
-    TRY(parse_math2(P, &l));
-    while (is_op(P, NS_OP_TILDE)) {
-        const ns_ttok *t = cur(P);
-        advance(P);
-        ns_tnode *r;
-        TRY(parse_math2(P, &r));
-        TRY(mk_binary(P, t, NS_OP_TILDE, l, r, &l));
-    }
-    *out = l;
-    return NS_OK;
-}
-
-static ns_status parse_math1(parser *P, ns_tnode **out) {
-    ns_tnode *l;
-    TRY(parse_concat(P, &l));
-    while (is_op(P, NS_OP_ADD) || is_op(P, NS_OP_SUB)) {
-        const ns_ttok *t = cur(P);
-        advance(P);
-        ns_tnode *r;
-        TRY(parse_concat(P, &r));
-        TRY(mk_binary(P, t, t->op, l, r, &l));
-    }
-    *out = l;
-    return NS_OK;
-}
+static ns_status parse_math2(parser *P, ns_tnode **out) { return parse_left_assoc(P, parse_pow, match_math2, out); }
+static ns_status parse_concat(parser *P, ns_tnode **out) { return parse_left_assoc(P, parse_math2, match_concat, out); }
+static ns_status parse_math1(parser *P, ns_tnode **out) { return parse_left_assoc(P, parse_concat, match_math1, out); }
 
 static ns_status parse_compare(parser *P, ns_tnode **out) {
     const ns_ttok *start = cur(P);
@@ -683,33 +664,8 @@ static ns_status parse_not(parser *P, ns_tnode **out) {
     return parse_compare(P, out);
 }
 
-static ns_status parse_and(parser *P, ns_tnode **out) {
-    ns_tnode *l;
-    TRY(parse_not(P, &l));
-    while (is_name(P, "and")) {
-        const ns_ttok *t = cur(P);
-        advance(P);
-        ns_tnode *r;
-        TRY(parse_not(P, &r));
-        TRY(mk_binary(P, t, NS_B_AND, l, r, &l));
-    }
-    *out = l;
-    return NS_OK;
-}
-
-static ns_status parse_or(parser *P, ns_tnode **out) {
-    ns_tnode *l;
-    TRY(parse_and(P, &l));
-    while (is_name(P, "or")) {
-        const ns_ttok *t = cur(P);
-        advance(P);
-        ns_tnode *r;
-        TRY(parse_and(P, &r));
-        TRY(mk_binary(P, t, NS_B_OR, l, r, &l));
-    }
-    *out = l;
-    return NS_OK;
-}
+static ns_status parse_and(parser *P, ns_tnode **out) { return parse_left_assoc(P, parse_not, match_and, out); }
+static ns_status parse_or(parser *P, ns_tnode **out) { return parse_left_assoc(P, parse_and, match_or, out); }
 
 static ns_status parse_condexpr(parser *P, ns_tnode **out) {
     TRY(enter(P));

@@ -8,42 +8,8 @@
 #include <jansson.h>
 
 #include "template/template.h"
+#include "template_cases.h"
 #include "test.h"
-
-typedef struct {
-    const char *src, *ctx, *want;
-} rcase;
-
-static char *render_ctx(const char *src, const char *ctx_json, ns_status *st, ns_error *err) {
-    ns_template *t = NULL;
-    json_t *ctx = NULL;
-    char *out = NULL;
-    memset(err, 0, sizeof *err);
-    *st = ns_template_parse(src, strlen(src), &t, err);
-    if (*st == NS_OK) {
-        json_error_t je;
-        ctx = ctx_json ? json_loads(ctx_json, 0, &je) : NULL;
-        *st = ns_template_render(t, ctx, 0, &out, NULL, err);
-    }
-    json_decref(ctx);
-    ns_template_free(t);
-    return out;
-}
-
-static void run_table(const rcase *cases, size_t n, const char *table) {
-    for (size_t i = 0; i < n; i++) {
-        ns_error err;
-        ns_status st;
-        char *out = render_ctx(cases[i].src, cases[i].ctx, &st, &err);
-        CHECKF(st == NS_OK, "%s[%zu] %s: %s", table, i, cases[i].src, err.msg);
-        if (out)
-            CHECKF(strcmp(out, cases[i].want) == 0, "%s[%zu] %s\n#   got:  [%s]\n#   want: [%s]", table, i,
-                   cases[i].src, out, cases[i].want);
-        free(out);
-    }
-}
-
-#define RUN_TABLE(t) run_table((t), sizeof(t) / sizeof((t)[0]), #t)
 
 static const rcase FILTERS[] = {
     {"{{ '  pad  '|trim }}|{{ 'xxhixx'|trim('x') }}|{{ s|upper }} {{ s|lower }} {{ s|title }} {{ s|capitalize }} {{ 'a-b c(d'|title }}",
@@ -189,7 +155,7 @@ TEST(tojson_of_context_values_keeps_order_and_types) {
     ns_error err;
     ns_status st;
     char *out = render_ctx("{{ v|tojson }}", "{\"v\": {\"z\": 1, \"a\": 1.0, \"m\": [60, 0.5, \"\\u00e9\\n\"], \"n\": null}}",
-                           &st, &err);
+                           0, &st, &err);
     CHECK_EQ_STR(out, "{\"z\": 1, \"a\": 1.0, \"m\": [60, 0.5, \"\303\251\\n\"], \"n\": null}");
     free(out);
 }
@@ -197,25 +163,25 @@ TEST(tojson_of_context_values_keeps_order_and_types) {
 TEST(filter_errors) {
     ns_error err;
     ns_status st;
-    char *out = render_ctx("{{ 'x'|join(nope=1) }}", "{}", &st, &err);
+    char *out = render_ctx("{{ 'x'|join(nope=1) }}", "{}", 0, &st, &err);
     CHECK(out == NULL && st == NS_ERR_INVALID && strstr(err.msg, "unexpected keyword argument 'nope'"));
     free(out);
-    out = render_ctx("{{ 5|items }}", "{}", &st, &err);
+    out = render_ctx("{{ 5|items }}", "{}", 0, &st, &err);
     CHECK(out == NULL && st == NS_ERR_INVALID && strstr(err.msg, "mapping"));
     free(out);
-    out = render_ctx("{{ 5|length }}", "{}", &st, &err);
+    out = render_ctx("{{ 5|length }}", "{}", 0, &st, &err);
     CHECK(out == NULL && strstr(err.msg, "has no len()"));
     free(out);
-    out = render_ctx("{{ [1, 'a']|sort }}", "{}", &st, &err);
+    out = render_ctx("{{ [1, 'a']|sort }}", "{}", 0, &st, &err);
     CHECK(out == NULL && strstr(err.msg, "not supported between"));
     free(out);
-    out = render_ctx("{{ 'a b'.split('') }}", "{}", &st, &err);
+    out = render_ctx("{{ 'a b'.split('') }}", "{}", 0, &st, &err);
     CHECK(out == NULL && strstr(err.msg, "empty separator"));
     free(out);
-    out = render_ctx("{{ ['a', 1]|join }}", "{}", &st, &err);
+    out = render_ctx("{{ ['a', 1]|join }}", "{}", 0, &st, &err);
     CHECK_EQ_STR(out, "a1"); /* join str()s its items */
     free(out);
-    out = render_ctx("{{ ''.join(['a', 1]) }}", "{}", &st, &err);
+    out = render_ctx("{{ ''.join(['a', 1]) }}", "{}", 0, &st, &err);
     CHECK(out == NULL && strstr(err.msg, "expected str instance"));
     free(out);
 }
