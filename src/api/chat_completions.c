@@ -75,10 +75,10 @@ static ns_status chat_stream_delta(ns_gen_job *gj, ns_buf *out) {
         }
         json_t *args;
         rc = ns_gen_new_text(&c->args, &j->sent_args[i], &args);
-        if (rc == NS_OK && args)
-            rc = ns_gen_job_emit(gj, out,
-                                 json_pack("{s:[{s:i,s:{s:o}}]}", "tool_calls", "index", i, "function", "arguments", args),
-                                 NULL);
+        if (rc == NS_OK && args) {
+            json_t *d = json_pack("{s:[{s:i,s:{s:o}}]}", "tool_calls", "index", i, "function", "arguments", args);
+            rc = ns_gen_job_emit(gj, out, d, NULL);
+        }
     }
     return rc;
 }

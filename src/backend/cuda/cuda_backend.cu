@@ -40,42 +40,42 @@ static inline cu_impl *IMPL(ns_backend *be) { return (cu_impl *)be->impl; }
 
 /* ================================================================ errors */
 
-bool cu_check(cu_impl *c, cudaError_t e, const char *what) {
-    if (e == cudaSuccess) return false;
+/* The first error sticks until reported. */
+static void set_error_v(cu_impl *c, ns_status st, const char *fmt, va_list ap) {
+    if (c->err_status != NS_OK) return;
+    c->err_status = st;
+    vsnprintf(c->err_msg, sizeof c->err_msg, fmt, ap);
+}
+
+__attribute__((format(printf, 3, 4))) static void set_error(cu_impl *c, ns_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    set_error_v(c, st, fmt, ap);
+    va_end(ap);
+}
+
+/* A failed CUDA or cuBLAS call; returns true. A failure under capture
+ * (unsupported call, invalidated capture) is not an error of the step: it
+ * only fails the capture, and the tape is re-run eagerly, which reports any
+ * real problem. */
+__attribute__((format(printf, 2, 3))) static bool call_failed(cu_impl *c, const char *fmt, ...) {
     if (c->capturing) {
-        /* A failure under capture (unsupported call, invalidated capture)
-         * is not an error of the step: the tape is re-run eagerly, which
-         * reports any real problem. */
         c->capture_failed = true;
         return true;
     }
-    if (c->err_status == NS_OK) {
-        c->err_status = NS_ERR_INTERNAL;
-        snprintf(c->err_msg, sizeof c->err_msg, "cuda: %s: %s", what, cudaGetErrorString(e));
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    set_error_v(c, NS_ERR_INTERNAL, fmt, ap);
+    va_end(ap);
     return true;
+}
+
+bool cu_check(cu_impl *c, cudaError_t e, const char *what) {
+    return e != cudaSuccess && call_failed(c, "cuda: %s: %s", what, cudaGetErrorString(e));
 }
 
 bool cu_check_blas(cu_impl *c, cublasStatus_t s, const char *what) {
-    if (s == CUBLAS_STATUS_SUCCESS) return false;
-    if (c->capturing) {
-        c->capture_failed = true;
-        return true;
-    }
-    if (c->err_status == NS_OK) {
-        c->err_status = NS_ERR_INTERNAL;
-        snprintf(c->err_msg, sizeof c->err_msg, "cublas: %s: status %d", what, (int)s);
-    }
-    return true;
-}
-
-static void set_error(cu_impl *c, ns_status st, const char *fmt, ...) {
-    if (c->err_status != NS_OK) return;
-    c->err_status = st;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->err_msg, sizeof c->err_msg, fmt, ap);
-    va_end(ap);
+    return s != CUBLAS_STATUS_SUCCESS && call_failed(c, "cublas: %s: status %d", what, (int)s);
 }
 
 /* Reports (and keeps) the sticky error. */

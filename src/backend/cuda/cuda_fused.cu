@@ -13,12 +13,6 @@
  */
 #include "backend/cuda/cuda_internal.cuh"
 
-__device__ __forceinline__ float fused_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 /* E = head_dim / 32 elements per lane: lane holds d = lane + 32 e, so the
  * rotate-half partner of e < E/2 is e + E/2 (head_dim a multiple of 64). */
 template <int E>
@@ -84,7 +78,7 @@ __global__ __launch_bounds__(128) void k_qk_norm_rope_store(
         float ss = 0.f;
 #pragma unroll
         for (int e = 0; e < E; e++) ss += x[e] * x[e];
-        ss = fused_warp_sum(ss);
+        ss = cu_warp_sum(ss);
         const float inv = 1.0f / sqrtf(ss / (float)D + eps);
 #pragma unroll
         for (int e = 0; e < E; e++) x[e] = (x[e] * inv) * wn[e];
@@ -173,16 +167,7 @@ __global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out,
         *reinterpret_cast<float4 *>(xr + d) = a;
         ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
     }
-    ss = fused_warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.f;
-        t = fused_warp_sum(t);
-        if (threadIdx.x == 0) part[0] = t;
-    }
-    __syncthreads();
-    const float inv = 1.0f / sqrtf(part[0] / (float)cols + eps);
+    const float inv = 1.0f / sqrtf(cu_block_sum(ss, part) / (float)cols + eps);
     float *o = out + r * cols;
     auto emit = [&](int d, float4 a, float4 ww) {
         float4 yv = make_float4((a.x * inv) * ww.x, (a.y * inv) * ww.y, (a.z * inv) * ww.z, (a.w * inv) * ww.w);

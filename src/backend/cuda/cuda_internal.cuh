@@ -238,6 +238,29 @@ typedef struct cu_prefetch {
 
 static inline bool cu_pf_any(const cu_prefetch *pf) { return pf && (pf->bytes[0] | pf->bytes[1] | pf->bytes[2]); }
 
+/* Sum of v over the 32 lanes of a warp; every lane gets it. */
+__device__ __forceinline__ float cu_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum of v over the block (blockDim.x a multiple of 32, at most 1024)
+ * through part (__shared__ float[32]); every thread gets it. Contains
+ * __syncthreads: all threads of the block must call it. */
+__device__ __forceinline__ float cu_block_sum(float v, float *part) {
+    v = cu_warp_sum(v);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.f;
+        t = cu_warp_sum(t);
+        if (threadIdx.x == 0) part[0] = t;
+    }
+    __syncthreads();
+    return part[0];
+}
+
 /* Called by prefetch CTA number pb (0..CU_PF_BLOCKS-1). */
 __device__ __forceinline__ void l2_prefetch(const cu_prefetch &pf, int pb) {
     const size_t stride = (size_t)CU_PF_BLOCKS * blockDim.x * 128;

@@ -109,12 +109,6 @@ void cu_launch_embed(cu_impl *c, float *out, const ns_tensor *table, int n_token
 
 /* -------------------------------------------------------------- rmsnorm */
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 /* One warp per row: rows of up to 1024 columns (q/k norm, small models). */
 __global__ void k_rmsnorm_warp(float *out, bf16 *out_bf, const float *in, const float *__restrict__ w, int64_t rows,
                                int cols, float eps) {
@@ -131,7 +125,7 @@ __global__ void k_rmsnorm_warp(float *out, bf16 *out_bf, const float *in, const 
         v[i] = d < cols ? x[d] : 0.f;
         ss += v[i] * v[i];
     }
-    ss = warp_sum(ss);
+    ss = cu_warp_sum(ss);
     const float inv = 1.0f / sqrtf(ss / (float)cols + eps);
     float *o = out + r * cols;
 #pragma unroll
@@ -162,16 +156,7 @@ __global__ void k_rmsnorm_block(float *out, bf16 *out_bf, const float *in, const
     } else {
         for (int d = threadIdx.x; d < cols; d += blockDim.x) ss += x[d] * x[d];
     }
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.f;
-        t = warp_sum(t);
-        if (threadIdx.x == 0) part[0] = t;
-    }
-    __syncthreads();
-    const float inv = 1.0f / sqrtf(part[0] / (float)cols + eps);
+    const float inv = 1.0f / sqrtf(cu_block_sum(ss, part) / (float)cols + eps);
     float *o = out + r * cols;
     if (vec && ((uintptr_t)o % 16) == 0) {
         for (int d = threadIdx.x * 4; d < cols; d += blockDim.x * 4) {
