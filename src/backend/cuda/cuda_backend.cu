@@ -34,6 +34,7 @@
 
 extern "C" {
 #include "sample/sample.h"
+#include "util/vec.h"
 }
 
 static inline cu_impl *IMPL(ns_backend *be) { return (cu_impl *)be->impl; }
@@ -118,13 +119,8 @@ void cu_shadow_invalidate_all(cu_impl *c) {
 }
 
 static ns_status shadow_register(cu_impl *c, void *base, size_t bytes, ns_error *err) {
-    if (c->n_shadows == c->cap_shadows) {
-        int n = c->cap_shadows ? c->cap_shadows * 2 : 32;
-        cu_shadow *p = (cu_shadow *)realloc(c->shadows, (size_t)n * sizeof *p);
-        if (!p) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
-        c->shadows = p;
-        c->cap_shadows = n;
-    }
+    if (NS_VEC_GROW(c->shadows, c->cap_shadows, (size_t)c->n_shadows + 1, INT32_MAX) != NS_OK)
+        return ns_fail(err, NS_ERR_NOMEM, "out of memory");
     cu_shadow *s = &c->shadows[c->n_shadows++];
     memset(s, 0, sizeof *s);
     s->base = base;
@@ -780,15 +776,9 @@ static void submit(ns_backend *be, const cu_op *op) {
         exec_op_be(be, op);
         return;
     }
-    if (c->n_tape == c->cap_tape) {
-        int32_t n = c->cap_tape ? c->cap_tape * 2 : 1024;
-        cu_op *p = (cu_op *)realloc(c->tape, (size_t)n * sizeof *p);
-        if (!p) {
-            set_error(c, NS_ERR_NOMEM, "cuda: out of host memory for the op tape");
-            return;
-        }
-        c->tape = p;
-        c->cap_tape = n;
+    if (NS_VEC_GROW(c->tape, c->cap_tape, (size_t)c->n_tape + 1, INT32_MAX) != NS_OK) {
+        set_error(c, NS_ERR_NOMEM, "cuda: out of host memory for the op tape");
+        return;
     }
     c->tape[c->n_tape++] = *op;
 }
@@ -1248,10 +1238,15 @@ static ns_status cu_set_batch(ns_backend *be, const ns_batch *b, ns_error *err) 
 
 /* ================================================================== ops */
 
-static void cu_embed(ns_backend *be, ns_tensor *out, const ns_tensor *table) {
+/* Records (or runs) an op over tensors a, b, cc that takes no scalars. */
+static void submit_plain(ns_backend *be, int kind, const ns_tensor *a, const ns_tensor *b, const ns_tensor *cc) {
     cu_op op;
-    make_op(&op, OP_EMBED, out, table, NULL);
+    make_op(&op, kind, a, b, cc);
     submit(be, &op);
+}
+
+static void cu_embed(ns_backend *be, ns_tensor *out, const ns_tensor *table) {
+    submit_plain(be, OP_EMBED, out, table, NULL);
 }
 
 static void cu_rmsnorm(ns_backend *be, ns_tensor *out, const ns_tensor *in, const ns_tensor *w, float eps) {
@@ -1262,9 +1257,7 @@ static void cu_rmsnorm(ns_backend *be, ns_tensor *out, const ns_tensor *in, cons
 }
 
 static void cu_matmul(ns_backend *be, ns_tensor *out, const ns_tensor *in, const ns_tensor *w) {
-    cu_op op;
-    make_op(&op, OP_MATMUL, out, in, w);
-    submit(be, &op);
+    submit_plain(be, OP_MATMUL, out, in, w);
 }
 
 static void cu_rope(ns_backend *be, ns_tensor *x, int n_heads, int head_dim, const ns_tensor *inv_freq) {
@@ -1276,16 +1269,10 @@ static void cu_rope(ns_backend *be, ns_tensor *x, int n_heads, int head_dim, con
 }
 
 static void cu_swiglu(ns_backend *be, ns_tensor *out, const ns_tensor *gate, const ns_tensor *up) {
-    cu_op op;
-    make_op(&op, OP_SWIGLU, out, gate, up);
-    submit(be, &op);
+    submit_plain(be, OP_SWIGLU, out, gate, up);
 }
 
-static void cu_add(ns_backend *be, ns_tensor *out, const ns_tensor *x) {
-    cu_op op;
-    make_op(&op, OP_ADD, out, x, NULL);
-    submit(be, &op);
-}
+static void cu_add(ns_backend *be, ns_tensor *out, const ns_tensor *x) { submit_plain(be, OP_ADD, out, x, NULL); }
 
 static void cu_kv_store(ns_backend *be, int layer, const ns_tensor *k, const ns_tensor *v) {
     cu_op op;
@@ -1304,9 +1291,7 @@ static void cu_attention_op(ns_backend *be, ns_tensor *out, const ns_tensor *q, 
 }
 
 static void cu_gather_rows(ns_backend *be, ns_tensor *out, const ns_tensor *in) {
-    cu_op op;
-    make_op(&op, OP_GATHER, out, in, NULL);
-    submit(be, &op);
+    submit_plain(be, OP_GATHER, out, in, NULL);
 }
 
 /* ============================================================= sampling */

@@ -140,7 +140,8 @@ typedef struct cu_impl {
 
     /* shadows */
     cu_shadow *shadows;
-    int n_shadows, cap_shadows;
+    int n_shadows;
+    size_t cap_shadows;
 
     /* scratch */
     bf16 *conv;            /* bf16 conversion scratch for matmul inputs */
@@ -160,7 +161,8 @@ typedef struct cu_impl {
     bool capturing;      /* inside cudaStreamBeginCapture */
     bool capture_failed; /* an op could not run under capture */
     cu_op *tape;
-    int32_t n_tape, cap_tape;
+    int32_t n_tape;
+    size_t cap_tape;
     uint64_t generation;
     uint64_t use_clock;
     cu_graph_entry graphs[CU_MAX_GRAPHS];
