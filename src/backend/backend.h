@@ -201,6 +201,24 @@ typedef struct ns_backend_ops {
      * rate without a staging copy). NULL: the caller uses malloc/free. */
     void *(*host_alloc)(ns_backend *be, size_t bytes);
     void (*host_free)(ns_backend *be, void *p);
+
+    /* ---- asynchronous page transfers for the cache tiers (optional) ----
+     * On a copy stream of their own, so demotions and promotions overlap
+     * with compute. Each is ordered after every op enqueued before it and
+     * returns a fence (> 0; 0 = complete already, or the op failed and
+     * the error is sticky). The host buffer must come from host_alloc and
+     * stay untouched until the fence is done. Copies complete in the order
+     * they were issued. NULL: callers use the synchronous kv_page_read /
+     * kv_page_write instead. */
+    uint64_t (*kv_page_read_async)(ns_backend *be, int32_t page, void *dst);
+    uint64_t (*kv_page_write_async)(ns_backend *be, int32_t page, const void *src);
+    bool (*fence_done)(ns_backend *be, uint64_t fence);
+    /* The host waits for the fence. */
+    void (*fence_wait)(ns_backend *be, uint64_t fence);
+    /* Compute ops enqueued from now on wait for the fence on the device;
+     * the host does not block (a page being demoted is not overwritten, a
+     * promoted page is not read, before its copy is done). */
+    void (*compute_after)(ns_backend *be, uint64_t fence);
 } ns_backend_ops;
 
 struct ns_backend {

@@ -36,6 +36,15 @@ struct ns_kv_cache {
     int32_t n_ram;
     unsigned char *ram;
     bool ram_pinned_alloc; /* ram came from the backend's host_alloc */
+    /* Asynchronous copies (CUDA: a copy stream overlapping compute), used
+     * for RAM demotions and promotions when ram is pinned. ram_fence[s]:
+     * the last device->host copy into slot s (the host waits for it before
+     * reading the slot); page_fence[p]: the last copy touching device page
+     * p (compute waits for it before reusing the page). */
+    bool async;
+    uint64_t *ram_fence, *page_fence;
+    bool ram_bw_measured; /* the first async promotion batch is timed */
+    uint64_t last_fence;
     int32_t *ram_node, *ram_prev, *ram_next, *ram_free;
     uint8_t *ram_pinned;
     int32_t n_ram_free, ram_head, ram_tail, n_ram_lru;
@@ -93,6 +102,10 @@ static void ram_lru_push(ns_kv_cache *kc, int32_t s) {
 
 static unsigned char *ram_bytes(ns_kv_cache *kc, int32_t s) { return kc->ram + (size_t)s * kc->page_bytes; }
 
+static void wait_slot(ns_kv_cache *kc, int32_t slot) {
+    if (kc->async && kc->ram_fence[slot]) kc->be->ops->fence_wait(kc->be, kc->ram_fence[slot]);
+}
+
 /* Forgets node id if no tier holds it any more. */
 static void maybe_drop_node(ns_kv_cache *kc, int32_t id) {
     ns_prefix_node *n = ns_prefix_index_node(kc->ix, id);
@@ -123,7 +136,10 @@ static void ram_evict_slot(ns_kv_cache *kc, int32_t s) {
     kc->ram_node[s] = -1;
     if (id < 0) return;
     ns_prefix_node *n = ns_prefix_index_node(kc->ix, id);
-    if (n->ssd_pending && kc->ssd) ssd_put_from(kc, id, ram_bytes(kc, s));
+    if (n->ssd_pending && kc->ssd) {
+        wait_slot(kc, s);
+        ssd_put_from(kc, id, ram_bytes(kc, s));
+    }
     n = ns_prefix_index_node(kc->ix, id);
     n->ram = -1;
     maybe_drop_node(kc, id);
@@ -213,7 +229,18 @@ static void pool_on_evict(void *ctx, int32_t page) {
         n = ns_prefix_index_node(kc->ix, id);
         if (s >= 0) {
             ns_error err = {0};
-            if (kc->be->ops->kv_page_read(kc->be, page, ram_bytes(kc, s), &err) == NS_OK) {
+            ns_status rc = NS_OK;
+            if (kc->async) {
+                /* on the copy stream; the next compute that writes this
+                 * page waits for it on the device, the host goes on */
+                uint64_t f = kc->be->ops->kv_page_read_async(kc->be, page, ram_bytes(kc, s));
+                kc->ram_fence[s] = kc->page_fence[page] = f;
+                if (f > kc->last_fence) kc->last_fence = f;
+                kc->be->ops->compute_after(kc->be, f);
+            } else {
+                rc = kc->be->ops->kv_page_read(kc->be, page, ram_bytes(kc, s), &err);
+            }
+            if (rc == NS_OK) {
                 n->ram = s;
                 kc->ram_node[s] = id;
                 ram_lru_push(kc, s);
@@ -278,7 +305,9 @@ ns_status ns_kv_cache_create(const ns_kv_cache_opts *o, ns_kv_cache **out, ns_er
         kc->ram_next = malloc(n * sizeof(int32_t));
         kc->ram_free = malloc(n * sizeof(int32_t));
         kc->ram_pinned = calloc(n, 1);
-        if (!kc->ram || !kc->ram_node || !kc->ram_prev || !kc->ram_next || !kc->ram_free || !kc->ram_pinned) {
+        kc->ram_fence = calloc(n, sizeof(uint64_t));
+        if (!kc->ram || !kc->ram_node || !kc->ram_prev || !kc->ram_next || !kc->ram_free || !kc->ram_pinned ||
+            !kc->ram_fence) {
             rc = ns_fail(err, NS_ERR_NOMEM, "cannot allocate the %lld-byte RAM cache tier",
                          (long long)o->ram_bytes);
             goto fail;
@@ -290,6 +319,16 @@ ns_status ns_kv_cache_create(const ns_kv_cache_opts *o, ns_kv_cache **out, ns_er
         kc->n_ram_free = kc->n_ram;
     }
     kc->ram_head = kc->ram_tail = -1;
+    const ns_backend_ops *ops = kc->be->ops;
+    kc->async = kc->n_ram > 0 && kc->ram_pinned_alloc && ops->kv_page_read_async && ops->kv_page_write_async &&
+                ops->fence_done && ops->fence_wait && ops->compute_after;
+    if (kc->async) {
+        kc->page_fence = calloc((size_t)n_pages, sizeof(uint64_t));
+        if (!kc->page_fence) {
+            rc = ns_fail(err, NS_ERR_NOMEM, "out of memory for the KV cache");
+            goto fail;
+        }
+    }
 
     int64_t max_nodes = (int64_t)n_pages + kc->n_ram + 1024;
     if (o->ssd_dir && o->ssd_bytes > 0) max_nodes += o->ssd_bytes / (int64_t)kc->page_bytes;
@@ -333,6 +372,7 @@ void ns_kv_cache_free(ns_kv_cache *kc) {
         ns_kv_cache_persist(kc, INT32_MAX);
         ns_kv_ssd_close(kc->ssd);
     }
+    if (kc->async && kc->be->ops->fence_wait) kc->be->ops->fence_wait(kc->be, kc->last_fence);
     ns_prefix_index_free(kc->ix);
     ns_kv_pages_free(&kc->pool);
     free(kc->page_node);
@@ -343,6 +383,8 @@ void ns_kv_cache_free(ns_kv_cache *kc) {
     free(kc->ram_next);
     free(kc->ram_free);
     free(kc->ram_pinned);
+    free(kc->ram_fence);
+    free(kc->page_fence);
     free(kc->pending);
     free(kc->staging);
     free(kc->staging_tokens);
@@ -404,17 +446,41 @@ static void note_bandwidth(ns_kv_cache *kc, ns_kv_tier t, double seconds) {
 
 /* Brings node id onto a fresh device page. -1 on failure (the node loses
  * a tier whose bytes failed verification). */
-static int32_t promote(ns_kv_cache *kc, int32_t id) {
-    int32_t page = ns_kv_pages_alloc(&kc->pool);
+/* A device page for new content. A page whose last asynchronous copy may
+ * still run (a demotion reading it, a promotion writing it) is reused only
+ * after that copy: compute enqueued from now on waits for it on the
+ * device. */
+static int32_t alloc_page(ns_kv_cache *kc) {
+    int32_t p = ns_kv_pages_alloc(&kc->pool);
+    if (p >= 0 && kc->async && kc->page_fence[p]) kc->be->ops->compute_after(kc->be, kc->page_fence[p]);
+    return p;
+}
+
+/* Brings node id onto a fresh device page. -1 on failure (the node loses
+ * a tier whose bytes failed verification). A RAM promotion on a backend
+ * with asynchronous copies is only issued: *fence says when it is done. */
+static int32_t promote(ns_kv_cache *kc, int32_t id, uint64_t *fence) {
+    int32_t page = alloc_page(kc);
     if (page < 0) return -1;
     ns_prefix_node *n = ns_prefix_index_node(kc->ix, id);
     ns_error err = {0};
     double t0 = ns_clock_now();
-    ns_status rc;
+    ns_status rc = NS_OK;
     ns_kv_tier from;
+    bool issued = false;
     if (n->ram >= 0) {
         from = NS_TIER_RAM;
-        rc = kc->be->ops->kv_page_write(kc->be, page, ram_bytes(kc, n->ram), &err);
+        if (kc->async) {
+            /* the copy stream orders it after a demotion into the same
+             * slot and after compute that still reads the page */
+            uint64_t f = kc->be->ops->kv_page_write_async(kc->be, page, ram_bytes(kc, n->ram));
+            kc->page_fence[page] = f;
+            if (f > kc->last_fence) kc->last_fence = f;
+            if (f > *fence) *fence = f;
+            issued = true;
+        } else {
+            rc = kc->be->ops->kv_page_write(kc->be, page, ram_bytes(kc, n->ram), &err);
+        }
     } else if (n->ssd && kc->ssd) {
         from = NS_TIER_SSD;
         rc = ns_kv_ssd_get(kc->ssd, n->h, kc->staging_tokens, kc->staging, &err);
@@ -436,7 +502,7 @@ static int32_t promote(ns_kv_cache *kc, int32_t id) {
         maybe_drop_node(kc, id);
         return -1;
     }
-    note_bandwidth(kc, from, ns_clock_now() - t0);
+    if (!issued) note_bandwidth(kc, from, ns_clock_now() - t0);
     n = ns_prefix_index_node(kc->ix, id);
     n->dev = page;
     set_page_node(kc, page, id);
@@ -445,8 +511,11 @@ static int32_t promote(ns_kv_cache *kc, int32_t id) {
 }
 
 int32_t ns_kv_cache_acquire(ns_kv_cache *kc, const ns_kv_lookup *lk, int32_t n_use, int32_t *pages_out,
-                            int32_t by_tier[NS_TIER_COUNT]) {
+                            int32_t by_tier[NS_TIER_COUNT], uint64_t *ready_fence) {
     for (int t = 0; t < NS_TIER_COUNT; t++) by_tier[t] = 0;
+    uint64_t fence = 0;
+    int32_t n_async = 0;
+    const double t_issue = ns_clock_now();
     if (n_use > lk->m.n_full) n_use = lk->m.n_full;
     /* Pin first, so the allocations of the promotions below cannot evict
      * a page of this very prefix: device pages get their reference, RAM
@@ -465,11 +534,13 @@ int32_t ns_kv_cache_acquire(ns_kv_cache *kc, const ns_kv_lookup *lk, int32_t n_u
     int32_t got = n_use;
     for (int32_t i = 0; i < n_use; i++) {
         if (pages_out[i] >= 0) continue;
-        int32_t pg = promote(kc, lk->m.nodes[i]);
+        const bool from_ram = ns_prefix_index_node(kc->ix, lk->m.nodes[i])->ram >= 0;
+        int32_t pg = promote(kc, lk->m.nodes[i], &fence);
         if (pg < 0) {
             got = i;
             break;
         }
+        n_async += kc->async && from_ram;
         pages_out[i] = pg;
     }
     /* Unpin RAM slots (most recently used now); drop what was not used. */
@@ -488,6 +559,15 @@ int32_t ns_kv_cache_acquire(ns_kv_cache *kc, const ns_kv_lookup *lk, int32_t n_u
     /* where the pages that were used came from (as looked up) */
     for (int t = 0; t < NS_TIER_COUNT; t++) by_tier[t] = 0;
     for (int32_t i = 0; i < got; i++) by_tier[lk->tier[i]]++;
+    /* asynchronous RAM promotions: the restore-vs-recompute plan needs the
+     * tier's real rate, so the first batch of a cache is waited for and
+     * timed; later ones overlap with compute */
+    if (n_async >= 4 && !kc->ram_bw_measured) {
+        kc->be->ops->fence_wait(kc->be, fence);
+        kc->bps[NS_TIER_RAM] = (double)kc->page_bytes * n_async / (ns_clock_now() - t_issue);
+        kc->ram_bw_measured = true;
+    }
+    if (ready_fence) *ready_fence = fence;
     return got;
 }
 
@@ -497,13 +577,21 @@ int32_t ns_kv_cache_copy_partial(ns_kv_cache *kc, int32_t node, int32_t n_slots)
     if (src < 0) return -1;
     /* pin the source: the allocation could otherwise evict it */
     ns_kv_pages_ref(&kc->pool, src);
-    int32_t dst = ns_kv_pages_alloc(&kc->pool);
+    int32_t dst = alloc_page(kc);
     if (dst >= 0) kc->be->ops->kv_page_copy(kc->be, dst, src, n_slots);
     ns_kv_pages_unref(&kc->pool, src, kc->page_node[src] >= 0);
     return dst;
 }
 
-int32_t ns_kv_cache_alloc(ns_kv_cache *kc) { return ns_kv_pages_alloc(&kc->pool); }
+int32_t ns_kv_cache_alloc(ns_kv_cache *kc) { return alloc_page(kc); }
+
+bool ns_kv_cache_ready(ns_kv_cache *kc, uint64_t fence) {
+    return fence == 0 || !kc->async || kc->be->ops->fence_done(kc->be, fence);
+}
+
+void ns_kv_cache_compute_after(ns_kv_cache *kc, uint64_t fence) {
+    if (fence && kc->async) kc->be->ops->compute_after(kc->be, fence);
+}
 
 size_t ns_kv_cache_page_bytes(const ns_kv_cache *kc) { return kc->page_bytes; }
 
@@ -558,6 +646,7 @@ int32_t ns_kv_cache_persist(ns_kv_cache *kc, int32_t max_pages) {
             const void *bytes = NULL;
             ns_error err = {0};
             if (n->ram >= 0) {
+                wait_slot(kc, n->ram);
                 bytes = ram_bytes(kc, n->ram);
             } else if (n->dev >= 0) {
                 if (kc->be->ops->kv_page_read(kc->be, n->dev, kc->staging, &err) == NS_OK) bytes = kc->staging;

@@ -91,9 +91,17 @@ int32_t ns_kv_cache_lookup_reclaimable(const ns_kv_cache *kc, const ns_kv_lookup
  * how many came from where. Stops early if a promotion fails (no page, a
  * record that fails verification): returns the number of pages acquired;
  * the caller recomputes the rest. The caller owns one reference on each
- * page in pages_out (give them back with ns_kv_cache_release). */
+ * page in pages_out (give them back with ns_kv_cache_release).
+ * Promotions from RAM may still be in flight on return (backends with
+ * asynchronous copies): *ready_fence (if non-NULL) is the fence after
+ * which every acquired page holds its bytes (0 = all there now); until
+ * ns_kv_cache_ready says so the pages must not be read by compute. */
 int32_t ns_kv_cache_acquire(ns_kv_cache *kc, const ns_kv_lookup *lk, int32_t n_use, int32_t *pages_out,
-                            int32_t by_tier[NS_TIER_COUNT]);
+                            int32_t by_tier[NS_TIER_COUNT], uint64_t *ready_fence);
+/* True once the copies up to fence are done (never blocks). */
+bool ns_kv_cache_ready(ns_kv_cache *kc, uint64_t fence);
+/* Makes compute enqueued from now on wait (on the device) for fence. */
+void ns_kv_cache_compute_after(ns_kv_cache *kc, uint64_t fence);
 /* Copy on write of a partial continuation: a fresh page (one reference,
  * the caller's) holding the first n_slots of node's device page; -1 if no
  * page could be had. */

@@ -490,7 +490,7 @@ static bool try_admit(ns_sched *s, ns_seq *q) {
         NS_VEC_GROW(q->tokens, q->cap_tokens, (size_t)r->n_prompt + (size_t)r->params.max_tokens + 1, 0) != NS_OK)
         return false; /* retried next step; OOM here is transient or fatal either way */
     int32_t by_tier[NS_TIER_COUNT];
-    const int32_t got = ns_kv_cache_acquire(s->kv, &lk, n_use, q->pages, by_tier);
+    const int32_t got = ns_kv_cache_acquire(s->kv, &lk, n_use, q->pages, by_tier, &q->ready_fence);
     q->n_pages = got;
     q->n_committed = got;
     q->last_hash = got > 0 ? ns_kv_cache_lookup_hash(s->kv, &lk, got) : ns_kv_cache_seed(s->kv);
@@ -821,8 +821,20 @@ static bool step(ns_sched *s) {
         planned_pairs += (double)q->n_ctx + 0.5;
     }
     const int32_t n_dec = np;
-    for (int32_t i = 0; i < s->n_running; i++)
-        if (s->running[i]->state == RS_PREFILLING) s->plan_q[np++] = s->running[i];
+    /* a sequence whose promoted pages are still being copied in waits:
+     * the step does not wait for a promotion it does not need */
+    int32_t n_unready = 0;
+    for (int32_t i = 0; i < s->n_running; i++) {
+        ns_seq *q = s->running[i];
+        if (q->state != RS_PREFILLING) continue;
+        if (q->ready_fence && !ns_kv_cache_ready(s->kv, q->ready_fence) && s->n_running > 1) {
+            n_unready++;
+            continue;
+        }
+        if (q->ready_fence) ns_kv_cache_compute_after(s->kv, q->ready_fence); /* alone: the device waits */
+        q->ready_fence = 0;
+        s->plan_q[np++] = q;
+    }
     sort_prefill(s->plan_q + n_dec, np - n_dec, ns_clock_now());
     int32_t n_plan = n_dec;
     for (int32_t i = n_dec; i < np && budget > 0; i++) {
@@ -842,7 +854,12 @@ static bool step(ns_sched *s) {
     /* 2. pages for the plan, oldest admitted first; when the pool is dry
      * the newest running sequence is paused (possibly the one asking) */
     plan_pages(s, &n_plan);
-    if (n_plan == 0) return s->n_running > 0 || s->n_waiting > 0;
+    if (n_plan == 0) {
+        /* only promotions in flight: let the device catch up, not spin */
+        for (int32_t i = 0; i < s->n_running && n_unready; i++)
+            if (s->running[i]->ready_fence) ns_kv_cache_compute_after(s->kv, s->running[i]->ready_fence);
+        return false;
+    }
 
     /* 3. the ragged batch, in plan order */
     int32_t nt = 0, ns = 0, n_logits = 0, max_pages = 0;

@@ -48,6 +48,8 @@ typedef struct ns_seq {
     int32_t n_pages;
     size_t cap_pages;
     int32_t reserve_pages;    /* pages still promised to this sequence */
+    uint64_t ready_fence;     /* its promoted pages hold their bytes after this
+                               * copy fence (0 = now): not planned before */
     int32_t n_committed;      /* leading full pages already in the index */
     uint64_t last_hash;       /* chain hash of the last committed page */
     int32_t n_generated;

@@ -754,6 +754,42 @@ TEST(test_kv_pages) {
     free(r);
 }
 
+/* Asynchronous page transfers on the copy stream (the cache tiers):
+ * pinned host pages in and out, bit-exact, fences in order, compute after a
+ * fence sees the copied bytes. */
+TEST(test_kv_pages_async) {
+    const attn_cfg cf = {64, 2, 4, 16};
+    ns_kv_layout lc, lg;
+    kv_layouts(&cf, 3, 8, &lc, &lg);
+    OK(gpu->ops->kv_alloc(gpu, &lg, &_e));
+    const size_t pb = lg.page_size_bytes;
+    uint16_t *h = gpu->ops->host_alloc(gpu, 4 * pb);
+    CHECK(h != NULL);
+    if (!h) return;
+    uint16_t *a = h, *b = h + pb / 2, *r1 = h + pb, *r2 = h + 3 * pb / 2, *r = malloc(pb);
+    for (size_t i = 0; i < pb / 2; i++) {
+        a[i] = bf16_bits(frand());
+        b[i] = bf16_bits(frand());
+    }
+    uint64_t f1 = gpu->ops->kv_page_write_async(gpu, 2, a);
+    uint64_t f2 = gpu->ops->kv_page_write_async(gpu, 6, b);
+    CHECK(f1 > 0 && f2 > f1);
+    gpu->ops->compute_after(gpu, f2);
+    gpu->ops->kv_page_copy(gpu, 7, 6, 16); /* compute-stream op ordered after the fence */
+    uint64_t f3 = gpu->ops->kv_page_read_async(gpu, 2, r1);
+    uint64_t f4 = gpu->ops->kv_page_read_async(gpu, 7, r2);
+    gpu->ops->fence_wait(gpu, f4);
+    CHECK(gpu->ops->fence_done(gpu, f1) && gpu->ops->fence_done(gpu, f3));
+    CHECK(memcmp(r1, a, pb) == 0);
+    CHECK(memcmp(r2, b, pb) == 0);
+    OK(gpu->ops->kv_page_read(gpu, 6, r, &_e));
+    CHECK(memcmp(r, b, pb) == 0);
+    OK(gpu->ops->sync(gpu, &_e));
+    gpu->ops->host_free(gpu, h);
+    free(r);
+    gpu->ops->kv_free(gpu);
+}
+
 /* ---------------------------------------------------------------- sample */
 
 enum { SAMPLE_ROWS = 6 };
@@ -842,6 +878,7 @@ int main(void) {
     RUN(test_attention);
     RUN(test_attention_long_decode_splits);
     RUN(test_kv_pages);
+    RUN(test_kv_pages_async);
     RUN(test_sample);
     RUN(test_errors_are_reported); /* last: leaves the backend in error */
     cpu->ops->destroy(cpu);

@@ -1048,6 +1048,69 @@ static ns_status cu_kv_page_write(ns_backend *be, int32_t page, const void *src,
     return report(c, err);
 }
 
+/* ---- asynchronous page transfers (the cache tiers' demotions and
+ * promotions) on the copy stream; see backend.h ---- */
+
+/* The copy stream waits for everything enqueued on the compute stream so
+ * far (including a pending tape: flushed first). */
+static void copy_after_compute(ns_backend *be) {
+    cu_impl *c = IMPL(be);
+    flush(be);
+    cu_check(c, cudaEventRecord(c->compute_ev, c->stream), "fence: record compute");
+    cu_check(c, cudaStreamWaitEvent(c->copy_stream, c->compute_ev, 0), "fence: copy waits for compute");
+}
+
+static uint64_t fence_issue(cu_impl *c) {
+    const uint64_t f = c->next_fence++;
+    cudaEvent_t ev = c->fence_ev[f % CU_FENCES];
+    /* the slot's previous fence (f - CU_FENCES) finished long ago in
+     * practice; waiting keeps the ring correct if it did not */
+    if (f > CU_FENCES && f - CU_FENCES > c->fences_done) cu_check(c, cudaEventSynchronize(ev), "fence: ring");
+    cu_check(c, cudaEventRecord(ev, c->copy_stream), "fence: record");
+    return f;
+}
+
+static uint64_t cu_kv_page_read_async(ns_backend *be, int32_t page, void *dst) {
+    cu_impl *c = IMPL(be);
+    if (check_page(be, page, NULL) != NS_OK) return 0;
+    copy_after_compute(be);
+    cu_check(c, cudaMemcpyAsync(dst, c->kv + (size_t)page * be->kv.page_size_bytes, be->kv.page_size_bytes,
+                                cudaMemcpyDeviceToHost, c->copy_stream), "kv_page_read_async");
+    return fence_issue(c);
+}
+
+static uint64_t cu_kv_page_write_async(ns_backend *be, int32_t page, const void *src) {
+    cu_impl *c = IMPL(be);
+    if (check_page(be, page, NULL) != NS_OK) return 0;
+    copy_after_compute(be); /* earlier steps may still read the page's old content */
+    cu_check(c, cudaMemcpyAsync(c->kv + (size_t)page * be->kv.page_size_bytes, src, be->kv.page_size_bytes,
+                                cudaMemcpyHostToDevice, c->copy_stream), "kv_page_write_async");
+    return fence_issue(c);
+}
+
+static bool cu_fence_done(ns_backend *be, uint64_t f) {
+    cu_impl *c = IMPL(be);
+    if (f == 0 || f <= c->fences_done) return true;
+    cudaError_t e = cudaEventQuery(c->fence_ev[f % CU_FENCES]);
+    if (e == cudaErrorNotReady) return false;
+    if (!cu_check(c, e, "fence: query")) return true; /* sticky error: the next sync reports it */
+    c->fences_done = f; /* one stream: fences complete in order */
+    return true;
+}
+
+static void cu_fence_wait(ns_backend *be, uint64_t f) {
+    cu_impl *c = IMPL(be);
+    if (cu_fence_done(be, f)) return;
+    if (cu_check(c, cudaEventSynchronize(c->fence_ev[f % CU_FENCES]), "fence: wait")) c->fences_done = f;
+}
+
+static void cu_compute_after(ns_backend *be, uint64_t f) {
+    cu_impl *c = IMPL(be);
+    if (cu_fence_done(be, f)) return;
+    flush(be);
+    cu_check(c, cudaStreamWaitEvent(c->stream, c->fence_ev[f % CU_FENCES], 0), "fence: compute waits");
+}
+
 static void cu_kv_page_copy(ns_backend *be, int32_t dst_page, int32_t src_page, int32_t n_slots) {
     cu_impl *c = IMPL(be);
     if (dst_page < 0 || src_page < 0 || dst_page >= be->kv.n_pages || src_page >= be->kv.n_pages || n_slots < 0 ||
@@ -1396,6 +1459,7 @@ static void cu_destroy(ns_backend *be) {
             flush(be);
             cudaStreamSynchronize(c->stream);
         }
+        if (c->copy_stream) cudaStreamSynchronize(c->copy_stream);
         graphs_clear(c);
         for (int i = 0; i < c->n_plans; i++) {
             cu_gemm_plan *p = &c->plans[i];
@@ -1427,6 +1491,13 @@ static void cu_destroy(ns_backend *be) {
         free(c->prof_label_of);
         free(c->tape);
         free(c->wr);
+        if (c->fence_ev) {
+            for (int i = 0; i < CU_FENCES; i++)
+                if (c->fence_ev[i]) cudaEventDestroy(c->fence_ev[i]);
+            free(c->fence_ev);
+        }
+        if (c->compute_ev) cudaEventDestroy(c->compute_ev);
+        if (c->copy_stream) cudaStreamDestroy(c->copy_stream);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }
@@ -1480,6 +1551,11 @@ static const ns_backend_ops cuda_ops = {
     /* .sync = */ cu_sync,
     /* .host_alloc = */ cu_host_alloc,
     /* .host_free = */ cu_host_free,
+    /* .kv_page_read_async = */ cu_kv_page_read_async,
+    /* .kv_page_write_async = */ cu_kv_page_write_async,
+    /* .fence_done = */ cu_fence_done,
+    /* .fence_wait = */ cu_fence_wait,
+    /* .compute_after = */ cu_compute_after,
 };
 
 static int env_int(const char *name, int dflt) {
@@ -1523,10 +1599,23 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     c->n_sm = prop.multiProcessorCount;
     c->smem_optin = prop.sharedMemPerBlockOptin;
     if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaEventCreateWithFlags(&c->staging_done, cudaEventDisableTiming) != cudaSuccess) {
+        cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->staging_done, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&c->compute_ev, cudaEventDisableTiming) != cudaSuccess) {
         rc = ns_fail(err, NS_ERR_INTERNAL, "cuda: cannot create a stream");
         goto fail;
     }
+    c->fence_ev = (cudaEvent_t *)calloc(CU_FENCES, sizeof(cudaEvent_t));
+    if (!c->fence_ev) {
+        rc = ns_fail(err, NS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < CU_FENCES; i++)
+        if (cudaEventCreateWithFlags(&c->fence_ev[i], cudaEventDisableTiming) != cudaSuccess) {
+            rc = ns_fail(err, NS_ERR_INTERNAL, "cuda: cannot create the copy fences");
+            goto fail;
+        }
+    c->next_fence = 1;
     if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS) {
         rc = ns_fail(err, NS_ERR_INTERNAL, "cuda: cublasLtCreate failed");
         goto fail;

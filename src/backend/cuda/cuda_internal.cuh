@@ -115,11 +115,21 @@ typedef struct cu_prof_label {
     int64_t calls;
 } cu_prof_label;
 
+/* Fence events of the copy stream (a ring: fence f uses slot f % size). */
+#define CU_FENCES 4096
+
 typedef struct cu_impl {
     int device;
     int n_sm;
     size_t smem_optin;
     cudaStream_t stream;
+    /* cache-tier page transfers: their own stream, ordered after compute
+     * through compute_ev, completion told by the fence ring */
+    cudaStream_t copy_stream;
+    cudaEvent_t compute_ev;
+    cudaEvent_t *fence_ev;     /* [CU_FENCES] */
+    uint64_t next_fence;       /* the next fence to hand out (from 1) */
+    uint64_t fences_done;      /* every fence <= this has completed */
     cublasLtHandle_t lt;
     void *lt_ws;
     size_t lt_ws_bytes;

@@ -123,7 +123,7 @@ TEST(ram_tier_demotes_and_promotes_exactly) {
     CHECK_EQ_INT(lk.m.n_full, 6);
     CHECK_EQ_INT(lk.n_by_tier[NS_TIER_RAM], 6);
     int32_t got_pages[8], by_tier[NS_TIER_COUNT];
-    int32_t got = ns_kv_cache_acquire(kc, &lk, 6, got_pages, by_tier);
+    int32_t got = ns_kv_cache_acquire(kc, &lk, 6, got_pages, by_tier, NULL);
     CHECK_EQ_INT(got, 6);
     CHECK_EQ_INT(by_tier[NS_TIER_RAM], 6);
     CHECK_EQ_INT(check_bytes(be, got_pages, got, 100), 0);
@@ -199,7 +199,7 @@ TEST(ssd_tier_survives_reopen) {
     ns_kv_cache_lookup(kc, toks, 6 * P + 1, 6 * P, &lk);
     CHECK_EQ_INT(lk.n_by_tier[NS_TIER_SSD], 6);
     int32_t got_pages[6], by_tier[NS_TIER_COUNT];
-    int32_t got = ns_kv_cache_acquire(kc, &lk, 6, got_pages, by_tier);
+    int32_t got = ns_kv_cache_acquire(kc, &lk, 6, got_pages, by_tier, NULL);
     CHECK_EQ_INT(got, 6);
     CHECK_EQ_INT(by_tier[NS_TIER_SSD], 6);
     CHECK_EQ_INT(check_bytes(be, got_pages, got, 700), 0);
