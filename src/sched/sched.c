@@ -47,6 +47,7 @@ struct ns_sched {
     int32_t n_running;
     int64_t reserved; /* sum of running requests' reserve_pages */
     uint64_t admit_counter; /* admission order of new sequences */
+    bool warned_nonfinite;
     /* seconds per unit of step work, learned from measured steps (EMA);
      * work = tokens + attention pairs / pairs_per_unit */
     double sec_per_unit;
@@ -417,7 +418,13 @@ static void log_admission(ns_sched *s, ns_seq *q, const ns_kv_lookup *lk, int32_
         o += snprintf(line + o, sizeof line - (size_t)o,
                       "; recomputing %d cached tokens: restore %.3f s > recompute %.3f s",
                       (m->n_full - n_use) * s->P, t_restore, t_recompute);
-    if (m->diverge_at >= 0 && o > 0 && (size_t)o < sizeof line) {
+    /* Where the prompt diverged: the token index always; the text around
+     * it only at DEBUG or with --log-prompts (opts.log_prompts), since
+     * prompt text at the default level would put secrets in the log. */
+    if (m->diverge_at >= 0 && o > 0 && (size_t)o < sizeof line && !s->opts.log_prompts &&
+        ns_log_get_level() > NS_LOG_DEBUG) {
+        snprintf(line + o, sizeof line - (size_t)o, "; diverged from the cache at token %d", m->diverge_at);
+    } else if (m->diverge_at >= 0 && o > 0 && (size_t)o < sizeof line) {
         char before[160] = "", after[160] = "", cached_txt[160] = "";
         if (s->opts.describe) {
             int32_t a = m->diverge_at > 12 ? m->diverge_at - 12 : 0;
@@ -946,6 +953,19 @@ static bool step(ns_sched *s) {
         if (!has_row) continue;
         const float *row = s->host_logits + (size_t)li * (size_t)c->vocab_size;
         int32_t tok = s->b_sampled[li++];
+        if (tok < 0 || tok >= c->vocab_size) {
+            /* the sampler saw NaN (or no finite) logits for this row: this
+             * request ends with a clear error, the batch's others go on */
+            if (!s->warned_nonfinite) {
+                NS_WARN("request %llu: the model produced non-finite logits; the request fails with "
+                        "model_output_invalid (logged once)",
+                        (unsigned long long)q->admit_order);
+                s->warned_nonfinite = true;
+            }
+            remove_running_seq(s, q);
+            finish(s, q, NS_FINISH_ERROR, "model_output_invalid: the model produced non-finite logits");
+            continue;
+        }
         ns_token_event ev = {.token = tok};
         if (r->params.logprobs || r->params.top_logprobs > 0) {
             ev.logprob = (float)(row[tok] - ns_logsumexp(row, c->vocab_size));

@@ -126,6 +126,9 @@ typedef struct ns_sched_opts {
     const char *ssd_dir;      /* SSD tier directory, NULL = off */
     int64_t ssd_bytes;        /* SSD tier size cap (0 = 32 GiB) */
     ns_pause_policy pause_policy;
+    /* log prompt text (divergence excerpts) at INFO; otherwise only at
+     * DEBUG: prompts may hold secrets */
+    bool log_prompts;
 } ns_sched_opts;
 
 typedef struct ns_capacity {
