@@ -173,6 +173,11 @@ ns_status ns_gen_pump(ns_gen *g, int timeout_ms) {
 const ns_buf *ns_gen_content(const ns_gen *g) { return g->use_tools ? &g->tp.content : &g->content; }
 
 bool ns_gen_failed(const ns_gen *g, ns_http_error *e) {
+    static const char k_invalid[] = "model_output_invalid:"; /* the scheduler's prefix for a -1 token */
+    if (g->res.finish == NS_FINISH_ERROR && strncmp(g->res.error, k_invalid, sizeof k_invalid - 1) == 0) {
+        ns_http_error_set(e, 500, NULL, "model_output_invalid", "the model produced non-finite logits");
+        return true;
+    }
     if (g->res.finish == NS_FINISH_ERROR) {
         ns_http_error_set(e, 500, NULL, "engine_error", "generation failed: %s",
                           g->res.error[0] ? g->res.error : "engine error");

@@ -186,6 +186,9 @@ typedef struct ns_backend_ops {
      * Samples one token per row of logits (F32 [n_rows, vocab]) with
      * samplers[i]; writes out_tokens[i]. The reference semantics are
      * ns_sampler_sample (src/sample/sample.c); a backend must match them.
+     * out_tokens[i] = -1 means "this row's logits are not finite" (a NaN,
+     * or no value above -Inf): no token; the caller fails that request
+     * and the other rows are unaffected. That is not an op failure.
      * A sampler's RNG advances when it draws; the sampled token is not
      * accepted into its penalty history (the caller does that with
      * ns_sampler_accept). */

@@ -52,7 +52,7 @@ bool ns_sampler_has_penalties(const ns_sampler *s) {
     return s->p.repetition_penalty != 1.0f || s->p.presence_penalty != 0.0f || s->p.frequency_penalty != 0.0f;
 }
 
-bool ns_sampler_is_greedy(const ns_sampler *s) { return s->p.temperature <= 0.0f; }
+bool ns_sampler_is_greedy(const ns_sampler *s) { return !(s->p.temperature >= NS_SAMPLE_MIN_TEMPERATURE); }
 
 ns_status ns_sampler_init(ns_sampler *s, const ns_sampling_params *p, int32_t n_vocab, ns_error *err) {
     memset(s, 0, sizeof *s);
@@ -140,11 +140,22 @@ static void apply_penalties(const ns_sampler *s, float *logits) {
     }
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
+/* The row's usable argmax (largest value, lowest id among equals; +Inf
+ * beats everything), or -1 when the row has a NaN or no value above -Inf:
+ * then no token can be chosen sensibly. */
+static int32_t checked_argmax(const float *x, int32_t n) {
+    int32_t best = -1;
+    float bv = -INFINITY;
+    bool nan = false;
+    for (int32_t i = 0; i < n; i++) {
+        const float v = x[i];
+        nan |= v != v;
+        if (v > bv) {
+            bv = v;
+            best = i;
+        }
+    }
+    return nan ? -1 : best;
 }
 
 /* Candidates sorted by value descending, ties by id ascending, so the
@@ -163,20 +174,27 @@ static int cmp_desc(const void *a, const void *b) {
 int32_t ns_sampler_sample(ns_sampler *s, float *logits) {
     const int32_t n = s->n_vocab;
     if (s->counts) apply_penalties(s, logits);
-    if (ns_sampler_is_greedy(s)) return argmax(logits, n);
+    /* Non-finite rows first: NaN anywhere, or nothing above -Inf, has no
+     * answer (-1); a +Inf is a point mass on the first +Inf (its argmax). */
+    const int32_t best = checked_argmax(logits, n);
+    if (best < 0 || ns_sampler_is_greedy(s) || logits[best] == INFINITY) return best;
 
     if (!s->scratch_ids) {
         s->scratch_ids = malloc((size_t)n * sizeof *s->scratch_ids);
         s->scratch_vals = malloc((size_t)n * sizeof *s->scratch_vals);
-        if (!s->scratch_ids || !s->scratch_vals) return argmax(logits, n); /* degrade, never crash */
+        if (!s->scratch_ids || !s->scratch_vals) return best; /* degrade, never crash */
     }
+    /* temperature >= NS_SAMPLE_MIN_TEMPERATURE: 1/t is finite */
     const float inv_t = 1.0f / s->p.temperature;
     for (int32_t i = 0; i < n; i++) logits[i] *= inv_t;
 
     /* Candidate set: all tokens, cut to top-k. To keep full sorts rare,
      * pre-filter tokens whose probability is below 1e-12 of the max
-     * (exp(-27.6)): they can never be drawn in double precision anyway. */
-    float mx = logits[argmax(logits, n)];
+     * (exp(-27.6)): they can never be drawn in double precision anyway.
+     * -Inf logits never pass it. A finite logit that 1/t scaled past
+     * FLT_MAX dominates every other: that is the greedy token. */
+    float mx = logits[best];
+    if (!isfinite(mx)) return best;
     int32_t nc = 0;
     for (int32_t i = 0; i < n; i++)
         if (logits[i] >= mx - 27.6f) s->scratch_ids[nc++] = i;

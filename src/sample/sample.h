@@ -5,8 +5,13 @@
  *      or the last penalty_last_n of them): repetition (HF: divide positive
  *      logits, multiply negative ones), then presence and frequency
  *      (OpenAI: logit -= presence*[count>0] + frequency*count);
- *   2. temperature <= 0 -> greedy argmax (lowest id wins ties), done;
- *   3. logits / temperature; top-k; softmax; top-p (smallest prefix of the
+ *   2. non-finite rows: a NaN anywhere, or no logit above -Inf, gives -1
+ *      (no token: "this row's logits are not finite"; the caller fails the
+ *      request); a +Inf logit wins outright (the lowest such id), at any
+ *      temperature; -Inf logits are never drawn;
+ *   3. temperature < NS_SAMPLE_MIN_TEMPERATURE (0 included) -> greedy
+ *      argmax (lowest id wins ties), done;
+ *   4. logits / temperature; top-k; softmax; top-p (smallest prefix of the
  *      sorted distribution whose mass >= p, at least one token); min-p
  *      (drop p < min_p * p_max); renormalize; draw with the sampler's RNG.
  * Reproducibility: the RNG is xoshiro256** seeded from `seed` through
@@ -25,8 +30,13 @@
 
 #include "util/status.h"
 
+/* Temperatures below this are greedy: 1/t would overflow (t < ~3e-39) or
+ * scale logits past FLT_MAX, and at t = 1e-5 a logit gap of 0.0003 is
+ * already e^-30 — sampling is argmax in all but name. */
+#define NS_SAMPLE_MIN_TEMPERATURE 1e-5f
+
 typedef struct ns_sampling_params {
-    float temperature;        /* <= 0: greedy */
+    float temperature;        /* < NS_SAMPLE_MIN_TEMPERATURE: greedy */
     int32_t top_k;            /* <= 0: off */
     float top_p;              /* >= 1: off */
     float min_p;              /* <= 0: off */
@@ -60,8 +70,11 @@ void ns_sampler_free(ns_sampler *s);
 /* Records a token of the sequence (prompt tokens and each sampled token). */
 void ns_sampler_accept(ns_sampler *s, int32_t token);
 bool ns_sampler_has_penalties(const ns_sampler *s);
+/* temperature < NS_SAMPLE_MIN_TEMPERATURE (or NaN) */
 bool ns_sampler_is_greedy(const ns_sampler *s);
 /* Samples from logits (modified in place: penalties/temperature applied).
+ * Returns a token id in [0, n_vocab), or -1 when the row has a NaN or no
+ * logit above -Inf (see step 2 above; the RNG does not advance then).
  * Does NOT call accept; the engine accepts the token it keeps. */
 int32_t ns_sampler_sample(ns_sampler *s, float *logits);
 

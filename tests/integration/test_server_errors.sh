@@ -94,4 +94,31 @@ health_ok
 post $C "{$M,\"max_tokens\":3}"
 [ "$STATUS" = 200 ] || fail "a good request after the bad ones: $STATUS $BODY_OUT"
 kill -0 "$SERVER_PID" || fail "server died"
+
+# A model whose output is NaN (tiny-qwen3 with model.norm.weight set to BF16
+# NaN): every request gets 500 model_output_invalid, as a response and as a
+# stream's error event, and the server stays up.
+mkdir -p "$TMP/nan-model"
+cp "$MODEL"/*.json "$TMP/nan-model/"
+node -e '
+const fs = require("fs");
+const [src, dst] = process.argv.slice(1);
+const b = fs.readFileSync(src);
+const n = Number(b.readBigUInt64LE(0));
+const h = JSON.parse(b.subarray(8, 8 + n).toString());
+const [s, e] = h["model.norm.weight"].data_offsets;
+for (let i = 8 + n + s; i < 8 + n + e; i += 2) b.writeUInt16LE(0x7fc0, i);
+fs.writeFileSync(dst, b);' "$MODEL/model.safetensors" "$TMP/nan-model/model.safetensors"
+start_server --model "$TMP/nan-model"
+for p in "$C|{$M,\"max_tokens\":4}" "/v1/completions|{\"prompt\":\"hi\",\"max_tokens\":4,\"temperature\":0.8}"; do
+  post "${p%%|*}" "${p#*|}"
+  [ "$STATUS" = 500 ] || fail "NaN model ${p%%|*}: status $STATUS: $BODY_OUT"
+  [ "$(json_get "$BODY_OUT" '[j.error.code,j.error.type,j.error.message].join()')" = \
+    "model_output_invalid,server_error,the model produced non-finite logits" ] || fail "NaN model: $BODY_OUT"
+done
+S=$(curl -sN -H 'Content-Type: application/json' -d "{$M,\"max_tokens\":4,\"stream\":true}" "$BASE$C")
+echo "$S" | grep -q '^data: {"error":{.*"code":"model_output_invalid"' || fail "NaN model stream: $S"
+echo "$S" | grep -q '^data: \[DONE\]' || fail "NaN model stream has no [DONE]: $S"
+health_ok
+[ "$(grep -c 'fails with model_output_invalid' "$LOG")" = 1 ] || fail "the non-finite warning is not logged exactly once"
 echo "ok"

@@ -263,6 +263,8 @@ int ns_cpu_scratch_reserve(cpu_impl *c, size_t n) {
 
 static ns_status cpu_sync(ns_backend *be, ns_error *err) { return NS_OK; }
 
+/* The reference sampler row by row; -1 for a row whose logits are not
+ * finite (see backend.h). */
 static ns_status cpu_sample(ns_backend *be, const ns_tensor *logits, int n_rows, struct ns_sampler *const *samplers,
                             int32_t *out_tokens, ns_error *err) {
     for (int i = 0; i < n_rows; i++) {

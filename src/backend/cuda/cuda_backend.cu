@@ -1380,9 +1380,10 @@ static ns_status ensure_argmax(cu_impl *c, int n, ns_error *err) {
 }
 
 /* Greedy rows without penalties are reduced on the device (argmax, lowest
- * id wins ties, as ns_sampler_sample); the rest copy their row to pinned
- * host memory and run the reference sampler there, which keeps every
- * sampler's RNG stream and penalty state exactly as on the CPU. */
+ * id wins ties, -1 for a row with a NaN or nothing above -Inf, as
+ * ns_sampler_sample); the rest copy their row to pinned host memory and
+ * run the reference sampler there, which keeps every sampler's RNG stream
+ * and penalty state exactly as on the CPU (and returns -1 the same way). */
 static ns_status cu_sample(ns_backend *be, const ns_tensor *logits, int n_rows, struct ns_sampler *const *samplers,
                            int32_t *out_tokens, ns_error *err) {
     cu_impl *c = IMPL(be);

@@ -357,7 +357,9 @@ void cu_launch_gather(cu_impl *c, float *out, bf16 *out_bf, const float *in, int
 
 /* --------------------------------------------------------------- argmax */
 
-/* Largest value, lowest index among equals (the reference sampler's rule). */
+/* Largest value, lowest index among equals (the reference sampler's rule;
+ * +Inf beats everything). A row with a NaN, or with nothing above -Inf,
+ * gives -1, as ns_sampler_sample: its logits are not finite. */
 __device__ __forceinline__ void better(float &bv, int &bi, float v, int i) {
     if (v > bv || (v == bv && i < bi)) {
         bv = v;
@@ -370,7 +372,13 @@ __global__ void k_argmax(int32_t *out, const float *__restrict__ logits, int col
     const float *x = logits + (size_t)blockIdx.x * stride;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) better(bv, bi, x[i], i);
+    int nan = 0;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float v = x[i];
+        nan |= isnan(v);
+        if (v > -INFINITY) better(bv, bi, v, i);
+    }
+    nan = __syncthreads_or(nan);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -393,7 +401,7 @@ __global__ void k_argmax(int32_t *out, const float *__restrict__ logits, int col
             int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             better(bv, bi, ov, oi);
         }
-        if (threadIdx.x == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+        if (threadIdx.x == 0) out[blockIdx.x] = nan || bi == 0x7fffffff ? -1 : bi;
     }
 }
 
