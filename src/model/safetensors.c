@@ -23,6 +23,48 @@ static int parse_dtype(const char *s, ns_dtype *dt) {
     return 0;
 }
 
+typedef struct st_range {
+    size_t begin, end; /* [begin, end) in the data section */
+    int32_t idx;       /* into st->tensors */
+} st_range;
+
+static int cmp_range(const void *a, const void *b) {
+    const st_range *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return (x->end > y->end) - (x->end < y->end);
+}
+
+/* Tensors [first, st->n_tensors) of one file must not share data bytes: a
+ * header whose data_offsets overlap is corrupt (or crafted), and loading
+ * it would alias weights silently. Empty tensors overlap nothing. */
+static ns_status check_overlap(const ns_safetensors *st, int32_t first, const uint8_t *data, const char *path,
+                               ns_error *err) {
+    const int32_t n = st->n_tensors - first;
+    if (n < 2) return NS_OK;
+    st_range *r = malloc((size_t)n * sizeof *r);
+    if (!r) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+    int32_t m = 0;
+    for (int32_t i = first; i < st->n_tensors; i++) {
+        const ns_st_tensor *t = &st->tensors[i];
+        if (!t->n_bytes) continue;
+        size_t b = (size_t)((const uint8_t *)t->data - data);
+        r[m++] = (st_range){b, b + t->n_bytes, i};
+    }
+    qsort(r, (size_t)m, sizeof *r, cmp_range);
+    ns_status rc = NS_OK;
+    int32_t far = -1; /* the range reaching furthest so far */
+    for (int32_t i = 0; i < m && rc == NS_OK; i++) {
+        if (far >= 0 && r[i].begin < r[far].end)
+            rc = ns_fail(err, NS_ERR_FORMAT,
+                         "%s: tensors \"%s\" (data_offsets [%zu, %zu]) and \"%s\" ([%zu, %zu]) overlap", path,
+                         st->tensors[r[far].idx].name, r[far].begin, r[far].end, st->tensors[r[i].idx].name,
+                         r[i].begin, r[i].end);
+        if (far < 0 || r[i].end > r[far].end) far = i;
+    }
+    free(r);
+    return rc;
+}
+
 static ns_status parse_file(ns_safetensors *st, int32_t fi, const char *path, XXH64_state_t *hs, ns_error *err) {
     const ns_mmap *m = &st->files[fi];
     const uint8_t *base = m->data;
@@ -56,6 +98,7 @@ static ns_status parse_file(ns_safetensors *st, int32_t fi, const char *path, XX
         goto done;
     }
     st->tensors = nt;
+    const int32_t first = st->n_tensors;
     const char *key;
     json_t *v;
     json_object_foreach(h, key, v) {
@@ -126,6 +169,7 @@ static ns_status parse_file(ns_safetensors *st, int32_t fi, const char *path, XX
         t.file = fi;
         st->tensors[st->n_tensors++] = t;
     }
+    rc = check_overlap(st, first, base + data_off, path, err);
 done:
     json_decref(h);
     return rc;

@@ -156,6 +156,27 @@ TEST(unexpected_tensor) {
     EXPECT_FAIL("unexpected tensor \"model.layers.0.self_attn.q_proj.bias\"");
 }
 
+/* data_offsets of model.norm.weight moved by `shift` bytes onto the start of
+ * layer 0's input_layernorm.weight (same shape): the two share bytes. */
+static void overlap_by(json_t *h, json_int_t shift) {
+    json_t *a = json_object_get(json_object_get(h, "model.layers.0.input_layernorm.weight"), "data_offsets");
+    json_t *b = json_object_get(json_object_get(h, "model.norm.weight"), "data_offsets");
+    json_int_t begin = json_integer_value(json_array_get(a, 0)) + shift;
+    json_int_t len = json_integer_value(json_array_get(b, 1)) - json_integer_value(json_array_get(b, 0));
+    json_array_set_new(b, 0, json_integer(begin));
+    json_array_set_new(b, 1, json_integer(begin + len));
+}
+static void overlap_same(json_t *h) { overlap_by(h, 0); }
+static void overlap_partly(json_t *h) { overlap_by(h, 2); }
+TEST(overlapping_data_offsets) {
+    reset_dir();
+    write_with_header(overlap_same);
+    EXPECT_FAIL("overlap");
+    reset_dir();
+    write_with_header(overlap_partly);
+    EXPECT_FAIL("overlap");
+}
+
 static void transpose_gate(json_t *h) {
     json_t *t = json_object_get(h, "model.layers.0.mlp.gate_proj.weight");
     json_object_set_new(t, "shape", json_pack("[i,i]", 128, 384));
@@ -255,6 +276,7 @@ int main(void) {
     RUN(unsupported_dtype);
     RUN(bad_shard_index);
     RUN(sharded_checkpoint_loads);
+    RUN(overlapping_data_offsets);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) printf("# could not remove %s\n", g_dir);
