@@ -1,6 +1,7 @@
 #include "cli/cli_common.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,15 +16,31 @@
 #include "backend/cuda/cuda.h"
 #endif
 #include "tokenizer/tokenizer.h"
+#include "util/clock.h"
 #include "util/log.h"
 
 void ns_cli_engine_opts_default(ns_cli_engine_opts *o) {
     memset(o, 0, sizeof *o);
     o->device = "cpu";
     o->page_tokens = 16;
-    o->max_batch_tokens = 512;
+    o->max_batch_tokens = 0; /* per backend, see ns_cli_batch_tokens */
     o->max_logits = 1;
     o->default_pool_contexts = 1;
+}
+
+int32_t ns_cli_batch_tokens(const ns_cli_engine_opts *o) {
+    if (o->max_batch_tokens > 0) return o->max_batch_tokens;
+    return o->device && strcmp(o->device, "cuda") == 0 ? NS_CLI_BATCH_TOKENS_CUDA : NS_CLI_BATCH_TOKENS_CPU;
+}
+
+ns_status ns_cli_dummy_config(const char *path, ns_model_config *cfg, ns_error *err) {
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root && je.line > 0) return ns_fail(err, NS_ERR_IO, "%s: %s (line %d)", path, je.text, je.line);
+    if (!root) return ns_fail(err, NS_ERR_IO, "%s", je.text);
+    ns_status rc = ns_config_from_json(root, NULL, cfg, err);
+    json_decref(root);
+    return rc;
 }
 
 int ns_cli_default_threads(void) {
@@ -80,6 +97,9 @@ static const char *log_level_name(ns_log_level l) {
 }
 
 void ns_cli_engine_usage(FILE *f, const ns_cli_engine_opts *d) {
+    char batch[64];
+    if (d->max_batch_tokens > 0) snprintf(batch, sizeof batch, "%d", (int)d->max_batch_tokens);
+    else snprintf(batch, sizeof batch, "%d on the CPU, %d on CUDA", NS_CLI_BATCH_TOKENS_CPU, NS_CLI_BATCH_TOKENS_CUDA);
     fprintf(f,
             "engine options:\n"
             "  --model DIR              Hugging Face checkpoint directory: config.json, *.safetensors,\n"
@@ -87,7 +107,7 @@ void ns_cli_engine_usage(FILE *f, const ns_cli_engine_opts *d) {
             "  --device cpu|cuda        backend (default %s)\n"
             "  --threads N              CPU threads (default: one per core, at most 64; %d here)\n"
             "  --page-size P            KV page size in tokens (default %d)\n"
-            "  --max-batch-tokens N     tokens per engine step (default %d)\n"
+            "  --max-batch-tokens N     tokens per engine step (default %s)\n"
             "  --log-level L            debug|info|warn|error|off (default %s; also $NS_LOG_LEVEL)\n"
             "KV pool size: the first of these that is given, in this order, decides (default: %d\n"
             "model context%s on the CPU, capped at a quarter of RAM; 90%% of the device memory free\n"
@@ -96,7 +116,7 @@ void ns_cli_engine_usage(FILE *f, const ns_cli_engine_opts *d) {
             "  --kv-memory SIZE         in bytes, e.g. 512M, 8G\n"
             "  --gpu-memory F|SIZE      CUDA: a fraction (0, 1] of the free device memory, or a size\n"
             "  --kv-tokens N            in tokens, rounded up to whole pages\n",
-            d->device, ns_cli_default_threads(), d->page_tokens, d->max_batch_tokens, log_level_name(ns_log_get_level()),
+            d->device, ns_cli_default_threads(), d->page_tokens, batch, log_level_name(ns_log_get_level()),
             d->default_pool_contexts, d->default_pool_contexts == 1 ? "" : "s");
 }
 
@@ -187,15 +207,24 @@ ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_
     if (rc != NS_OK) return rc;
     if (o->model_dir) {
         rc = ns_model_load(o->model_dir, ce->be, &ce->model, err);
+    } else if (o->dummy_config) {
+        ns_model_config cfg;
+        rc = ns_cli_dummy_config(o->dummy_config, &cfg, err);
+        double t0 = ns_clock_now();
+        if (rc == NS_OK) rc = ns_model_create_random(&cfg, ce->be, NS_DT_BF16, NS_DEMO_SEED, &ce->model, err);
+        if (rc == NS_OK)
+            NS_INFO("dummy weights: %s (%d layers, hidden %d, vocab %d), random bf16, generated in %.2f s",
+                    o->dummy_config, cfg.n_layers, cfg.hidden_size, cfg.vocab_size, ns_clock_now() - t0);
     } else {
         ns_model_config cfg;
         ns_demo_config(&cfg);
         rc = ns_model_create_random(&cfg, ce->be, NS_DT_F32, NS_DEMO_SEED, &ce->model, err);
     }
     if (rc != NS_OK) goto fail;
+    const int32_t batch = ns_cli_batch_tokens(o);
     ns_engine_opts eo = {
-        .max_batch_tokens = o->max_batch_tokens,
-        .max_logits = o->max_logits > o->max_batch_tokens ? o->max_batch_tokens : o->max_logits,
+        .max_batch_tokens = batch,
+        .max_logits = o->max_logits > batch ? batch : o->max_logits,
         .page_tokens = o->page_tokens,
         .kv_dtype = strcmp(ce->be->ops->name, "cpu") == 0 ? NS_DT_F32 : NS_DT_BF16,
     };
@@ -312,6 +341,16 @@ ns_status ns_cli_parse_tokens(const char *s, int32_t **out, int32_t *n_out, ns_e
 ns_status ns_cli_tokenizer_open(const char *model_dir, struct ns_tokenizer **out, ns_error *err) {
     if (model_dir) return ns_tokenizer_load(model_dir, out, err);
     return ns_tokenizer_load_json(ns_demo_tokenizer_json(), ns_demo_tokenizer_config_json(), out, err);
+}
+
+ns_status ns_cli_engine_tokenizer(const ns_cli_engine_opts *o, const ns_cli_engine *ce, struct ns_tokenizer **out,
+                                  ns_error *err) {
+    if (o->model_dir || !ce->model) return ns_cli_tokenizer_open(o->model_dir, out, err);
+    char *json = ns_demo_tokenizer_json_n(ce->model->cfg.vocab_size);
+    if (!json) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+    ns_status rc = ns_tokenizer_load_json(json, ns_demo_tokenizer_config_json(), out, err);
+    free(json);
+    return rc;
 }
 
 uint64_t ns_cli_random_seed(void) {

@@ -23,10 +23,12 @@
 
 typedef struct ns_cli_engine_opts {
     const char *model_dir;      /* NULL = built-in demo model */
+    const char *dummy_config;   /* a config.json: random bf16 weights of that shape
+                                 * (serve --dummy-weights); excludes model_dir */
     const char *device;         /* "cpu" (default) or "cuda" */
     int threads;                /* 0 = all cores */
     int32_t page_tokens;        /* default 16 */
-    int32_t max_batch_tokens;   /* default 512 */
+    int32_t max_batch_tokens;   /* 0 = per backend: NS_CLI_BATCH_TOKENS_CPU/_CUDA */
     int32_t max_logits;         /* default 1 */
     int64_t kv_tokens;          /* pool capacity in tokens (--kv-tokens) */
     int64_t kv_pages;           /* ... or in pages (--kv-pages) */
@@ -39,6 +41,14 @@ typedef struct ns_cli_engine_opts {
     int32_t default_pool_contexts; /* 1 for one-shot CLI commands; serve uses 4 so
                                     * several unbounded requests fit at once */
 } ns_cli_engine_opts;
+
+/* Default engine step budget (--max-batch-tokens) per backend: a CUDA step
+ * of 8k tokens costs little more per token than one of 512 (a cold 30k
+ * prompt on an H200, Qwen3-8B shapes: 2.69 s vs 3.75 s), while on the CPU
+ * a step is long enough already; the scheduler shrinks prefill chunks while
+ * other streams decode either way. */
+#define NS_CLI_BATCH_TOKENS_CPU 512
+#define NS_CLI_BATCH_TOKENS_CUDA 8192
 
 typedef struct ns_cli_engine {
     ns_backend *be;
@@ -62,6 +72,12 @@ int ns_cli_usage_error(const char *cmd, ns_cli_usage_fn usage, const char *fmt, 
     __attribute__((format(printf, 3, 4)));
 
 void ns_cli_engine_opts_default(ns_cli_engine_opts *o);
+/* The step budget o stands for: max_batch_tokens, or when 0 the default of
+ * o->device. ns_cli_engine_open uses it; a caller that sizes something else
+ * by it (the scheduler) resolves it first with o->max_batch_tokens = this. */
+int32_t ns_cli_batch_tokens(const ns_cli_engine_opts *o);
+/* Reads a config.json for --dummy-weights (the model's shape only). */
+ns_status ns_cli_dummy_config(const char *path, ns_model_config *cfg, ns_error *err);
 /* Handles one engine flag (--model, --device, --threads, --page-size,
  * --max-batch-tokens, the KV pool flags, --log-level) at argv[*i],
  * advancing *i past its value. Returns 1 if consumed, 0 if not an engine
@@ -76,6 +92,11 @@ void ns_cli_engine_close(ns_cli_engine *ce);
 struct ns_tokenizer;
 /* Opens the tokenizer of model_dir, or the demo model's when NULL. */
 ns_status ns_cli_tokenizer_open(const char *model_dir, struct ns_tokenizer **out, ns_error *err);
+/* The tokenizer for an opened engine: model_dir's, else the demo byte-level
+ * tokenizer widened to the model's vocabulary (with --dummy-weights every
+ * id then has text, see ns_demo_tokenizer_json_n). */
+ns_status ns_cli_engine_tokenizer(const ns_cli_engine_opts *o, const ns_cli_engine *ce, struct ns_tokenizer **out,
+                                  ns_error *err);
 /* A seed from the OS for requests that did not give one. */
 uint64_t ns_cli_random_seed(void);
 

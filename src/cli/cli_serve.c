@@ -100,18 +100,23 @@ static void usage(FILE *f) {
     serve_opts d;
     serve_defaults(&d);
     fprintf(f,
-            "usage: nightshift serve [--model DIR] [--host H] [--port P] [--api-key KEY] [options]\n"
+            "usage: nightshift serve [--model DIR | --dummy-weights CONFIG_JSON] [--host H] [--port P] [options]\n"
             "  OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models,\n"
             "  /health, /metrics). The model directory is checked before the port opens; the\n"
             "  weights then load in the background (GET /health answers 503 until ready).\n"
             "  SIGINT/SIGTERM: stop accepting, let running requests finish, exit. Example:\n"
             "    nightshift serve --model DIR --port 8080\n"
+            "    nightshift serve --dummy-weights CONFIG_JSON --port 8080\n"
+            "  --dummy-weights CONFIG_JSON  benchmarks without a checkpoint: a model of this config.json\n"
+            "                           with RANDOM bf16 weights generated on the device, the demo\n"
+            "                           byte-level tokenizer and ChatML template (default: off;\n"
+            "                           excludes --model)\n"
             "  --host H                 listen address (default %s)\n"
             "  --port P                 listen port; 0 = any free port, the log says which (default %d)\n"
             "  --api-key KEY            require 'Authorization: Bearer KEY' (default: $NIGHTSHIFT_API_KEY,\n"
             "                           or none)\n"
             "  --served-model-name N    model id reported by the API (default: the directory name,\n"
-            "                           or nightshift-demo); --alias N is the same\n"
+            "                           the config name, or nightshift-demo); --alias N is the same\n"
             "  --max-running N          sequences decoded at once (default %d)\n"
             "  --max-body-bytes N       request body cap in bytes (default %zu)\n"
             "  --timeout S              idle connection timeout in seconds (default %u)\n"
@@ -160,7 +165,7 @@ static void *load_main(void *arg) {
     ns_api *a = L->api;
     serve_opts *o = L->o;
     ns_status rc = ns_cli_engine_open(&o->eng, &L->ce, &L->err);
-    if (rc == NS_OK && !L->tok) rc = ns_cli_tokenizer_open(o->eng.model_dir, &L->tok, &L->err);
+    if (rc == NS_OK && !L->tok) rc = ns_cli_engine_tokenizer(&o->eng, &L->ce, &L->tok, &L->err);
     if (rc != NS_OK) goto fail;
     const char *src = ns_tokenizer_chat_template(L->tok, NULL);
     if (src) {
@@ -229,6 +234,15 @@ static void model_name_from_dir(const char *dir, char *out, size_t cap) {
     snprintf(out, cap, "%.*s", (int)(n - s), dir + s);
 }
 
+/* "bench/configs/qwen3-8b.json" -> "qwen3-8b" */
+static void dummy_model_name(const char *path, char *out, size_t cap) {
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    size_t n = strlen(b);
+    if (n > 5 && strcmp(b + n - 5, ".json") == 0) n -= 5;
+    snprintf(out, cap, "%.*s", (int)n, b);
+}
+
 /* Returns 0 to go on, or an exit code to return at once (1 after --help:
  * the caller maps it to 0; 2 on a usage error). */
 static int parse_args(int argc, char **argv, serve_opts *o) {
@@ -249,7 +263,7 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         static const char *const with_value[] = {"--host", "--port", "--api-key", "--served-model-name", "--alias",
                                                  "--max-running", "--max-body-bytes", "--timeout",
                                                  "--shutdown-timeout", "--admin-key", "--ram-cache",
-                                                 "--ssd-cache", "--ssd-cache-size"};
+                                                 "--ssd-cache", "--ssd-cache-size", "--dummy-weights"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= strcmp(a, with_value[k]) == 0;
         if (!known) return ns_cli_usage_error("serve", usage, "unknown option %s", a);
@@ -260,6 +274,7 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         if (strcmp(a, "--host") == 0) o->http.host = v;
         else if (strcmp(a, "--admin-key") == 0) o->http.admin_key = v;
         else if (strcmp(a, "--ssd-cache") == 0) o->ssd_dir = v;
+        else if (strcmp(a, "--dummy-weights") == 0) o->eng.dummy_config = v;
         else if (strcmp(a, "--ram-cache") == 0) {
             if (strcmp(v, "0") == 0 || strcmp(v, "off") == 0) o->ram_cache_bytes = 0;
             else if (ns_cli_parse_size(v, &sz) != 0) goto bad;
@@ -319,6 +334,8 @@ int ns_cli_serve(int argc, char **argv) {
     o.http.api_key = getenv("NIGHTSHIFT_API_KEY");
     int pr = parse_args(argc, argv, &o);
     if (pr) return pr == 1 ? 0 : pr;
+    if (o.eng.model_dir && o.eng.dummy_config)
+        return ns_cli_usage_error("serve", usage, "give at most one of --model DIR or --dummy-weights CONFIG_JSON");
     resolve_tiers(&o);
     ns_tokenizer *checked_tok = NULL;
     if (o.eng.model_dir) {
@@ -328,15 +345,27 @@ int ns_cli_serve(int argc, char **argv) {
                     verr.msg);
             return 1;
         }
+    } else if (o.eng.dummy_config) {
+        ns_model_config cfg;
+        ns_error verr = {0};
+        if (ns_cli_dummy_config(o.eng.dummy_config, &cfg, &verr) != NS_OK) {
+            fprintf(stderr, "nightshift serve: --dummy-weights: %s\n", verr.msg);
+            return 1;
+        }
     }
+    o.eng.max_batch_tokens = ns_cli_batch_tokens(&o.eng); /* the scheduler's budget = the engine's */
     /* the engine computes logits for every running sequence each step */
     if (o.eng.max_logits < o.max_running) o.eng.max_logits = o.max_running;
     if (o.eng.max_logits > o.eng.max_batch_tokens) o.eng.max_logits = o.eng.max_batch_tokens;
 
     char name[256];
     if (o.model_name) snprintf(name, sizeof name, "%s", o.model_name);
+    else if (o.eng.dummy_config) dummy_model_name(o.eng.dummy_config, name, sizeof name);
     else model_name_from_dir(o.eng.model_dir, name, sizeof name);
-    if (!o.eng.model_dir)
+    if (o.eng.dummy_config)
+        NS_WARN("serve: WARNING: --dummy-weights: serving RANDOM bf16 weights shaped by %s, with the demo "
+                "tokenizer (for benchmarks; the output is noise)", o.eng.dummy_config);
+    else if (!o.eng.model_dir)
         NS_WARN("serve: WARNING: no --model given: serving the built-in RANDOM-WEIGHT demo model (its output is noise)");
 
     /* Signals are taken synchronously by this thread only: block them

@@ -52,7 +52,11 @@ static void byte_char(int b, char out[4]) {
 static char *g_tok_json, *g_cfg_json;
 
 const char *ns_demo_tokenizer_json(void) {
-    if (g_tok_json) return g_tok_json;
+    if (!g_tok_json) g_tok_json = ns_demo_tokenizer_json_n(0);
+    return g_tok_json;
+}
+
+char *ns_demo_tokenizer_json_n(int32_t n_vocab) {
     json_t *root = json_object(), *model = json_object(), *vocab = json_object(), *added = json_array();
     for (int b = 0; b < 256; b++) {
         char s[4];
@@ -64,6 +68,13 @@ const char *ns_demo_tokenizer_json(void) {
         json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", 256 + (int)i, "content",
                                                k_demo_specials[i], "single_word", 0, "lstrip", 0, "rstrip", 0,
                                                "normalized", 0, "special", 1));
+    }
+    /* filler pieces " t<id>" (U+0120 is the byte-level space) so that every
+     * id of a wider model has text */
+    for (int32_t id = 256 + (int32_t)N_SPECIALS; id < n_vocab; id++) {
+        char s[32];
+        snprintf(s, sizeof s, "\xc4\xa0t%d", (int)id);
+        json_object_set_new(vocab, s, json_integer(id));
     }
     json_object_set_new(model, "type", json_string("BPE"));
     json_object_set_new(model, "vocab", vocab);
@@ -79,9 +90,9 @@ const char *ns_demo_tokenizer_json(void) {
                         json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 0, "trim_offsets", 0,
                                   "use_regex", 0));
     json_object_set_new(root, "model", model);
-    g_tok_json = json_dumps(root, JSON_COMPACT);
+    char *out = json_dumps(root, JSON_COMPACT);
     json_decref(root);
-    return g_tok_json;
+    return out;
 }
 
 const char *ns_demo_tokenizer_config_json(void) {

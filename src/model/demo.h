@@ -15,6 +15,11 @@ void ns_demo_config(ns_model_config *cfg);
  * (static strings, built on first use; not thread-safe on first call —
  * call once at start-up). */
 const char *ns_demo_tokenizer_json(void);
+/* The demo tokenizer.json widened to n_vocab ids (if more than its own):
+ * ids past the specials decode to filler pieces " t<id>", so a model with
+ * random weights and a real vocabulary size (--dummy-weights) streams text
+ * for every token. Malloc'd (free()); NULL when out of memory. */
+char *ns_demo_tokenizer_json_n(int32_t n_vocab);
 const char *ns_demo_tokenizer_config_json(void);
 
 #endif

@@ -107,6 +107,7 @@ expect_usage_error "--device must be cpu or cuda" serve --device tpu
 expect_usage_error "give exactly one of --prompt or --tokens" generate
 expect_usage_error "--tokens is required" eval
 expect_usage_error "--model DIR is required" tokenize
+expect_usage_error "give at most one of --model DIR or --dummy-weights" serve --model "$SMALL" --dummy-weights "$TINY_CFG"
 
 # ---- bench-engine: the argv convention (was "unknown argument cuda"); its
 # CPU run is the usage example, below
@@ -138,6 +139,11 @@ check_refused "$TMP/noweights" "no model.safetensors"
 check_refused "$TMP/shape" "expected [96, 64]"
 check_refused "$TMP/notok" "tokenizer.json"
 check_refused "$MODEL/config.json" "not a directory"
+# ... and an unusable --dummy-weights config likewise
+run serve --host 127.0.0.1 --port 0 --dummy-weights "$TMP/broken/config.json"
+[ "$RC" = 1 ] && grep -qF -- "--dummy-weights: $TMP/broken/config.json: " <<<"$ERR" ||
+  fail "serve --dummy-weights with a broken config: exit $RC: $ERR"
+! grep -qi "listening" <<<"$OUT$ERR" || fail "serve --dummy-weights with a broken config listened: $ERR"
 
 # ---- the documented examples run as written
 # serve_example CMDLINE — starts it on a free port, waits for /health 200,
