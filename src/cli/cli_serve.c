@@ -29,6 +29,8 @@ typedef struct serve_opts {
     int64_t ram_cache_bytes;    /* -1 = default: a quarter of RAM on CUDA, off on CPU */
     const char *ssd_dir;        /* NULL = default directory */
     bool no_ssd_cache;
+    ns_pause_policy pause_policy;
+    bool log_prompts;
     int64_t ssd_cache_bytes;
     char ssd_dir_buf[4096];
 } serve_opts;
@@ -129,7 +131,14 @@ static void usage(FILE *f) {
             "                           $XDG_CACHE_HOME/nightshift or ~/.cache/nightshift)\n"
             "  --ssd-cache-size SIZE    SSD tier size cap (default 32G); least recently used pages go\n"
             "                           first\n"
-            "  --no-ssd-cache           no SSD tier (default: the tier is on)\n",
+            "  --no-ssd-cache           no SSD tier (default: the tier is on)\n"
+            "When the KV pool is full:\n"
+            "  --pause-policy P         pause (default): admit on the pages a request needs now and,\n"
+            "                           when the pool runs dry, pause the newest request (its KV goes\n"
+            "                           to the cache tiers, it resumes exactly when room returns);\n"
+            "                           reserve: admit only when prompt + max_tokens fit, never pause\n"
+            "  --log-prompts            log prompt text at INFO (default off: only at --log-level\n"
+            "                           debug), e.g. where a prompt left the cache\n",
             d.http.host, d.http.port, d.max_running, d.http.max_body_bytes, d.http.timeout_s,
             (int)d.shutdown_timeout_s);
     ns_cli_engine_usage(f, &d.eng);
@@ -185,6 +194,8 @@ static void *load_main(void *arg) {
         .ram_cache_bytes = o->ram_cache_bytes,
         .ssd_dir = o->ssd_dir,
         .ssd_bytes = o->ssd_cache_bytes,
+        .pause_policy = o->pause_policy,
+        .log_prompts = o->log_prompts,
     };
     rc = ns_sched_create(L->ce.engine, &so, &L->sched, &L->err);
     if (rc == NS_OK) rc = ns_sched_start(L->sched, &L->err);
@@ -260,10 +271,15 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
             o->no_ssd_cache = true;
             continue;
         }
+        if (strcmp(a, "--log-prompts") == 0) {
+            o->log_prompts = true;
+            continue;
+        }
         static const char *const with_value[] = {"--host", "--port", "--api-key", "--served-model-name", "--alias",
                                                  "--max-running", "--max-body-bytes", "--timeout",
                                                  "--shutdown-timeout", "--admin-key", "--ram-cache",
-                                                 "--ssd-cache", "--ssd-cache-size", "--dummy-weights"};
+                                                 "--ssd-cache", "--ssd-cache-size", "--dummy-weights",
+                                                 "--pause-policy"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= strcmp(a, with_value[k]) == 0;
         if (!known) return ns_cli_usage_error("serve", usage, "unknown option %s", a);
@@ -275,6 +291,11 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         else if (strcmp(a, "--admin-key") == 0) o->http.admin_key = v;
         else if (strcmp(a, "--ssd-cache") == 0) o->ssd_dir = v;
         else if (strcmp(a, "--dummy-weights") == 0) o->eng.dummy_config = v;
+        else if (strcmp(a, "--pause-policy") == 0) {
+            if (strcmp(v, "pause") == 0) o->pause_policy = NS_PAUSE_POLICY_PAUSE;
+            else if (strcmp(v, "reserve") == 0) o->pause_policy = NS_PAUSE_POLICY_RESERVE;
+            else goto bad;
+        }
         else if (strcmp(a, "--ram-cache") == 0) {
             if (strcmp(v, "0") == 0 || strcmp(v, "off") == 0) o->ram_cache_bytes = 0;
             else if (ns_cli_parse_size(v, &sz) != 0) goto bad;
