@@ -314,16 +314,32 @@ static void op_matmul(cu_impl *c, const ns_tensor *out, const ns_tensor *in, con
     cu_note_write(c, out);
 }
 
-static void exec_op(cu_impl *c, const cu_op *op) {
-    if (c->err_status != NS_OK) return;
+static void prof_begin(cu_impl *c, const char *label, int *pi) {
+    *pi = -1;
+    if (!c->profiling || c->n_prof_ev >= CU_PROF_EVENTS) return;
+    *pi = c->n_prof_ev++;
+    c->prof_label_of[*pi] = prof_label(c, label);
+    cudaEventRecord(c->prof_ev[2 * *pi], c->stream);
+}
+
+static void prof_end(cu_impl *c, int pi) {
+    if (pi >= 0) cudaEventRecord(c->prof_ev[2 * pi + 1], c->stream);
+}
+
+/* prof_begin for one op; its label is built only when profiling. */
+static int prof_begin_op(cu_impl *c, const cu_op *op) {
     int pi = -1;
     if (c->profiling && c->n_prof_ev < CU_PROF_EVENTS) {
         char name[48];
         op_label(op, name, sizeof name);
-        pi = c->n_prof_ev++;
-        c->prof_label_of[pi] = prof_label(c, name);
-        cudaEventRecord(c->prof_ev[2 * pi], c->stream);
+        prof_begin(c, name, &pi);
     }
+    return pi;
+}
+
+static void exec_op(cu_impl *c, const cu_op *op) {
+    if (c->err_status != NS_OK) return;
+    int pi = prof_begin_op(c, op);
     switch (op->kind) {
     case OP_EMBED: {
         const ns_tensor *out = &op->a, *tab = &op->b;
@@ -389,7 +405,7 @@ static void exec_op(cu_impl *c, const cu_op *op) {
     }
     default: break;
     }
-    if (pi >= 0) cudaEventRecord(c->prof_ev[2 * pi + 1], c->stream);
+    prof_end(c, pi);
 }
 
 /* ops that need the backend (KV layout) are executed here */
@@ -404,14 +420,7 @@ static void exec_op_be(ns_backend *be, const cu_op *op) {
     case OP_ARGMAX: break;
     default: exec_op(c, op); return;
     }
-    int pi = -1;
-    if (c->profiling && c->n_prof_ev < CU_PROF_EVENTS) {
-        char name[48];
-        op_label(op, name, sizeof name);
-        pi = c->n_prof_ev++;
-        c->prof_label_of[pi] = prof_label(c, name);
-        cudaEventRecord(c->prof_ev[2 * pi], c->stream);
-    }
+    int pi = prof_begin_op(c, op);
     const ns_kv_layout *l = &be->kv;
     switch (op->kind) {
     case OP_KV_STORE: {
@@ -470,7 +479,7 @@ static void exec_op_be(ns_backend *be, const cu_op *op) {
     }
     default: break;
     }
-    if (pi >= 0) cudaEventRecord(c->prof_ev[2 * pi + 1], c->stream);
+    prof_end(c, pi);
 }
 
 /* ================================================================= tape */
@@ -490,17 +499,6 @@ static bool gemv_eligible(const cu_impl *c, const cu_op *op) {
            out->data != in->data;
 }
 
-static void prof_begin(cu_impl *c, const char *label, int *pi) {
-    *pi = -1;
-    if (!c->profiling || c->n_prof_ev >= CU_PROF_EVENTS) return;
-    *pi = c->n_prof_ev++;
-    c->prof_label_of[*pi] = prof_label(c, label);
-    cudaEventRecord(c->prof_ev[2 * *pi], c->stream);
-}
-
-static void prof_end(cu_impl *c, int pi) {
-    if (pi >= 0) cudaEventRecord(c->prof_ev[2 * pi + 1], c->stream);
-}
 
 /* Prefetch plan: the weights of the first matmuls at or after ops[j]
  * (stopping at the first non-matmul after a matmul), up to 2/3 of L2. */
