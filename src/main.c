@@ -3,6 +3,8 @@
  * src/cli/, takes the options only (argv after "nightshift CMD", see
  * cli/cli_common.h) and returns its exit code: 0 ok, 1 runtime error,
  * 2 usage error. Every subcommand answers --help/-h on stdout. */
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,37 @@
 #include "cli/cli_tokenize.h"
 #include "util/log.h"
 #include "version.h"
+
+/* Signals. `serve` takes SIGINT/SIGTERM synchronously on its main thread
+ * (sigtimedwait in cli_serve.c), so no other thread may ever have them
+ * unblocked: the kernel hands a process-directed signal to any thread that
+ * does not block it, and with no handler installed that thread takes the
+ * default action (exit 143, no drain). Blocking them at the top of main is
+ * too late: libopenblas (the pthread build) starts its worker threads in
+ * its library constructor, before main runs, and they inherit the mask of
+ * that moment; a constructor of our own runs too late as well (the
+ * executable's constructors run after those of the libraries it needs,
+ * whatever their priority). The executable's DT_PREINIT_ARRAY runs before
+ * every library constructor, so the mask is set there, and every thread of
+ * the process, OpenBLAS's included, starts with SIGINT and SIGTERM blocked.
+ * main then gives the other subcommands (generate, eval, ...) the mask the
+ * process was started with, on the main thread only: a signal is then
+ * delivered to the main thread and takes its default action, as before.
+ * (openblas_set_num_threads after masking does not help: it never ends the
+ * threads already started.) */
+static sigset_t g_startup_mask;
+static bool g_startup_mask_saved;
+
+static void block_stop_signals(int argc, char **argv, char **envp) {
+    (void)argc, (void)argv, (void)envp;
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGINT);
+    sigaddset(&s, SIGTERM);
+    if (sigprocmask(SIG_BLOCK, &s, &g_startup_mask) == 0) g_startup_mask_saved = true;
+}
+typedef void (*preinit_fn)(int, char **, char **);
+__attribute__((section(".preinit_array"), used)) static preinit_fn ns_preinit_block_signals = block_stop_signals;
 
 typedef struct command {
     const char *name;
@@ -113,6 +146,10 @@ static int run_main(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    /* every command but serve: SIGINT/SIGTERM as the process was started
+     * with (their default action) -- see block_stop_signals */
+    if (g_startup_mask_saved && !(argc >= 2 && strcmp(argv[1], "serve") == 0))
+        pthread_sigmask(SIG_SETMASK, &g_startup_mask, NULL);
     const char *lvl = getenv("NS_LOG_LEVEL");
     if (lvl && ns_log_parse_level(lvl) >= 0) ns_log_set_level((ns_log_level)ns_log_parse_level(lvl));
     exit(run_main(argc, argv));
