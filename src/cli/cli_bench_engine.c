@@ -33,7 +33,7 @@
 
 #include "backend/backend.h"
 #include "engine/engine.h"
-#include "engine/sample.h"
+#include "sample/sample.h"
 #include "model/model.h"
 #include "util/clock.h"
 #ifdef NS_HAVE_CUDA

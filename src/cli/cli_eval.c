@@ -7,7 +7,7 @@
 
 #include "cli/cli_common.h"
 #include "engine/runner.h"
-#include "engine/sample.h"
+#include "sample/sample.h"
 
 typedef struct {
     const int32_t *tokens;

@@ -11,7 +11,7 @@
 #include <jansson.h>
 
 #include "engine/runner.h"
-#include "engine/sample.h"
+#include "sample/sample.h"
 #include "test.h"
 
 typedef struct {

@@ -24,7 +24,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
 #include "engine/engine.h"
-#include "engine/sample.h"
+#include "sample/sample.h"
 #include "model/model.h"
 #include "test.h"
 

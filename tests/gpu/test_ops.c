@@ -18,7 +18,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
-#include "engine/sample.h"
+#include "sample/sample.h"
 #include "test.h"
 
 static ns_backend *cpu, *gpu;
