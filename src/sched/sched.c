@@ -8,6 +8,7 @@
  * promise. So a running sequence never finds the pool empty, and nothing
  * admitted is ever aborted for lack of memory. (Pausing, which relaxes
  * this promise, is a later issue.) */
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1134,6 +1135,34 @@ void ns_sched_get_capacity(ns_sched *s, ns_sched_capacity *out) {
     }
 }
 
+/* The scheduler's invariants (NS_DEBUG_CHECKS builds: sanitizer runs):
+ * promises add up, nothing is both running and waiting, a running
+ * sequence's pages cover its context, a paused one holds no page. */
+static void check_invariants(const ns_sched *s) {
+#ifdef NS_DEBUG_CHECKS
+    int64_t promised = 0;
+    assert(s->n_running <= s->opts.max_running);
+    for (int32_t i = 0; i < s->n_running; i++) {
+        const ns_seq *q = s->running[i];
+        assert(q->state == RS_PREFILLING || q->state == RS_DECODING);
+        assert(q->reserve_pages >= 0);
+        promised += q->reserve_pages;
+        assert((int64_t)q->n_pages * s->P >= q->n_ctx);
+        assert(q->n_ctx <= q->n_tokens && q->n_committed * s->P <= q->n_ctx);
+        for (int32_t j = 0; j < s->n_waiting; j++) assert(s->waiting[j] != q);
+    }
+    assert(promised == s->reserved);
+    for (int32_t j = 0; j < s->n_waiting; j++) {
+        const ns_seq *q = s->waiting[j];
+        assert(q->state == RS_WAITING || q->state == RS_PAUSED);
+        assert(q->n_pages == 0 && q->reserve_pages == 0);
+        if (j > 0) assert(s->waiting[j - 1]->t_submit <= q->t_submit); /* FIFO */
+    }
+#else
+    (void)s;
+#endif
+}
+
 static void *engine_main(void *arg) {
     ns_sched *s = arg;
     for (;;) {
@@ -1145,6 +1174,7 @@ static void *engine_main(void *arg) {
         bool worked = step(s);
         serve_flushes(s, worked);
         ns_kv_cache_check(s->kv);
+        check_invariants(s);
         update_gauges(s);
         if (!worked) {
             pthread_mutex_lock(&s->mu);
