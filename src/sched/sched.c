@@ -730,11 +730,11 @@ static void commit_full_pages(ns_sched *s, ns_seq *q) {
  * the step stays within the latency target, given work already planned.
  * Only applies while some stream decodes: alone, prefill takes the whole
  * budget (throughput wins when nobody waits for tokens). */
-static int32_t bounded_chunk(const ns_sched *s, int32_t want, int32_t ctx, double planned_units) {
+static int32_t bounded_chunk(const ns_sched *s, int32_t want, int32_t ctx, double planned_units, double target_s) {
     double fixed = 0, rate = 0;
     if (!cost_fit_get(s, &fixed, &rate)) rate = marginal_rate(s), fixed = 0;
     if (rate <= 0) return want;
-    double budget_units = (s->opts.target_step_ms * 1e-3 - fixed) / rate - planned_units;
+    double budget_units = (target_s - fixed) / rate - planned_units;
     int32_t c = want;
     while (c > 16 && work_units(s, c, (double)c * ((double)ctx + c / 2.0)) > budget_units) c /= 2;
     return c;
@@ -883,13 +883,22 @@ static bool step(ns_sched *s) {
         s->plan_q[np++] = q;
     }
     sort_prefill(s->plan_q + n_dec, np - n_dec, ns_clock_now());
+    /* The latency target of a step that decodes grows with the prompts
+     * waiting for their first token (x1.5 per four, at most x3): eight
+     * agents' warm turns arriving together otherwise trickle through one
+     * 50 ms step each while the first ones' streams decode. */
+    const int32_t n_pre = np - n_dec;
+    double grow = 1.0 + 0.5 * (double)(n_pre / 4 + (n_pre > 1));
+    if (grow > 3.0) grow = 3.0;
+    const double target_s = s->opts.target_step_ms * 1e-3 * grow;
     int32_t n_plan = n_dec;
     for (int32_t i = n_dec; i < np && budget > 0; i++) {
         ns_seq *q = s->plan_q[i];
         int32_t chunk = q->n_tokens - q->n_ctx;
         if (chunk > s->opts.prefill_chunk) chunk = s->opts.prefill_chunk;
         if (chunk > budget) chunk = budget;
-        if (decoding) chunk = bounded_chunk(s, chunk, q->n_ctx, work_units(s, planned_tokens, planned_pairs));
+        if (decoding)
+            chunk = bounded_chunk(s, chunk, q->n_ctx, work_units(s, planned_tokens, planned_pairs), target_s);
         if (chunk <= 0) continue;
         q->t_served = ns_clock_now();
         s->plan_q[n_plan] = q;
