@@ -428,7 +428,13 @@ static ns_status stream_next(void *ctx, ns_buf *out, bool *eof) {
         bool paused = false;
         int32_t pos = 0;
         const bool queued = ns_request_waiting(j->g.req, &paused, &pos);
-        if (ns_clock_now() - j->last_emit > (queued ? KEEPALIVE_QUEUED_S : KEEPALIVE_S)) {
+        /* often enough for a client or proxy with the server's idle limit
+         * (conn.keepalive_s = min(15 s, --timeout / 3)); at once when the
+         * client finished sending, to learn whether it still reads */
+        const double ka = j->g.conn.keepalive_s > 0 && j->g.conn.keepalive_s < KEEPALIVE_S ? j->g.conn.keepalive_s
+                                                                                          : KEEPALIVE_S;
+        const double every = queued && KEEPALIVE_QUEUED_S < ka ? KEEPALIVE_QUEUED_S : ka;
+        if (ns_http_client_probe_due(&j->g.conn) || ns_clock_now() - j->last_emit > every) {
             j->last_emit = ns_clock_now();
             if (!queued) return ns_sse_keepalive(out);
             return ns_buf_printf(out, ": %s, queue position %d\n\n", paused ? "paused" : "waiting", pos);

@@ -53,7 +53,9 @@ typedef struct loader {
 #define SERVE_DEFAULT_PORT 8080
 #define SERVE_DEFAULT_MAX_RUNNING 16
 #define SERVE_DEFAULT_MAX_BODY ((size_t)32 << 20)
-#define SERVE_DEFAULT_TIMEOUT_S 3600u
+#define SERVE_DEFAULT_TIMEOUT_S 300u
+#define SERVE_DEFAULT_REQUEST_TIMEOUT_S 30u
+#define SERVE_DEFAULT_MAX_CONNECTIONS 1024u
 #define SERVE_DEFAULT_SHUTDOWN_S 10
 /* serve keeps several contexts in the pool so that requests without
  * max_tokens (each reserves up to a whole context) can run at once */
@@ -68,6 +70,8 @@ static void serve_defaults(serve_opts *o) {
     o->http.port = SERVE_DEFAULT_PORT;
     o->http.max_body_bytes = SERVE_DEFAULT_MAX_BODY;
     o->http.timeout_s = SERVE_DEFAULT_TIMEOUT_S;
+    o->http.request_timeout_s = SERVE_DEFAULT_REQUEST_TIMEOUT_S;
+    o->http.max_connections = SERVE_DEFAULT_MAX_CONNECTIONS;
     o->max_running = SERVE_DEFAULT_MAX_RUNNING;
     o->shutdown_timeout_s = SERVE_DEFAULT_SHUTDOWN_S;
     o->ram_cache_bytes = -1;
@@ -121,7 +125,14 @@ static void usage(FILE *f) {
             "                           the config name, or nightshift-demo); --alias N is the same\n"
             "  --max-running N          sequences decoded at once (default %d)\n"
             "  --max-body-bytes N       request body cap in bytes (default %zu)\n"
-            "  --timeout S              idle connection timeout in seconds (default %u)\n"
+            "  --timeout S              idle limit in seconds (default %u) of a connection the server\n"
+            "                           writes to; streams send a keep-alive every min(15, S/3) s\n"
+            "  --request-timeout S      seconds (default %u) for a request to arrive complete after the\n"
+            "                           connection opens or the previous answer, else it is closed\n"
+            "                           (a request being answered has no limit)\n"
+            "  --max-connections N      open connections at most (default %u); near it, those waiting\n"
+            "                           longest for a request are closed\n"
+            "  --max-connections-per-peer N  connections per client address (default 0 = no cap)\n"
             "  --shutdown-timeout S     seconds running requests may take to finish on SIGTERM (default %d)\n"
             "  --admin-key KEY          key for /admin/* (default: the --api-key, or none)\n"
             "KV cache tiers below the pool (evicted pages are demoted, hits promoted back):\n"
@@ -140,7 +151,7 @@ static void usage(FILE *f) {
             "  --log-prompts            log prompt text at INFO (default off: only at --log-level\n"
             "                           debug), e.g. where a prompt left the cache\n",
             d.http.host, d.http.port, d.max_running, d.http.max_body_bytes, d.http.timeout_s,
-            (int)d.shutdown_timeout_s);
+            d.http.request_timeout_s, d.http.max_connections, (int)d.shutdown_timeout_s);
     ns_cli_engine_usage(f, &d.eng);
 }
 
@@ -279,7 +290,8 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
                                                  "--max-running", "--max-body-bytes", "--timeout",
                                                  "--shutdown-timeout", "--admin-key", "--ram-cache",
                                                  "--ssd-cache", "--ssd-cache-size", "--dummy-weights",
-                                                 "--pause-policy"};
+                                                 "--pause-policy", "--request-timeout", "--max-connections",
+                                                 "--max-connections-per-peer"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= strcmp(a, with_value[k]) == 0;
         if (!known) return ns_cli_usage_error("serve", usage, "unknown option %s", a);
@@ -288,6 +300,16 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         long long x;
         double sz;
         if (strcmp(a, "--host") == 0) o->http.host = v;
+        else if (strcmp(a, "--request-timeout") == 0) {
+            if (parse_ll(v, 1, 1 << 20, &x)) goto bad;
+            o->http.request_timeout_s = (unsigned)x;
+        } else if (strcmp(a, "--max-connections") == 0) {
+            if (parse_ll(v, 16, 1 << 20, &x)) goto bad;
+            o->http.max_connections = (unsigned)x;
+        } else if (strcmp(a, "--max-connections-per-peer") == 0) {
+            if (parse_ll(v, 0, 1 << 20, &x)) goto bad;
+            o->http.max_connections_per_peer = (unsigned)x;
+        }
         else if (strcmp(a, "--admin-key") == 0) o->http.admin_key = v;
         else if (strcmp(a, "--ssd-cache") == 0) o->ssd_dir = v;
         else if (strcmp(a, "--dummy-weights") == 0) o->eng.dummy_config = v;
@@ -425,7 +447,12 @@ int ns_cli_serve(int argc, char **argv) {
         goto out;
     }
     api->server = srv;
-    NS_INFO("serve: listening on http://%s:%d (model %s)", o.http.host, ns_server_port(srv), name);
+    char url[300];
+    ns_server_url(srv, url, sizeof url);
+    NS_INFO("serve: listening on %s (model %s)", url, name);
+    if (!ns_server_is_loopback(srv) && !(o.http.api_key && *o.http.api_key))
+        NS_WARN("serve: WARNING: listening on %s, beyond this machine, without an API key: anyone who can "
+                "reach it can use it (set --api-key or NIGHTSHIFT_API_KEY)", o.http.host);
     L->o = &o;
     L->api = api;
     if (pthread_create(&th, NULL, load_main, L) != 0) {

@@ -1,20 +1,48 @@
-/* server.c — libmicrohttpd listener, routing and response plumbing (see
- * server.h). */
+/* server.c — libmicrohttpd listener, connection model, request checks,
+ * routing and response plumbing (see server.h). */
 #include "server/server.h"
 
+#include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <microhttpd.h>
 
+#include "util/clock.h"
 #include "util/log.h"
+
+#define DEFAULT_MAX_CONNECTIONS 1024u
+#define DEFAULT_TIMEOUT_S 300u
+#define DEFAULT_REQUEST_TIMEOUT_S 30u
+#define KEEPALIVE_MAX_S 15.0
+#define MHD_POOL_BYTES ((size_t)128 << 10) /* libmicrohttpd's buffer per connection */
+#define MAX_URI_BYTES 8192                 /* longer: 414 */
+#define MAX_HEADER_LINE_BYTES 8192         /* one header line longer: 431 */
+#define MAX_HEAD_BYTES 32768               /* the whole head longer: 431 */
+#define STREAM_BUFFER_CAP ((size_t)4 << 20) /* a stream's producer waits above this */
+#define REAPER_PERIOD_MS 200
+#define FD_RESERVE 128 /* descriptors kept for everything but connections */
+
+/* One TCP connection (libmicrohttpd's socket_context), in accept order. */
+typedef struct conn_rec {
+    struct conn_rec *prev, *next;
+    int fd;
+    int64_t deadline_ms; /* the request must be complete by then; 0 = none (guarded by conn_mu) */
+    int64_t since_ms;    /* when the wait for the current request began */
+    bool shut;           /* shut down by the reaper or to make room */
+} conn_rec;
 
 struct ns_server {
     struct MHD_Daemon *d;
@@ -26,44 +54,75 @@ struct ns_server {
     char *admin_key; /* NULL: admin routes are guarded by api_key */
     size_t max_body;
     int port;
+    char host[256];
+    bool ipv6, loopback;
+    unsigned max_conns;
+    int64_t request_timeout_ms;
+    double keepalive_s;
     atomic_int active;
-    atomic_bool draining;
-    atomic_uint_fast64_t n_req, n_2xx, n_4xx, n_5xx, n_gone;
+    atomic_bool draining, stopping;
+    atomic_uint_fast64_t n_req, n_2xx, n_4xx, n_5xx, n_gone, n_reaped, n_evicted;
+
+    /* connections, for the request deadline and eviction */
+    pthread_mutex_t conn_mu;
+    pthread_cond_t conn_cv;
+    conn_rec *conn_head, *conn_tail;
+    unsigned n_conns;
+    double last_evict_warn;
+    pthread_t reaper;
+    bool reaper_started;
+
+    /* handler threads */
+    pthread_mutex_t jobs_mu;
+    pthread_cond_t jobs_cv;
+    int n_jobs;
 };
 
-/* Per-request state, kept in MHD's con_cls across handler calls. */
-typedef struct req_state {
-    ns_buf body;
-    bool too_big;
-} req_state;
-
-/* Streaming wrapper handed to MHD_create_response_from_callback. */
-typedef struct stream_state {
+/* A request handled off the event loop, and the stream it may produce.
+ * Shared by the request (libmicrohttpd's con_cls), the handler thread and
+ * the stream response; freed by the last of them. */
+typedef struct ns_http_job ns_http_job;
+struct ns_http_job {
     ns_server *srv;
-    ns_http_stream s;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;
+    struct MHD_Connection *mc; /* NULL once libmicrohttpd is done with the request */
+    int fd;
+    bool http10;
+    const ns_http_route *route;
+    char method[16];
+    char *path;
+    ns_buf body;
+    ns_http_request req;
+    ns_http_response resp;
+    bool handled;   /* the handler returned; resp is set */
+    bool queued;    /* resp was given to libmicrohttpd */
+    bool suspended; /* the connection is suspended, waiting for this job */
+    bool detached;  /* libmicrohttpd finished or closed the request */
+    /* stream */
     ns_buf pending;
     size_t off;
-    bool eof, completed, failed;
-} stream_state;
+    bool eof, failed, delivered;
+    /* half-close */
+    bool peer_eof, probe_sent, probe_due;
+};
 
-bool ns_http_client_gone(const ns_http_conn *c) {
-    if (c->fd < 0) return false;
-    struct pollfd p = {.fd = c->fd, .events = POLLIN | POLLRDHUP};
-    if (poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
-    if (p.revents & POLLIN) {
-        /* readable: either a pipelined request (alive) or EOF (gone) */
-        char b;
-        ssize_t r = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-        return r == 0;
-    }
-    return false;
-}
+/* Per-request state, kept in libmicrohttpd's con_cls from the request line
+ * (the URI log callback) to the end of the request. */
+typedef struct req_state {
+    size_t uri_len;
+    bool checked; /* the head passed the checks; the body is being read */
+    bool too_big;
+    bool counted; /* counted in active */
+    const ns_http_route *route;
+    ns_buf body;
+    struct ns_http_job *job;
+} req_state;
 
-const char *ns_http_header(const ns_http_conn *c, const char *name) {
-    if (!c->mc) return NULL;
-    return MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, name);
-}
+static int64_t now_ms(void) { return (int64_t)(ns_clock_now() * 1000.0); }
+
+/* ---------------- helpers for handlers ---------------- */
 
 void ns_http_set_json(ns_http_response *r, int status, char *json_text) {
     free(r->body);
@@ -110,6 +169,111 @@ ns_status ns_sse_error(ns_buf *out, ns_http_error *e) {
 
 ns_status ns_sse_keepalive(ns_buf *out) { return ns_buf_puts(out, ": keep-alive\n\n"); }
 
+/* ---------------- the client side of a request ---------------- */
+
+static const char k_probe[] = "HTTP/1.1 100 Continue\r\n\r\n";
+
+bool ns_http_client_gone(const ns_http_conn *c) {
+    ns_http_job *j = c->job;
+    if (!j) return false; /* inline handlers answer at once */
+    if (atomic_load(&j->srv->stopping)) return true;
+    pthread_mutex_lock(&j->mu);
+    /* j->mu held and not detached: libmicrohttpd has not closed the
+     * descriptor (it detaches the job before it closes a connection) */
+    bool gone = j->detached;
+    if (!gone) {
+        struct pollfd p = {.fd = j->fd, .events = POLLIN | POLLRDHUP};
+        if (poll(&p, 1, 0) > 0) {
+            if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) {
+                gone = true; /* reset, or both directions closed */
+            } else if (p.revents & (POLLIN | POLLRDHUP)) {
+                char b;
+                ssize_t r = recv(j->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+                if (r == 0) j->peer_eof = true; /* > 0: a pipelined request */
+                else if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) gone = true;
+            }
+        }
+    }
+    if (!gone && j->peer_eof && !j->probe_sent) {
+        /* the client finished sending: half-closed (still reading) or
+         * closed? Only a write can tell; a closed client answers a reset */
+        j->probe_sent = true;
+        if (j->handled) {
+            j->probe_due = true; /* a stream: its producer writes a keep-alive */
+        } else if (j->http10) {
+            gone = true; /* no interim responses in HTTP/1.0 */
+        } else {
+            /* the handler runs with the connection suspended and nothing
+             * sent yet: an interim response goes out before the answer */
+            if (send(j->fd, k_probe, sizeof k_probe - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN &&
+                errno != EWOULDBLOCK)
+                gone = true;
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
+    return gone;
+}
+
+bool ns_http_client_probe_due(const ns_http_conn *c) {
+    ns_http_job *j = c->job;
+    if (!j) return false;
+    pthread_mutex_lock(&j->mu);
+    bool due = j->probe_due;
+    j->probe_due = false;
+    pthread_mutex_unlock(&j->mu);
+    return due;
+}
+
+const char *ns_http_header(const ns_http_conn *c, const char *name) {
+    if (!c->mc) return NULL;
+    if (c->job) {
+        pthread_mutex_lock(&c->job->mu);
+        bool ok = !c->job->detached;
+        pthread_mutex_unlock(&c->job->mu);
+        if (!ok) return NULL;
+    }
+    return MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, name);
+}
+
+/* ---------------- names and addresses ---------------- */
+
+/* "Example.COM.:8080" -> "example.com"; "[::1]:80" -> "::1"; a bare IPv6
+ * literal stays whole. False when empty or too long. */
+static bool host_name(const char *h, char *out, size_t cap) {
+    while (*h == ' ' || *h == '\t') h++;
+    const char *start = h;
+    size_t n;
+    if (*h == '[') {
+        const char *e = strchr(h, ']');
+        if (!e) return false;
+        start = h + 1;
+        n = (size_t)(e - start);
+    } else {
+        const char *c = strchr(h, ':');
+        n = c && !strchr(c + 1, ':') ? (size_t)(c - h) : strlen(h);
+    }
+    while (n && (start[n - 1] == '.' || start[n - 1] == ' ' || start[n - 1] == '\t')) n--;
+    if (n == 0 || n >= cap) return false;
+    for (size_t i = 0; i < n; i++) out[i] = (char)tolower((unsigned char)start[i]);
+    out[n] = 0;
+    return true;
+}
+
+static bool sockaddr_loopback(const struct sockaddr *sa) {
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)sa;
+        return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        if (IN6_IS_ADDR_LOOPBACK(a)) return true;
+        return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+    }
+    return false;
+}
+
+/* ---------------- responses ---------------- */
+
 static void count_status(ns_server *s, int status) {
     if (status == 499) atomic_fetch_add(&s->n_gone, 1);
     else if (status < 300) atomic_fetch_add(&s->n_2xx, 1);
@@ -117,14 +281,21 @@ static void count_status(ns_server *s, int status) {
     else atomic_fetch_add(&s->n_5xx, 1);
 }
 
+static const char *lookup(struct MHD_Connection *mc, const char *name) {
+    return MHD_lookup_connection_value(mc, MHD_HEADER_KIND, name);
+}
+
 /* Headers every response carries (buffers, errors and streams alike). */
-static void add_common_headers(ns_server *s, struct MHD_Response *resp) {
-    if (!s->max_context_tokens) return;
-    long long v = s->max_context_tokens(s->ud);
-    if (v < 0) return;
-    char num[32];
-    snprintf(num, sizeof num, "%lld", v);
-    MHD_add_response_header(resp, "X-Nightshift-Max-Context-Tokens", num);
+static void add_common_headers(ns_server *s, struct MHD_Connection *mc, struct MHD_Response *resp) {
+    if (s->max_context_tokens) {
+        long long v = s->max_context_tokens(s->ud);
+        if (v >= 0) {
+            char num[32];
+            snprintf(num, sizeof num, "%lld", v);
+            MHD_add_response_header(resp, "X-Nightshift-Max-Context-Tokens", num);
+        }
+    }
+    (void)mc;
 }
 
 static enum MHD_Result queue_buffer(ns_server *s, struct MHD_Connection *mc, int status, const char *ctype,
@@ -134,8 +305,8 @@ static enum MHD_Result queue_buffer(ns_server *s, struct MHD_Connection *mc, int
         free(body);
         return MHD_NO;
     }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    add_common_headers(s, resp);
+    if (ctype) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    add_common_headers(s, mc, resp);
     if (retry_after > 0) {
         char ra[16];
         snprintf(ra, sizeof ra, "%d", retry_after);
@@ -163,70 +334,365 @@ static enum MHD_Result queue_error(ns_server *s, struct MHD_Connection *mc, ns_h
     return queue_buffer(s, mc, status, "application/json", body, len, retry_after);
 }
 
-static enum MHD_Result queue_simple_error(ns_server *s, struct MHD_Connection *mc, int status, const char *param,
-                                          const char *code, const char *msg) {
+static enum MHD_Result queue_simple_error(ns_server *s, struct MHD_Connection *mc, int status, const char *code,
+                                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static enum MHD_Result queue_simple_error(ns_server *s, struct MHD_Connection *mc, int status, const char *code,
+                                          const char *fmt, ...) {
     ns_http_error e = {0};
-    ns_http_error_set(&e, status, param, code, "%s", msg);
+    char msg[sizeof e.message];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ns_http_error_set(&e, status, NULL, code, "%s", msg);
     return queue_error(s, mc, &e, 0);
 }
 
-static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+/* ---------------- connections: deadlines and room ---------------- */
+
+static conn_rec *conn_of(struct MHD_Connection *mc) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* Starts (or, with on=false, stops) the wait for a complete request. */
+static void conn_deadline(ns_server *s, struct MHD_Connection *mc, bool on) {
+    conn_rec *c = conn_of(mc);
+    if (!c) return;
+    pthread_mutex_lock(&s->conn_mu);
+    if (on) {
+        c->since_ms = now_ms();
+        c->deadline_ms = c->since_ms + s->request_timeout_ms;
+    } else {
+        c->deadline_ms = 0;
+    }
+    pthread_mutex_unlock(&s->conn_mu);
+}
+
+/* Near max_connections: shut down the connection that has waited longest
+ * for a complete request (conn_mu held). */
+static void make_room(ns_server *s) {
+    unsigned margin = s->max_conns / 16 > 4 ? s->max_conns / 16 : 4;
+    if (s->n_conns + margin < s->max_conns) return;
+    conn_rec *victim = NULL;
+    for (conn_rec *c = s->conn_head; c; c = c->next)
+        if (c->deadline_ms && !c->shut && (!victim || c->since_ms < victim->since_ms)) victim = c;
+    if (!victim || victim == s->conn_tail) return; /* never the one just accepted */
+    victim->shut = true;
+    shutdown(victim->fd, SHUT_RDWR);
+    atomic_fetch_add(&s->n_evicted, 1);
+    double now = ns_clock_now();
+    if (now - s->last_evict_warn > 10.0) {
+        s->last_evict_warn = now;
+        NS_WARN("http: %u of %u connections open: closing the ones waiting longest for a request "
+                "(raise --max-connections, or lower --request-timeout)", s->n_conns, s->max_conns);
+    }
+}
+
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    ns_server *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_rec *c = calloc(1, sizeof *c);
+        if (!c) return;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        c->fd = ci ? ci->connect_fd : -1;
+        c->since_ms = now_ms();
+        c->deadline_ms = c->since_ms + s->request_timeout_ms;
+        pthread_mutex_lock(&s->conn_mu);
+        c->prev = s->conn_tail;
+        if (s->conn_tail) s->conn_tail->next = c;
+        else s->conn_head = c;
+        s->conn_tail = c;
+        s->n_conns++;
+        make_room(s);
+        pthread_mutex_unlock(&s->conn_mu);
+        *socket_context = c;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        /* called before libmicrohttpd closes the descriptor */
+        conn_rec *c = *socket_context;
+        if (!c) return;
+        pthread_mutex_lock(&s->conn_mu);
+        if (c->prev) c->prev->next = c->next;
+        else s->conn_head = c->next;
+        if (c->next) c->next->prev = c->prev;
+        else s->conn_tail = c->prev;
+        s->n_conns--;
+        pthread_mutex_unlock(&s->conn_mu);
+        free(c);
+        *socket_context = NULL;
+    }
+}
+
+/* Shuts down connections past their request deadline. */
+static void *reaper_main(void *arg) {
+    ns_server *s = arg;
+    pthread_mutex_lock(&s->conn_mu);
+    while (!atomic_load(&s->stopping)) {
+        struct timespec ts = ns_clock_deadline(CLOCK_REALTIME, REAPER_PERIOD_MS);
+        pthread_cond_timedwait(&s->conn_cv, &s->conn_mu, &ts);
+        int64_t now = now_ms();
+        for (conn_rec *c = s->conn_head; c; c = c->next) {
+            if (!c->deadline_ms || c->shut || now < c->deadline_ms) continue;
+            c->shut = true;
+            shutdown(c->fd, SHUT_RDWR);
+            atomic_fetch_add(&s->n_reaped, 1);
+            NS_DEBUG("http: closing a connection that sent no complete request in %lld ms",
+                     (long long)s->request_timeout_ms);
+        }
+    }
+    pthread_mutex_unlock(&s->conn_mu);
+    return NULL;
+}
+
+/* ---------------- jobs: handlers off the event loop ---------------- */
+
+static void job_unref(ns_http_job *j) {
+    pthread_mutex_lock(&j->mu);
+    int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left) return;
+    ns_http_response *r = &j->resp;
+    if (!j->queued) {
+        free(r->body);
+        ns_http_error_clear(&r->err);
+        if (r->stream.close) r->stream.close(r->stream.ctx, false);
+    }
+    ns_buf_free(&j->body);
+    ns_buf_free(&j->pending);
+    free(j->path);
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+    free(j);
+}
+
+/* Resumes the connection if it waits for this job (j->mu held). */
+static void job_wake(ns_http_job *j) {
+    if (j->suspended && j->mc) {
+        j->suspended = false;
+        MHD_resume_connection(j->mc);
+    }
+    pthread_cond_broadcast(&j->cv);
+}
+
+/* libmicrohttpd's content reader for a stream: hands out what the producer
+ * appended; with nothing there yet, suspends the connection until it
+ * appends (returning 0 without suspending would spin). */
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
-    stream_state *st = cls;
-    while (st->off >= st->pending.len) {
-        if (st->eof) {
-            st->completed = true;
-            return MHD_CONTENT_READER_END_OF_STREAM;
+    ns_http_job *j = cls;
+    ssize_t ret;
+    pthread_mutex_lock(&j->mu);
+    size_t avail = j->pending.len - j->off;
+    if (avail) {
+        size_t n = avail < max ? avail : max;
+        memcpy(buf, j->pending.data + j->off, n);
+        j->off += n;
+        if (j->off == j->pending.len) {
+            ns_buf_reset(&j->pending);
+            j->off = 0;
         }
-        ns_buf_reset(&st->pending);
-        st->off = 0;
-        ns_status rc = st->s.next(st->s.ctx, &st->pending, &st->eof);
-        if (rc != NS_OK) {
-            st->failed = true;
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
+        pthread_cond_broadcast(&j->cv); /* room for a waiting producer */
+        ret = (ssize_t)n;
+    } else if (j->eof) {
+        j->delivered = true;
+        ret = MHD_CONTENT_READER_END_OF_STREAM;
+    } else if (j->failed || !j->mc) {
+        ret = MHD_CONTENT_READER_END_WITH_ERROR;
+    } else {
+        j->suspended = true;
+        MHD_suspend_connection(j->mc);
+        ret = 0;
     }
-    size_t n = st->pending.len - st->off;
-    if (n > max) n = max;
-    memcpy(buf, st->pending.data + st->off, n);
-    st->off += n;
-    return (ssize_t)n;
+    pthread_mutex_unlock(&j->mu);
+    return ret;
 }
 
-static void stream_free(void *cls) {
-    stream_state *st = cls;
-    if (!st->completed) atomic_fetch_add(&st->srv->n_gone, 1);
-    if (st->s.close) st->s.close(st->s.ctx, st->completed);
-    ns_buf_free(&st->pending);
-    free(st);
+static void stream_response_free(void *cls) {
+    ns_http_job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    bool delivered = j->delivered;
+    pthread_mutex_unlock(&j->mu);
+    if (!delivered) atomic_fetch_add(&j->srv->n_gone, 1);
+    job_unref(j);
 }
 
-static enum MHD_Result queue_stream(ns_server *s, struct MHD_Connection *mc, ns_http_response *r) {
-    stream_state *st = calloc(1, sizeof *st);
-    if (!st) {
-        r->stream.close(r->stream.ctx, false);
-        return MHD_NO;
+/* Runs the stream's next() until the end, the client's departure or the
+ * server's stop, feeding the reader. */
+static void produce(ns_http_job *j) {
+    ns_server *s = j->srv;
+    ns_http_stream *st = &j->resp.stream;
+    ns_buf chunk;
+    ns_buf_init(&chunk, 0);
+    ns_status rc = NS_OK;
+    bool eof = false;
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        while (j->pending.len - j->off > STREAM_BUFFER_CAP && !j->detached && !atomic_load(&s->stopping)) {
+            struct timespec ts = ns_clock_deadline(CLOCK_REALTIME, 100);
+            pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+        }
+        bool stop = j->detached || atomic_load(&s->stopping);
+        pthread_mutex_unlock(&j->mu);
+        if (stop) {
+            rc = NS_ERR_CANCELLED;
+            break;
+        }
+        ns_buf_reset(&chunk);
+        rc = st->next(st->ctx, &chunk, &eof);
+        pthread_mutex_lock(&j->mu);
+        if (rc == NS_OK && chunk.len) rc = ns_buf_append(&j->pending, chunk.data, chunk.len);
+        if (rc != NS_OK) j->failed = true;
+        else if (eof) j->eof = true;
+        job_wake(j);
+        pthread_mutex_unlock(&j->mu);
+        if (rc != NS_OK || eof) break;
     }
-    st->srv = s;
-    st->s = r->stream;
-    ns_buf_init(&st->pending, 0);
-    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st,
-                                                                  stream_free);
-    if (!resp) {
-        stream_free(st);
-        return MHD_NO;
+    ns_buf_free(&chunk);
+    if (rc != NS_OK) {
+        /* the connection ends without the rest (a resumed reader ends it) */
+        pthread_mutex_lock(&j->mu);
+        j->failed = true;
+        job_wake(j);
+        pthread_mutex_unlock(&j->mu);
     }
+    st->close(st->ctx, rc == NS_OK);
+    st->close = NULL;
+}
+
+static void *job_main(void *arg) {
+    ns_http_job *j = arg;
+    ns_server *s = j->srv;
+    if (!j->handled) {
+        ns_http_response r;
+        memset(&r, 0, sizeof r);
+        j->route->fn(s->ud, &j->req, &r);
+        pthread_mutex_lock(&j->mu);
+        j->resp = r;
+        j->handled = true;
+        job_wake(j);
+        pthread_mutex_unlock(&j->mu);
+    }
+    if (j->resp.stream.next && !j->resp.err.status) produce(j);
+    job_unref(j);
+    pthread_mutex_lock(&s->jobs_mu);
+    if (--s->n_jobs == 0) pthread_cond_broadcast(&s->jobs_cv);
+    pthread_mutex_unlock(&s->jobs_mu);
+    return NULL;
+}
+
+static ns_http_job *job_new(ns_server *s, struct MHD_Connection *mc, const ns_http_route *route, const char *method,
+                            const char *url, const char *version, req_state *rs) {
+    ns_http_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    if (!(j->path = strdup(url))) {
+        free(j);
+        return NULL;
+    }
+    j->srv = s;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 1; /* the request's */
+    j->mc = mc;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
+    j->http10 = version && strcmp(version, MHD_HTTP_VERSION_1_0) == 0;
+    j->route = route;
+    snprintf(j->method, sizeof j->method, "%s", method);
+    j->body = rs->body; /* the job owns the body from here */
+    memset(&rs->body, 0, sizeof rs->body);
+    ns_buf_init(&j->pending, 0);
+    j->req.method = j->method;
+    j->req.path = j->path;
+    j->req.body = j->body.data ? j->body.data : "";
+    j->req.body_len = j->body.len;
+    j->req.conn.mc = mc;
+    j->req.conn.fd = j->fd;
+    j->req.conn.keepalive_s = s->keepalive_s;
+    j->req.conn.job = j;
+    rs->job = j;
+    return j;
+}
+
+/* Starts a thread for j (taking a reference for it); the connection is
+ * suspended until the handler (or the first bytes of a stream) is ready. */
+static bool job_spawn(ns_server *s, ns_http_job *j, bool suspend) {
+    pthread_mutex_lock(&s->jobs_mu);
+    s->n_jobs++;
+    pthread_mutex_unlock(&s->jobs_mu);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_mutex_lock(&j->mu);
+    j->refs++;
+    pthread_t th;
+    bool ok = pthread_create(&th, &attr, job_main, j) == 0;
+    if (ok && suspend) {
+        /* the thread resumes the connection under j->mu, so only after this */
+        j->suspended = true;
+        MHD_suspend_connection(j->mc);
+    }
+    if (!ok) j->refs--;
+    pthread_mutex_unlock(&j->mu);
+    pthread_attr_destroy(&attr);
+    if (!ok) {
+        pthread_mutex_lock(&s->jobs_mu);
+        if (--s->n_jobs == 0) pthread_cond_broadcast(&s->jobs_cv);
+        pthread_mutex_unlock(&s->jobs_mu);
+    }
+    return ok;
+}
+
+static enum MHD_Result queue_stream(ns_server *s, struct MHD_Connection *mc, ns_http_job *j) {
+    ns_http_response *r = &j->resp;
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, j, stream_response_free);
+    if (!resp) return MHD_NO;
+    pthread_mutex_lock(&j->mu);
+    j->refs++; /* the response's, released by stream_response_free */
+    pthread_mutex_unlock(&j->mu);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
                             r->content_type ? r->content_type : "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    add_common_headers(s, resp);
+    add_common_headers(s, mc, resp);
     int status = r->status ? r->status : 200;
     count_status(s, status);
     enum MHD_Result ok = MHD_queue_response(mc, (unsigned)status, resp);
-    MHD_destroy_response(resp); /* MHD keeps its own reference; frees st later */
+    MHD_destroy_response(resp); /* libmicrohttpd keeps its own reference */
     return ok;
 }
+
+/* Queues what the handler produced (on the event loop). A stream goes on
+ * being produced by its thread (a handler run inline gets one now). */
+static enum MHD_Result queue_result(ns_server *s, struct MHD_Connection *mc, ns_http_job *j, bool need_thread) {
+    ns_http_response *r = &j->resp;
+    j->queued = true;
+    if (r->stream.next && !r->err.status) {
+        free(r->body);
+        r->body = NULL;
+        if (need_thread && !job_spawn(s, j, false)) {
+            j->queued = false; /* job_unref closes the stream */
+            return queue_simple_error(s, mc, 503, "overloaded", "cannot start a thread for the response");
+        }
+        return queue_stream(s, mc, j);
+    }
+    if (r->stream.close) r->stream.close(r->stream.ctx, false);
+    r->stream.close = NULL;
+    if (r->err.status) {
+        free(r->body);
+        r->body = NULL;
+        return queue_error(s, mc, &r->err, r->retry_after_s);
+    }
+    char *body = r->body ? r->body : strdup("");
+    size_t len = r->body ? r->body_len : 0;
+    r->body = NULL;
+    if (!body) return MHD_NO;
+    return queue_buffer(s, mc, r->status ? r->status : 200, r->content_type ? r->content_type : "application/json",
+                        body, len, r->retry_after_s);
+}
+
+/* ---------------- the request path ---------------- */
 
 /* Constant-time comparison so the key cannot be guessed byte by byte. */
 static bool key_equal(const char *a, const char *b) {
@@ -240,14 +706,51 @@ static bool key_equal(const char *a, const char *b) {
  * key is required. */
 static bool authorized(const char *key, struct MHD_Connection *mc) {
     if (!key) return true;
-    const char *h = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    const char *h = lookup(mc, MHD_HTTP_HEADER_AUTHORIZATION);
     if (h && strncasecmp(h, "Bearer ", 7) == 0) return key_equal(h + 7, key);
-    const char *x = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "x-api-key");
+    const char *x = lookup(mc, "x-api-key");
     return x && key_equal(x, key);
 }
 
-static enum MHD_Result dispatch(ns_server *s, struct MHD_Connection *mc, const char *url, const char *method,
-                                req_state *rs) {
+typedef struct head_scan {
+    size_t longest;
+} head_scan;
+
+static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    head_scan *h = cls;
+    size_t n = strlen(key) + (value ? strlen(value) : 0) + 2;
+    if (n > h->longest) h->longest = n;
+    return MHD_YES;
+}
+
+/* Everything that can be decided from the head, before the body is read
+ * (see server.h for the order). Returns MHD_YES with rs->checked set to go
+ * on; otherwise a response was queued (or the connection fails). */
+static enum MHD_Result check_head(ns_server *s, struct MHD_Connection *mc, const char *url, const char *method,
+                                  req_state *rs) {
+    if (rs->uri_len > MAX_URI_BYTES)
+        return queue_simple_error(s, mc, 414, "uri_too_long", "the request URI is longer than %d bytes",
+                                  MAX_URI_BYTES);
+    head_scan hs = {0};
+    MHD_get_connection_values(mc, MHD_HEADER_KIND, scan_header, &hs);
+    if (hs.longest > MAX_HEADER_LINE_BYTES)
+        return queue_simple_error(s, mc, 431, "header_too_large", "a request header line is longer than %d bytes",
+                                  MAX_HEADER_LINE_BYTES);
+    const union MHD_ConnectionInfo *hi = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    if (hi && hi->header_size > MAX_HEAD_BYTES)
+        return queue_simple_error(s, mc, 431, "header_too_large", "the request head is longer than %d bytes",
+                                  MAX_HEAD_BYTES);
+    /* refuse an announced oversize body before reading it */
+    const char *cl = lookup(mc, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(cl, &end, 10);
+        if (errno || end == cl || v > s->max_body)
+            return queue_simple_error(s, mc, 413, "body_too_large", "request body exceeds the limit of %zu bytes",
+                                      s->max_body);
+    }
     const ns_http_route *route = NULL;
     bool path_known = false;
     for (int i = 0; i < s->n_routes; i++) {
@@ -260,73 +763,75 @@ static enum MHD_Result dispatch(ns_server *s, struct MHD_Connection *mc, const c
     }
     if (!route) {
         if (path_known)
-            return queue_simple_error(s, mc, 405, NULL, "method_not_allowed", "method not allowed for this path");
-        char msg[256];
-        snprintf(msg, sizeof msg, "unknown endpoint %s %.160s", method, url);
-        return queue_simple_error(s, mc, 404, NULL, "not_found", msg);
+            return queue_simple_error(s, mc, 405, "method_not_allowed", "method not allowed for this path");
+        return queue_simple_error(s, mc, 404, "not_found", "unknown endpoint %.32s %.160s", method, url);
     }
     if (route->admin) {
         if (!authorized(s->admin_key ? s->admin_key : s->api_key, mc))
-            return queue_simple_error(s, mc, 401, NULL, "invalid_api_key", "Incorrect or missing admin key.");
+            return queue_simple_error(s, mc, 401, "invalid_api_key", "Incorrect or missing admin key.");
     } else if (!route->open && !authorized(s->api_key, mc)) {
-        return queue_simple_error(s, mc, 401, NULL, "invalid_api_key", "Incorrect or missing API key.");
+        return queue_simple_error(s, mc, 401, "invalid_api_key", "Incorrect or missing API key.");
     }
     if (atomic_load(&s->draining) && !route->open)
-        return queue_simple_error(s, mc, 503, NULL, "shutting_down", "the server is shutting down");
+        return queue_simple_error(s, mc, 503, "shutting_down", "the server is shutting down");
+    rs->route = route;
+    rs->checked = true;
+    return MHD_YES;
+}
 
-    ns_http_request req = {.method = method, .path = url, .body = rs->body.data ? rs->body.data : "",
-                           .body_len = rs->body.len};
-    req.conn.mc = mc;
-    req.conn.fd = -1;
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (ci) req.conn.fd = ci->connect_fd;
+/* The request is complete: answer inline (GET) or on a thread. */
+static enum MHD_Result dispatch(ns_server *s, struct MHD_Connection *mc, const char *url, const char *method,
+                                const char *version, req_state *rs) {
+    conn_deadline(s, mc, false); /* complete: no deadline while it is answered */
+    ns_http_job *j = job_new(s, mc, rs->route, method, url, version, rs);
+    if (!j) return queue_simple_error(s, mc, 500, "internal_error", "out of memory");
+    if (strcmp(rs->route->method, "GET") == 0) {
+        memset(&j->resp, 0, sizeof j->resp);
+        ns_http_request req = j->req;
+        req.conn.job = NULL; /* nothing to poll: it answers at once */
+        rs->route->fn(s->ud, &req, &j->resp);
+        j->handled = true;
+        return queue_result(s, mc, j, true);
+    }
+    if (!job_spawn(s, j, true))
+        return queue_simple_error(s, mc, 503, "overloaded", "cannot start a thread for the request");
+    return MHD_YES;
+}
 
-    ns_http_response resp;
-    memset(&resp, 0, sizeof resp);
-    route->fn(s->ud, &req, &resp);
-    if (resp.stream.next && !resp.err.status) {
-        free(resp.body);
-        return queue_stream(s, mc, &resp);
-    }
-    if (resp.stream.close) resp.stream.close(resp.stream.ctx, false);
-    if (resp.err.status) {
-        free(resp.body);
-        return queue_error(s, mc, &resp.err, resp.retry_after_s);
-    }
-    char *body = resp.body ? resp.body : strdup("");
-    if (!body) return MHD_NO;
-    return queue_buffer(s, mc, resp.status ? resp.status : 200,
-                        resp.content_type ? resp.content_type : "application/json", body,
-                        resp.body ? resp.body_len : 0, resp.retry_after_s);
+/* libmicrohttpd's URI log callback: the request line is in; its return
+ * value becomes con_cls. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc) {
+    (void)cls;
+    (void)mc;
+    req_state *rs = calloc(1, sizeof *rs);
+    if (rs) rs->uri_len = uri ? strlen(uri) : 0;
+    return rs;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls) {
-    (void)version;
     ns_server *s = cls;
     req_state *rs = *con_cls;
     if (!rs) {
-        rs = calloc(1, sizeof *rs);
-        if (!rs) return MHD_NO;
-        ns_buf_init(&rs->body, s->max_body);
+        if (!(rs = calloc(1, sizeof *rs))) return MHD_NO;
         *con_cls = rs;
+    }
+    if (rs->job) {
+        /* resumed: the handler is done (a spurious call queues nothing) */
+        ns_http_job *j = rs->job;
+        pthread_mutex_lock(&j->mu);
+        bool ready = j->handled && !j->queued;
+        pthread_mutex_unlock(&j->mu);
+        return ready ? queue_result(s, mc, j, false) : MHD_YES;
+    }
+    if (!rs->checked) {
+        /* the head is complete */
+        rs->counted = true;
         atomic_fetch_add(&s->active, 1);
         atomic_fetch_add(&s->n_req, 1);
-        /* refuse an announced oversize body before reading it */
-        const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl) {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(cl, &end, 10);
-            if (errno || end == cl || v > s->max_body) {
-                rs->too_big = true;
-                char msg[160];
-                snprintf(msg, sizeof msg, "request body exceeds the limit of %zu bytes", s->max_body);
-                return queue_simple_error(s, mc, 413, NULL, "body_too_large", msg);
-            }
-        }
-        return MHD_YES;
+        ns_buf_init(&rs->body, s->max_body);
+        return check_head(s, mc, url, method, rs);
     }
     if (*upload_data_size) {
         if (!rs->too_big && ns_buf_append(&rs->body, upload_data, *upload_data_size) != NS_OK) {
@@ -336,24 +841,33 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         *upload_data_size = 0;
         return MHD_YES;
     }
-    if (rs->too_big) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "request body exceeds the limit of %zu bytes", s->max_body);
-        return queue_simple_error(s, mc, 413, NULL, "body_too_large", msg);
-    }
-    return dispatch(s, mc, url, method, rs);
+    if (rs->too_big)
+        return queue_simple_error(s, mc, 413, "body_too_large", "request body exceeds the limit of %zu bytes",
+                                  s->max_body);
+    return dispatch(s, mc, url, method, version, rs);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)mc;
-    (void)toe;
     ns_server *s = cls;
     req_state *rs = *con_cls;
+    /* a kept-alive connection now waits for its next request */
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK && !atomic_load(&s->stopping)) conn_deadline(s, mc, true);
     if (!rs) return;
+    if (rs->job) {
+        /* before libmicrohttpd closes the descriptor: the job stops using it */
+        ns_http_job *j = rs->job;
+        pthread_mutex_lock(&j->mu);
+        j->detached = true;
+        j->mc = NULL;
+        j->suspended = false;
+        pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+        job_unref(j);
+    }
     ns_buf_free(&rs->body);
+    if (rs->counted) atomic_fetch_sub(&s->active, 1);
     free(rs);
     *con_cls = NULL;
-    atomic_fetch_sub(&s->active, 1);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -365,80 +879,143 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     NS_DEBUG("microhttpd: %s", line);
 }
 
+/* ---------------- start / stop ---------------- */
+
+/* Raises the descriptor limit to its hard limit; returns how many
+ * connections it leaves room for. */
+static unsigned fd_room(unsigned want) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return want;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t cur = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) rl.rlim_cur = cur;
+    }
+    if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= (rlim_t)want + FD_RESERVE) return want;
+    return rl.rlim_cur > 2 * FD_RESERVE ? (unsigned)(rl.rlim_cur - FD_RESERVE) : (unsigned)(rl.rlim_cur / 2);
+}
+
+static void server_free(ns_server *s) {
+    free(s->api_key);
+    free(s->admin_key);
+    pthread_mutex_destroy(&s->conn_mu);
+    pthread_cond_destroy(&s->conn_cv);
+    pthread_mutex_destroy(&s->jobs_mu);
+    pthread_cond_destroy(&s->jobs_cv);
+    free(s);
+}
+
 ns_status ns_server_start(const ns_server_opts *o, const ns_http_route *routes, int n_routes, void *ud,
                           ns_server **out, ns_error *err) {
     *out = NULL;
     const char *host = o->host && *o->host ? o->host : "127.0.0.1";
     if (o->port < 0 || o->port > 65535) return ns_fail(err, NS_ERR_INVALID, "--port must be in [0, 65535]");
+    ns_server *s = calloc(1, sizeof *s);
+    if (!s) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&s->conn_mu, NULL);
+    pthread_cond_init(&s->conn_cv, NULL);
+    pthread_mutex_init(&s->jobs_mu, NULL);
+    pthread_cond_init(&s->jobs_cv, NULL);
     char port[16];
     snprintf(port, sizeof port, "%d", o->port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     struct addrinfo *ai = NULL;
     int gr = getaddrinfo(host, port, &hints, &ai);
-    if (gr != 0 || !ai) return ns_fail(err, NS_ERR_INVALID, "--host %s: %s", host, gai_strerror(gr));
-
-    ns_server *s = calloc(1, sizeof *s);
-    if (!s) {
-        freeaddrinfo(ai);
-        return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+    if (gr != 0 || !ai) {
+        server_free(s);
+        return ns_fail(err, NS_ERR_INVALID, "--host %s: %s", host, gai_strerror(gr));
     }
     s->routes = routes;
     s->n_routes = n_routes;
     s->ud = ud;
     s->max_context_tokens = o->max_context_tokens;
     s->max_body = o->max_body_bytes ? o->max_body_bytes : (size_t)32 << 20;
+    s->ipv6 = ai->ai_family == AF_INET6;
+    s->loopback = sockaddr_loopback(ai->ai_addr);
+    if (!host_name(host, s->host, sizeof s->host)) snprintf(s->host, sizeof s->host, "%s", host);
+    unsigned timeout_s = o->timeout_s ? o->timeout_s : DEFAULT_TIMEOUT_S;
+    s->keepalive_s = timeout_s / 3.0 < KEEPALIVE_MAX_S ? timeout_s / 3.0 : KEEPALIVE_MAX_S;
+    s->request_timeout_ms = 1000 * (int64_t)(o->request_timeout_s ? o->request_timeout_s : DEFAULT_REQUEST_TIMEOUT_S);
+    unsigned want = o->max_connections ? o->max_connections : DEFAULT_MAX_CONNECTIONS;
+    s->max_conns = fd_room(want);
+    if (s->max_conns < want)
+        NS_WARN("http: the open-file limit leaves room for %u connections, not %u: --max-connections is %u "
+                "(raise 'ulimit -n')", s->max_conns, want, s->max_conns);
     if ((o->api_key && *o->api_key && !(s->api_key = strdup(o->api_key))) ||
         (o->admin_key && *o->admin_key && !(s->admin_key = strdup(o->admin_key)))) {
-        free(s->api_key);
-        free(s);
+        server_free(s);
         freeaddrinfo(ai);
         return ns_fail(err, NS_ERR_NOMEM, "out of memory");
     }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC |
-                     MHD_USE_ERROR_LOG;
-    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned workers = ncpu >= 4 ? 4u : 2u;
+    unsigned backlog = s->max_conns < 256 ? 256 : s->max_conns > 4096 ? 4096 : s->max_conns;
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (s->ipv6) flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                            MHD_OPTION_THREAD_POOL_SIZE, workers,
+                            MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_CONNECTION_LIMIT, o->max_connections ? o->max_connections : 512u,
-                            MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s ? o->timeout_s : 3600u,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                            MHD_OPTION_CONNECTION_LIMIT, s->max_conns,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_connections_per_peer,
+                            MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, MHD_POOL_BYTES,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                            MHD_OPTION_LISTEN_BACKLOG_SIZE, 256u,
+                            MHD_OPTION_LISTEN_BACKLOG_SIZE, backlog,
                             MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
         int e = errno;
-        free(s->api_key);
-        free(s->admin_key);
-        free(s);
+        server_free(s);
         return ns_fail(err, NS_ERR_IO, "cannot listen on %s:%d: %s", host, o->port,
                        e ? strerror(e) : "microhttpd refused to start");
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : o->port;
+    if (pthread_create(&s->reaper, NULL, reaper_main, s) != 0) {
+        MHD_stop_daemon(s->d);
+        server_free(s);
+        return ns_fail(err, NS_ERR_INTERNAL, "cannot start the connection reaper thread");
+    }
+    s->reaper_started = true;
     *out = s;
     return NS_OK;
 }
 
 int ns_server_port(const ns_server *s) { return s->port; }
 
+bool ns_server_is_loopback(const ns_server *s) { return s->loopback; }
+
+void ns_server_url(const ns_server *s, char *out, size_t cap) {
+    bool brackets = strchr(s->host, ':') != NULL;
+    snprintf(out, cap, "http://%s%s%s:%d", brackets ? "[" : "", s->host, brackets ? "]" : "", s->port);
+}
+
 void ns_server_set_draining(ns_server *s) { atomic_store(&s->draining, true); }
 
-void ns_server_quiesce(ns_server *s) {
-    atomic_store(&s->draining, true);
-    MHD_socket fd = MHD_quiesce_daemon(s->d);
-    if (fd != MHD_INVALID_SOCKET) close(fd);
-}
+/* The listener stays open: /health answers 503 shutting_down. */
+void ns_server_quiesce(ns_server *s) { ns_server_set_draining(s); }
 
 int ns_server_active(const ns_server *s) { return atomic_load(&((ns_server *)s)->active); }
 
 void ns_server_stop(ns_server *s) {
     if (!s) return;
+    atomic_store(&s->draining, true);
+    atomic_store(&s->stopping, true); /* streams stop producing; clients count as gone */
+    pthread_mutex_lock(&s->jobs_mu);
+    while (s->n_jobs > 0) pthread_cond_wait(&s->jobs_cv, &s->jobs_mu);
+    pthread_mutex_unlock(&s->jobs_mu);
+    if (s->reaper_started) {
+        pthread_mutex_lock(&s->conn_mu);
+        pthread_cond_broadcast(&s->conn_cv);
+        pthread_mutex_unlock(&s->conn_mu);
+        pthread_join(s->reaper, NULL);
+    }
     MHD_stop_daemon(s->d);
-    free(s->api_key);
-    free(s->admin_key);
-    free(s);
+    server_free(s);
 }
 
 void ns_server_get_counters(const ns_server *s, ns_server_counters *c) {
@@ -448,4 +1025,9 @@ void ns_server_get_counters(const ns_server *s, ns_server_counters *c) {
     c->responses_4xx = atomic_load(&m->n_4xx);
     c->responses_5xx = atomic_load(&m->n_5xx);
     c->disconnects = atomic_load(&m->n_gone);
+    pthread_mutex_lock(&m->conn_mu);
+    c->connections_open = m->n_conns;
+    pthread_mutex_unlock(&m->conn_mu);
+    c->request_timeouts = atomic_load(&m->n_reaped);
+    c->evictions = atomic_load(&m->n_evicted);
 }

@@ -1,28 +1,85 @@
-/* server.h — HTTP plumbing on libmicrohttpd: listener, routing, body caps,
- * API-key check, streaming responses and graceful shutdown.
+/* server.h — HTTP plumbing on libmicrohttpd: listener, connection limits
+ * and deadlines, request size limits, routing, API-key check, streaming responses and graceful
+ * shutdown.
  *
- * Threads: one thread per connection (MHD_USE_THREAD_PER_CONNECTION), so a
- * handler may block — for a whole generation — without stalling other
- * clients. The server knows nothing about models: it reads the body (up to
- * max_body_bytes; more -> 413 before the handler runs), checks the API key,
- * finds the route (unknown path -> 404, wrong method -> 405) and calls the
- * handler, which fills an ns_http_response: a complete body, an error (the
- * server renders it through http_error.h, the one place errors get their
- * shape), or a stream.
+ * Connection model. All socket I/O is event-driven: libmicrohttpd's epoll
+ * loop on a small pool of worker threads (MHD_USE_EPOLL_INTERNAL_THREAD +
+ * MHD_OPTION_THREAD_POOL_SIZE) accepts connections, reads request heads and
+ * bodies and writes responses for every connection. A connection that sends
+ * nothing, sends half a request, or stops reading costs a file descriptor
+ * and its buffer, never a thread.
  *
- * A stream's next() runs on the connection thread and may block; it should
- * poll ns_http_client_gone() while waiting so a disconnected client is
- * noticed even before the next write fails. close() runs exactly once,
- * with completed=false when the client went away or the write failed.
+ * Handlers run in one of two places:
+ *   - GET routes run inline on the event loop. They must not block: they
+ *     read state (/health, /v1/models, /v1/capacity, /metrics, /admin/cache).
+ *   - Every other route (the POST routes parse bodies, render templates,
+ *     tokenize and generate, which blocks for a whole generation) runs on a
+ *     thread of its own, started once the request is complete, within the
+ *     limits, authorized and routed. Its connection is suspended
+ *     (MHD_suspend_connection) while the handler runs and resumed when it
+ *     returns; the event loop goes on serving every other connection.
+ * A stream (SSE) is produced on that same thread: it calls next() (which
+ * may block on the request's event channel) and appends to a buffer (capped
+ * at 4 MiB: the producer waits while a client does not read). libmicrohttpd
+ * drains the buffer through a content-reader callback which, when the buffer
+ * is empty, suspends the connection and returns 0 ("no data yet"); the
+ * producer resumes it when it appends or ends. (Returning 0 without
+ * suspending would spin in internal-thread mode.) Why a thread per admitted
+ * request and not a fully event-driven pump: the scheduler's event channel
+ * (ns_request_poll) is a condition variable, not a pollable descriptor; a
+ * thread waits on it as designed, and only a complete, checked request gets
+ * one. A stream whose client stops reading keeps its thread until the
+ * connection idles out (timeout_s).
+ *
+ * Deadlines. A request must arrive complete (head and body) within
+ * request_timeout_s of the connection's start, or of the end of the
+ * previous response on a kept-alive connection; a reaper thread shuts down
+ * connections past the deadline (shutdown(2); libmicrohttpd then closes
+ * them, without a reply). A complete request has no deadline: a queued or
+ * running generation lives as long as it needs. timeout_s is the idle limit
+ * of a connection the server is writing to (libmicrohttpd's inactivity
+ * timeout; a suspended connection, waiting for its handler or its stream's
+ * next bytes, never times out). Streams send a keep-alive comment at least
+ * every keepalive_s = min(15 s, timeout_s / 3) (ns_http_conn.keepalive_s),
+ * so a client or proxy with the same idle limit never sees a silent stream.
+ *
+ * Limits. At most max_connections connections (RLIMIT_NOFILE is raised to
+ * its hard limit to match; if that is still too low, max_connections is cut
+ * and a warning says so). When nearly all are taken (the last 1/16), each
+ * new connection shuts down the connection that has been waiting longest
+ * for a complete request, so an idle crowd cannot lock out /health.
+ * max_connections_per_peer caps the connections of one client address.
+ * libmicrohttpd's own buffer per connection is 128 KiB; the server's limits
+ * are below it, so they are answered here, in the one error shape: a request
+ * URI over 8 KiB -> 414 uri_too_long; a header line over 8 KiB or a head
+ * over 32 KiB -> 431 header_too_large. (A head larger than 128 KiB, or bytes
+ * that are not HTTP, still get libmicrohttpd's own reply.)
+ *
+ * Request checks, in order, as soon as the head is complete (before the body
+ * is read): 414/431 sizes; 413 for a Content-Length over max_body_bytes;
+ * the route (unknown path 404, wrong method 405); the API key (401); 503
+ * shutting_down while draining (routes marked open still run). Then the
+ * body is read (a chunked upload past the cap: 413) and the handler runs.
+ * A handler fills an ns_http_response: a complete body, an error (rendered
+ * through http_error.h, the one place errors get their shape), or a stream.
+ *
+ * A stream's next() should poll ns_http_client_gone() while it waits, so a
+ * client that went away is noticed before a write fails, and send a
+ * keep-alive when ns_http_client_probe_due() says so. close() runs exactly
+ * once, on the producing thread, with completed=false when the client went
+ * away, a write failed or the server stopped.
  *
  * Every response may carry X-Nightshift-Max-Context-Tokens, a number the
  * embedder supplies through opts.max_context_tokens (the server does not
  * know what it means).
  *
- * Shutdown: ns_server_quiesce stops accepting connections (in-flight ones
- * continue; new requests on kept-alive connections get 503 once draining is
- * set); ns_server_active counts requests still being answered;
- * ns_server_stop closes everything and joins the connection threads.
+ * Shutdown: ns_server_quiesce (= ns_server_set_draining) makes new requests
+ * on routes not marked open answer 503 shutting_down with Connection: close;
+ * the listener stays open, so /health can say "shutting_down" (503) instead
+ * of refusing connections. ns_server_active counts requests being answered
+ * (complete ones; a connection still sending its request is not counted);
+ * ns_server_stop waits for the handler threads (streams stop producing),
+ * then closes everything.
  */
 #ifndef NS_SERVER_H
 #define NS_SERVER_H
@@ -36,11 +93,14 @@
 #include "util/status.h"
 
 struct MHD_Connection;
+struct ns_http_job;
 
 /* The client side of one request (copyable; valid during the request). */
 typedef struct ns_http_conn {
     struct MHD_Connection *mc;
     int fd;
+    double keepalive_s;      /* a stream sends a keep-alive after this long without output; 0 = its default */
+    struct ns_http_job *job; /* server-internal; NULL for handlers run inline */
 } ns_http_conn;
 
 typedef struct ns_http_request {
@@ -73,7 +133,7 @@ typedef struct ns_http_response {
 typedef void (*ns_http_handler)(void *ud, const ns_http_request *req, ns_http_response *resp);
 
 typedef struct ns_http_route {
-    const char *method; /* "GET" / "POST" */
+    const char *method; /* "GET" (runs on the event loop: must not block) / "POST" (own thread) */
     const char *path;
     ns_http_handler fn;
     bool open;          /* reachable without the API key (/health) */
@@ -86,13 +146,15 @@ typedef struct ns_server_opts {
     const char *api_key;       /* NULL = no authentication */
     const char *admin_key;     /* NULL = admin routes take the API key */
     size_t max_body_bytes;     /* default 32 MiB */
-    unsigned max_connections;  /* default 512 */
-    unsigned timeout_s;        /* idle connection timeout; default 3600 */
+    unsigned max_connections;  /* default 1024 */
+    unsigned max_connections_per_peer; /* 0 = no per-address cap */
+    unsigned timeout_s;        /* idle limit of a connection being written to; default 300 */
+    unsigned request_timeout_s; /* a request must arrive complete within this; default 30 */
     /* Optional: called (with the routes' ud) while building every
      * response — any route, errors, 404/401/413 and streams included — on
-     * the connection thread; a value >= 0 is sent as the header
+     * the event loop; a value >= 0 is sent as the header
      * X-Nightshift-Max-Context-Tokens, a negative one omits it. Must be
-     * thread-safe and cheap. */
+     * thread-safe, cheap and non-blocking. */
     long long (*max_context_tokens)(void *ud);
 } ns_server_opts;
 
@@ -102,6 +164,10 @@ typedef struct ns_server ns_server;
 ns_status ns_server_start(const ns_server_opts *o, const ns_http_route *routes, int n_routes, void *ud,
                           ns_server **out, ns_error *err);
 int ns_server_port(const ns_server *s);
+/* "http://127.0.0.1:8080", "http://[::]:8080" (IPv6 literals bracketed). */
+void ns_server_url(const ns_server *s, char *out, size_t cap);
+/* True when the listen address is a loopback address. */
+bool ns_server_is_loopback(const ns_server *s);
 void ns_server_set_draining(ns_server *s);
 void ns_server_quiesce(ns_server *s);
 int ns_server_active(const ns_server *s);
@@ -109,14 +175,28 @@ void ns_server_stop(ns_server *s);
 
 typedef struct ns_server_counters {
     uint64_t requests, responses_2xx, responses_4xx, responses_5xx, disconnects;
+    uint64_t connections_open;  /* now */
+    uint64_t request_timeouts;  /* connections closed for not completing a request in time */
+    uint64_t evictions;         /* waiting connections closed to make room near max_connections */
 } ns_server_counters;
 void ns_server_get_counters(const ns_server *s, ns_server_counters *c);
 
-/* True when the peer closed its side of the connection. (A client that
- * half-closes after sending its request looks gone too; HTTP clients do
- * not do that.) Handlers answer a request whose client is gone with 499. */
+/* True when the client is gone: its connection was reset or failed, a
+ * write to it failed, or the server closed it or is stopping. A client that
+ * only shut down its sending side (half-close) is not gone; it still reads.
+ * Only a write tells the two apart, so when the client's end of stream is
+ * first seen, the server checks: while a handler answers a whole response on
+ * HTTP/1.1 it sends an interim "100 Continue" (clients ignore an unexpected
+ * 1xx); for a stream, ns_http_client_probe_due() asks the producer for a
+ * keep-alive. A reset comes back from a closed client and the next call says
+ * gone. HTTP/1.0 has no interim responses: there, end of stream means gone
+ * while a whole response is being prepared. Handlers answer a request whose
+ * client is gone with 499. */
 bool ns_http_client_gone(const ns_http_conn *c);
-/* A request header (NULL when absent). */
+/* True once after ns_http_client_gone saw the client's end of stream during
+ * a stream: write something (a keep-alive comment) now. */
+bool ns_http_client_probe_due(const ns_http_conn *c);
+/* A request header (NULL when absent); valid while the handler runs. */
 const char *ns_http_header(const ns_http_conn *c, const char *name);
 
 /* Server-sent events: "data: <compact json>\n\n" (steals j), the
