@@ -7,6 +7,7 @@
 #   make SANITIZE=address,undefined [test]   same under ASan/UBSan, in build/san
 #   make CUDA=1                   add the CUDA backend (nvcc), in build/cuda
 #   make bench                    build the benchmark binaries
+#   make fuzz / fuzz-smoke [FUZZ_SECONDS=60]  libFuzzer harnesses (clang, ASan/UBSan), build/fuzz
 CC      ?= cc
 NVCC    ?= nvcc
 OPT     ?= -O2
@@ -147,7 +148,42 @@ run: setup
 
 bench: $(BUILD)/nightshift $(BENCH_BIN)
 
+# Fuzzers (tests/fuzz/fuzz_*.c, libFuzzer): `make fuzz` builds them with
+# clang under ASan/UBSan into build/fuzz (the library is rebuilt there with
+# coverage instrumentation); `make fuzz-smoke [FUZZ_SECONDS=60]` runs each on
+# its seeds (tests/fuzz/corpus/<name>/) for FUZZ_SECONDS, FUZZ_JOBS at a
+# time, and fails on any finding (tests/fuzz/smoke).
+FUZZ_CC      ?= clang
+FUZZ_BUILD   := build/fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_JOBS    ?= 1
+FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_CFLAGS  := -std=c11 -O1 -g -pthread -D_GNU_SOURCE -Isrc -MMD -MP -march=native -DNS_DEBUG_CHECKS=1 \
+                -Wall -Wno-unused-parameter $(FUZZ_SAN)
+FUZZ_SRC     := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BIN     := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRC))
+FUZZ_LIB_OBJ := $(LIB_SRC:%.c=$(FUZZ_BUILD)/obj/%.o)
+.PHONY: fuzz fuzz-smoke
+fuzz: $(FUZZ_BIN)
+
+$(FUZZ_BUILD)/obj/%.o: %.c
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+
+$(FUZZ_BUILD)/libnightshift.a: $(FUZZ_LIB_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@
+	$(AR) rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_BUILD)/libnightshift.a
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Itests/fuzz -fsanitize=fuzzer -o $@ $< $(FUZZ_BUILD)/libnightshift.a $(LDLIBS)
+
+fuzz-smoke: fuzz
+	tests/fuzz/smoke $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_JOBS)
+
 clean:
 	rm -rf build
 
 -include $(shell find $(BUILD)/obj $(BUILD)/tests $(BUILD)/bench $(BUILD)/gpu-tests -name '*.d' 2>/dev/null)
+-include $(shell find $(FUZZ_BUILD) -name '*.d' 2>/dev/null)
