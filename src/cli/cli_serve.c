@@ -72,6 +72,7 @@ static void serve_defaults(serve_opts *o) {
     o->http.timeout_s = SERVE_DEFAULT_TIMEOUT_S;
     o->http.request_timeout_s = SERVE_DEFAULT_REQUEST_TIMEOUT_S;
     o->http.max_connections = SERVE_DEFAULT_MAX_CONNECTIONS;
+    o->http.check_host = true; /* on loopback: Host must name this machine */
     o->max_running = SERVE_DEFAULT_MAX_RUNNING;
     o->shutdown_timeout_s = SERVE_DEFAULT_SHUTDOWN_S;
     o->ram_cache_bytes = -1;
@@ -133,6 +134,11 @@ static void usage(FILE *f) {
             "  --max-connections N      open connections at most (default %u); near it, those waiting\n"
             "                           longest for a request are closed\n"
             "  --max-connections-per-peer N  connections per client address (default 0 = no cap)\n"
+            "  --allowed-hosts H,...    more Host names to accept (default none; '*' = any) besides\n"
+            "                           localhost, 127.0.0.1, [::1] and --host; Host is checked on\n"
+            "                           loopback, or whenever this is given\n"
+            "  --cors-origins O,...     origins (scheme://host[:port]) browsers may call from (default\n"
+            "                           none: requests with another Origin get 403; '*' = any)\n"
             "  --shutdown-timeout S     seconds running requests may take to finish on SIGTERM (default %d)\n"
             "  --admin-key KEY          key for /admin/* (default: the --api-key, or none)\n"
             "KV cache tiers below the pool (evicted pages are demoted, hits promoted back):\n"
@@ -291,7 +297,7 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
                                                  "--shutdown-timeout", "--admin-key", "--ram-cache",
                                                  "--ssd-cache", "--ssd-cache-size", "--dummy-weights",
                                                  "--pause-policy", "--request-timeout", "--max-connections",
-                                                 "--max-connections-per-peer"};
+                                                 "--max-connections-per-peer", "--allowed-hosts", "--cors-origins"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= strcmp(a, with_value[k]) == 0;
         if (!known) return ns_cli_usage_error("serve", usage, "unknown option %s", a);
@@ -300,6 +306,8 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         long long x;
         double sz;
         if (strcmp(a, "--host") == 0) o->http.host = v;
+        else if (strcmp(a, "--allowed-hosts") == 0) o->http.allowed_hosts = v;
+        else if (strcmp(a, "--cors-origins") == 0) o->http.cors_origins = v;
         else if (strcmp(a, "--request-timeout") == 0) {
             if (parse_ll(v, 1, 1 << 20, &x)) goto bad;
             o->http.request_timeout_s = (unsigned)x;

@@ -12,8 +12,8 @@
  *
  * Who picks the status: code that rejects a request for a reason it knows
  * names the status, the offending param and a code itself with
- * ns_http_error_set (for example the server: 401, 404, 405, 413, 414, 431,
- * 503 once draining; handlers: 400 naming a bad field, 503 while the model loads,
+ * ns_http_error_set (for example the server: 401, 403 for a foreign Host or
+ * Origin, 404, 405, 413, 414, 415, 431, 503 once draining; handlers: 400 naming a bad field, 503 while the model loads,
  * 499 for a client that went away, 500 when out of memory). A failure that
  * arrives as an ns_status is mapped in one place,
  * ns_http_error_from_status.

@@ -44,6 +44,12 @@ typedef struct conn_rec {
     bool shut;           /* shut down by the reaper or to make room */
 } conn_rec;
 
+typedef struct str_list {
+    char **v;
+    int n;
+    bool any; /* "*" */
+} str_list;
+
 struct ns_server {
     struct MHD_Daemon *d;
     const ns_http_route *routes;
@@ -59,6 +65,8 @@ struct ns_server {
     unsigned max_conns;
     int64_t request_timeout_ms;
     double keepalive_s;
+    bool host_check;
+    str_list hosts, origins;
     atomic_int active;
     atomic_bool draining, stopping;
     atomic_uint_fast64_t n_req, n_2xx, n_4xx, n_5xx, n_gone, n_reaped, n_evicted;
@@ -235,7 +243,7 @@ const char *ns_http_header(const ns_http_conn *c, const char *name) {
     return MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, name);
 }
 
-/* ---------------- names and addresses ---------------- */
+/* ---------------- names, hosts and origins ---------------- */
 
 /* "Example.COM.:8080" -> "example.com"; "[::1]:80" -> "::1"; a bare IPv6
  * literal stays whole. False when empty or too long. */
@@ -259,6 +267,63 @@ static bool host_name(const char *h, char *out, size_t cap) {
     return true;
 }
 
+static void str_list_free(str_list *l) {
+    for (int i = 0; i < l->n; i++) free(l->v[i]);
+    free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+static bool str_list_add(str_list *l, const char *s) {
+    char **v = realloc(l->v, (size_t)(l->n + 1) * sizeof *v);
+    if (!v) return false;
+    l->v = v;
+    if (!(l->v[l->n] = strdup(s))) return false;
+    l->n++;
+    return true;
+}
+
+static bool str_list_has(const str_list *l, const char *s) {
+    for (int i = 0; i < l->n; i++)
+        if (strcasecmp(l->v[i], s) == 0) return true;
+    return false;
+}
+
+/* Splits a comma-separated list; hosts are normalized (host_name),
+ * origins lowercased without a trailing '/'. */
+static ns_status parse_list(const char *spec, bool hosts, str_list *l, const char *flag, ns_error *err) {
+    if (!spec) return NS_OK;
+    const char *p = spec;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        char item[512];
+        while (n && (*p == ' ' || *p == '\t')) p++, n--;
+        while (n && (p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
+        if (n >= sizeof item) return ns_fail(err, NS_ERR_INVALID, "%s: an entry is too long", flag);
+        memcpy(item, p, n);
+        item[n] = 0;
+        if (n) {
+            char norm[512];
+            if (strcmp(item, "*") == 0) {
+                l->any = true;
+            } else if (hosts) {
+                if (!host_name(item, norm, sizeof norm))
+                    return ns_fail(err, NS_ERR_INVALID, "%s: bad host '%s'", flag, item);
+                if (!str_list_add(l, norm)) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+            } else {
+                for (size_t i = 0; i <= n; i++) norm[i] = (char)tolower((unsigned char)item[i]);
+                while (n && norm[n - 1] == '/') norm[--n] = 0;
+                if (!strstr(norm, "://"))
+                    return ns_fail(err, NS_ERR_INVALID, "%s: '%s' is not an origin (scheme://host[:port])", flag, item);
+                if (!str_list_add(l, norm)) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+            }
+        }
+        if (!e) break;
+        p = e + 1;
+    }
+    return NS_OK;
+}
+
 static bool sockaddr_loopback(const struct sockaddr *sa) {
     if (sa->sa_family == AF_INET) {
         const struct sockaddr_in *a = (const struct sockaddr_in *)sa;
@@ -270,6 +335,35 @@ static bool sockaddr_loopback(const struct sockaddr *sa) {
         return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
     }
     return false;
+}
+
+static bool host_allowed(const ns_server *s, const char *host_hdr) {
+    char h[256];
+    if (!host_name(host_hdr, h, sizeof h)) return false;
+    if (s->hosts.any || str_list_has(&s->hosts, h)) return true;
+    return strcmp(h, "localhost") == 0 || strcmp(h, "127.0.0.1") == 0 || strcmp(h, "::1") == 0 ||
+           strcmp(h, s->host) == 0;
+}
+
+/* An Origin in the CORS list (not merely the server's own). */
+static bool origin_listed(const ns_server *s, const char *origin) {
+    if (s->origins.any) return true;
+    char o[512];
+    size_t n = strlen(origin);
+    if (n >= sizeof o) return false;
+    for (size_t i = 0; i <= n; i++) o[i] = (char)tolower((unsigned char)origin[i]);
+    while (n && o[n - 1] == '/') o[--n] = 0;
+    return str_list_has(&s->origins, o);
+}
+
+/* The origin is the server itself: scheme://<the Host header>. */
+static bool origin_same(const char *origin, const char *host_hdr) {
+    const char *p = strstr(origin, "://");
+    if (!p || !host_hdr) return false;
+    p += 3;
+    size_t n = strlen(p);
+    while (n && p[n - 1] == '/') n--;
+    return n == strlen(host_hdr) && strncasecmp(p, host_hdr, n) == 0;
 }
 
 /* ---------------- responses ---------------- */
@@ -295,7 +389,13 @@ static void add_common_headers(ns_server *s, struct MHD_Connection *mc, struct M
             MHD_add_response_header(resp, "X-Nightshift-Max-Context-Tokens", num);
         }
     }
-    (void)mc;
+    const char *origin = s->origins.n || s->origins.any ? lookup(mc, "Origin") : NULL;
+    if (origin && origin_listed(s, origin)) {
+        MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
+        MHD_add_response_header(resp, "Vary", "Origin");
+        MHD_add_response_header(resp, "Access-Control-Expose-Headers",
+                                "X-Nightshift-Max-Context-Tokens, Retry-After");
+    }
 }
 
 static enum MHD_Result queue_buffer(ns_server *s, struct MHD_Connection *mc, int status, const char *ctype,
@@ -724,6 +824,34 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
     return MHD_YES;
 }
 
+/* application/json, with or without parameters ("; charset=utf-8"). */
+static bool is_json_type(const char *ct) {
+    while (*ct == ' ' || *ct == '\t') ct++;
+    static const char want[] = "application/json";
+    if (strncasecmp(ct, want, sizeof want - 1) != 0) return false;
+    const char *p = ct + sizeof want - 1;
+    while (*p == ' ' || *p == '\t') p++;
+    return *p == 0 || *p == ';';
+}
+
+static enum MHD_Result preflight(ns_server *s, struct MHD_Connection *mc) {
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!resp) return MHD_NO;
+    add_common_headers(s, mc, resp);
+    const char *origin = lookup(mc, "Origin");
+    if (origin && !(s->origins.n || s->origins.any)) /* the server's own origin */
+        MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
+    MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    const char *want = lookup(mc, "Access-Control-Request-Headers");
+    MHD_add_response_header(resp, "Access-Control-Allow-Headers",
+                            want && strlen(want) < 1024 ? want : "Authorization, Content-Type, X-Api-Key");
+    MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+    count_status(s, 204);
+    enum MHD_Result r = MHD_queue_response(mc, MHD_HTTP_NO_CONTENT, resp);
+    MHD_destroy_response(resp);
+    return r;
+}
+
 /* Everything that can be decided from the head, before the body is read
  * (see server.h for the order). Returns MHD_YES with rs->checked set to go
  * on; otherwise a response was queued (or the connection fails). */
@@ -741,6 +869,19 @@ static enum MHD_Result check_head(ns_server *s, struct MHD_Connection *mc, const
     if (hi && hi->header_size > MAX_HEAD_BYTES)
         return queue_simple_error(s, mc, 431, "header_too_large", "the request head is longer than %d bytes",
                                   MAX_HEAD_BYTES);
+    const char *host = lookup(mc, MHD_HTTP_HEADER_HOST);
+    if (s->host_check && host && !host_allowed(s, host))
+        return queue_simple_error(s, mc, 403, "host_not_allowed",
+                                  "Host '%.200s' is not allowed: this server answers only requests addressed to "
+                                  "localhost, 127.0.0.1, [::1] or --allowed-hosts (DNS rebinding protection)",
+                                  host);
+    const char *origin = lookup(mc, "Origin");
+    if (origin && !origin_listed(s, origin) && !origin_same(origin, host))
+        return queue_simple_error(s, mc, 403, "origin_not_allowed",
+                                  "cross-origin request from '%.200s' refused; allow the origin with --cors-origins",
+                                  origin);
+    if (origin && strcmp(method, "OPTIONS") == 0 && lookup(mc, "Access-Control-Request-Method"))
+        return preflight(s, mc);
     /* refuse an announced oversize body before reading it */
     const char *cl = lookup(mc, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {
@@ -774,6 +915,14 @@ static enum MHD_Result check_head(ns_server *s, struct MHD_Connection *mc, const
     }
     if (atomic_load(&s->draining) && !route->open)
         return queue_simple_error(s, mc, 503, "shutting_down", "the server is shutting down");
+    if (strcmp(method, "POST") == 0) {
+        const char *ct = lookup(mc, MHD_HTTP_HEADER_CONTENT_TYPE);
+        if (ct && !is_json_type(ct))
+            return queue_simple_error(s, mc, 415, "unsupported_media_type",
+                                      "Content-Type must be application/json (got '%.100s'); with curl, add "
+                                      "-H 'Content-Type: application/json'",
+                                      ct);
+    }
     rs->route = route;
     rs->checked = true;
     return MHD_YES;
@@ -898,6 +1047,8 @@ static unsigned fd_room(unsigned want) {
 static void server_free(ns_server *s) {
     free(s->api_key);
     free(s->admin_key);
+    str_list_free(&s->hosts);
+    str_list_free(&s->origins);
     pthread_mutex_destroy(&s->conn_mu);
     pthread_cond_destroy(&s->conn_cv);
     pthread_mutex_destroy(&s->jobs_mu);
@@ -916,6 +1067,12 @@ ns_status ns_server_start(const ns_server_opts *o, const ns_http_route *routes, 
     pthread_cond_init(&s->conn_cv, NULL);
     pthread_mutex_init(&s->jobs_mu, NULL);
     pthread_cond_init(&s->jobs_cv, NULL);
+    ns_status prc = parse_list(o->allowed_hosts, true, &s->hosts, "--allowed-hosts", err);
+    if (prc == NS_OK) prc = parse_list(o->cors_origins, false, &s->origins, "--cors-origins", err);
+    if (prc != NS_OK) {
+        server_free(s);
+        return prc;
+    }
     char port[16];
     snprintf(port, sizeof port, "%d", o->port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
@@ -934,6 +1091,7 @@ ns_status ns_server_start(const ns_server_opts *o, const ns_http_route *routes, 
     s->ipv6 = ai->ai_family == AF_INET6;
     s->loopback = sockaddr_loopback(ai->ai_addr);
     if (!host_name(host, s->host, sizeof s->host)) snprintf(s->host, sizeof s->host, "%s", host);
+    s->host_check = (o->check_host && s->loopback) || s->hosts.n || s->hosts.any;
     unsigned timeout_s = o->timeout_s ? o->timeout_s : DEFAULT_TIMEOUT_S;
     s->keepalive_s = timeout_s / 3.0 < KEEPALIVE_MAX_S ? timeout_s / 3.0 : KEEPALIVE_MAX_S;
     s->request_timeout_ms = 1000 * (int64_t)(o->request_timeout_s ? o->request_timeout_s : DEFAULT_REQUEST_TIMEOUT_S);

@@ -1,5 +1,6 @@
 /* server.h — HTTP plumbing on libmicrohttpd: listener, connection limits
- * and deadlines, request size limits, routing, API-key check, streaming responses and graceful
+ * and deadlines, request checks (size limits, Host, Origin/CORS,
+ * Content-Type), routing, API-key check, streaming responses and graceful
  * shutdown.
  *
  * Connection model. All socket I/O is event-driven: libmicrohttpd's epoll
@@ -56,12 +57,24 @@
  * that are not HTTP, still get libmicrohttpd's own reply.)
  *
  * Request checks, in order, as soon as the head is complete (before the body
- * is read): 414/431 sizes; 413 for a Content-Length over max_body_bytes;
- * the route (unknown path 404, wrong method 405); the API key (401); 503
- * shutting_down while draining (routes marked open still run). Then the
- * body is read (a chunked upload past the cap: 413) and the handler runs.
- * A handler fills an ns_http_response: a complete body, an error (rendered
- * through http_error.h, the one place errors get their shape), or a stream.
+ * is read): 414/431 sizes; the Host header (when check_host is set and the
+ * server listens on a loopback address, or allowed_hosts is given: Host must
+ * be localhost, 127.0.0.1, [::1], the --host value or an allowed_hosts entry,
+ * any port; else 403 host_not_allowed, against DNS rebinding; a request
+ * without Host passes); the Origin header (a request carrying Origin comes
+ * from a browser: it passes only when the origin is in cors_origins or is
+ * the server's own, else 403 origin_not_allowed; an allowed origin gets
+ * Access-Control-Allow-Origin on every response, and OPTIONS preflights get
+ * 204); 413 for a Content-Length over max_body_bytes; the route (unknown
+ * path 404, wrong method 405); the API key (401); 503 shutting_down while
+ * draining (routes marked open still run); for POST, Content-Type must be
+ * absent or application/json (parameters allowed), else 415
+ * unsupported_media_type: the types a browser can send without a preflight
+ * (text/plain, application/x-www-form-urlencoded, multipart/form-data) are
+ * refused with the rest. Then the body is read (a chunked upload past the
+ * cap: 413) and the handler runs. A handler fills an ns_http_response: a
+ * complete body, an error (rendered through http_error.h, the one place
+ * errors get their shape), or a stream.
  *
  * A stream's next() should poll ns_http_client_gone() while it waits, so a
  * client that went away is noticed before a write fails, and send a
@@ -150,6 +163,10 @@ typedef struct ns_server_opts {
     unsigned max_connections_per_peer; /* 0 = no per-address cap */
     unsigned timeout_s;        /* idle limit of a connection being written to; default 300 */
     unsigned request_timeout_s; /* a request must arrive complete within this; default 30 */
+    bool check_host;           /* check Host when listening on loopback (serve sets it) */
+    const char *allowed_hosts; /* comma-separated extra Host names ("*" = any); also
+                                * turns the check on for a non-loopback address */
+    const char *cors_origins;  /* comma-separated origins allowed cross-origin ("*" = any); NULL = none */
     /* Optional: called (with the routes' ud) while building every
      * response — any route, errors, 404/401/413 and streams included — on
      * the event loop; a value >= 0 is sent as the header

@@ -108,7 +108,7 @@ check_invariants
 
 # --- while a request runs: its pages are used, free + used is still the pool
 curl -s -N -o /dev/null -H "Authorization: Bearer $KEY" \
-  -d '{"prompt":"The long story","max_tokens":3000,"ignore_eos":true,"stream":true}' "$BASE/v1/completions" &
+  -H 'Content-Type: application/json' -d '{"prompt":"The long story","max_tokens":3000,"ignore_eos":true,"stream":true}' "$BASE/v1/completions" &
 BG=$!
 running=0
 for _ in $(seq 1 250); do

@@ -12,7 +12,7 @@ code() { curl -s -o "$TMP/resp" -w '%{http_code}' "$@"; }
 [ "$(code -H 'Authorization: Bearer wrong' "$BASE/v1/models")" = 401 ] || fail "wrong key accepted"
 [ "$(code -H 'Authorization: Bearer s3cret-ke' "$BASE/v1/models")" = 401 ] || fail "key prefix accepted"
 [ "$(code -H 'Authorization: Bearer s3cret-key' "$BASE/v1/models")" = 200 ] || fail "right key refused"
-[ "$(code -H 'Authorization: Bearer s3cret-key' -d '{"messages":[{"role":"user","content":"x"}],"max_tokens":2}' \
+[ "$(code -H 'Authorization: Bearer s3cret-key' -H 'Content-Type: application/json' -d '{"messages":[{"role":"user","content":"x"}],"max_tokens":2}' \
   "$BASE/v1/chat/completions")" = 200 ] || fail "chat with the key: $(cat "$TMP/resp")"
 [ "$(code -d '{"content":"x"}' "$BASE/tokenize")" = 401 ] || fail "tokenize without the key"
 echo ok

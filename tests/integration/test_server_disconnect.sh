@@ -5,8 +5,8 @@ cd "$(dirname "$0")/../.." && source tests/integration/common.bash
 start_server
 
 long='{"messages":[{"role":"user","content":"hi"}],"max_tokens":30000,"ignore_eos":true'
-curl -sN --max-time 1 -d "$long,\"stream\":true}" "$BASE/v1/chat/completions" >/dev/null
-curl -s --max-time 1 -d "$long}" "$BASE/v1/chat/completions" >/dev/null
+curl -sN --max-time 1 -H 'Content-Type: application/json' -d "$long,\"stream\":true}" "$BASE/v1/chat/completions" >/dev/null
+curl -s --max-time 1 -H 'Content-Type: application/json' -d "$long}" "$BASE/v1/chat/completions" >/dev/null
 # both generations must end long before 30000 tokens
 for _ in $(seq 1 50); do
   n=$(grep -c 'finish=client-gone' "$LOG")

@@ -37,7 +37,7 @@ post $C "{$M,\"max_tokens\":2,\"frobnicate\":{\"a\":[1]},\"user\":\"u\"}"
 
 # invalid UTF-8 (a lone continuation byte inside a string)
 printf '{"messages":[{"role":"user","content":"a\x80b"}]}' >"$TMP/bad_utf8.json"
-STATUS=$(curl -s -o "$TMP/resp" -w '%{http_code}' --data-binary @"$TMP/bad_utf8.json" "$BASE$C")
+STATUS=$(curl -s -H 'Content-Type: application/json' -o "$TMP/resp" -w '%{http_code}' --data-binary @"$TMP/bad_utf8.json" "$BASE$C")
 [ "$STATUS" = 400 ] || fail "invalid UTF-8: status $STATUS"
 [ "$(json_get "$(cat "$TMP/resp")" 'j.error.code')" = invalid_utf8 ] || fail "invalid UTF-8: $(cat "$TMP/resp")"
 
@@ -50,14 +50,14 @@ head -c 2000000 /dev/zero | tr '\0' 'a' >"$TMP/big.txt"
 STATUS=$(curl -s -o "$TMP/resp" -w '%{http_code}' --data-binary @"$TMP/big.txt" "$BASE$C")
 [ "$STATUS" = 413 ] || fail "oversize body: status $STATUS"
 [ "$(json_get "$(cat "$TMP/resp")" 'j.error.code')" = body_too_large ] || fail "oversize: $(cat "$TMP/resp")"
-STATUS=$(curl -s -o "$TMP/resp" -w '%{http_code}' -H 'Transfer-Encoding: chunked' --data-binary @"$TMP/big.txt" "$BASE$C")
+STATUS=$(curl -s -o "$TMP/resp" -w '%{http_code}' -H 'Content-Type: application/json' -H 'Transfer-Encoding: chunked' --data-binary @"$TMP/big.txt" "$BASE$C")
 [ "$STATUS" = 413 ] || fail "oversize chunked body: status $STATUS"
 health_ok
 
 # a prompt longer than the model's context (40960 tokens): token ids
 ids=$(node -e 'console.log(JSON.stringify(Array.from({length:41000},(_,i)=>100+(i%1000))))')
 echo "{\"prompt\":$ids,\"max_tokens\":4}" >"$TMP/long.json"
-STATUS=$(curl -s -o "$TMP/resp" -w '%{http_code}' --data-binary @"$TMP/long.json" "$BASE/v1/completions")
+STATUS=$(curl -s -H 'Content-Type: application/json' -o "$TMP/resp" -w '%{http_code}' --data-binary @"$TMP/long.json" "$BASE/v1/completions")
 [ "$STATUS" = 400 ] || fail "too-long prompt: status $STATUS: $(head -c 300 "$TMP/resp")"
 R=$(cat "$TMP/resp")
 [ "$(json_get "$R" 'j.error.code')" = context_length_exceeded ] || fail "too-long prompt: $R"
@@ -66,7 +66,7 @@ R=$(cat "$TMP/resp")
 
 # ... and as chat text
 node -e 'console.log(JSON.stringify({messages:[{role:"user",content:"hello ".repeat(42000)}],max_tokens:4}))' >"$TMP/long_chat.json"
-STATUS=$(curl -s -o "$TMP/resp" -w '%{http_code}' --data-binary @"$TMP/long_chat.json" "$BASE$C")
+STATUS=$(curl -s -H 'Content-Type: application/json' -o "$TMP/resp" -w '%{http_code}' --data-binary @"$TMP/long_chat.json" "$BASE$C")
 R=$(cat "$TMP/resp")
 [ "$STATUS" = 400 ] || fail "too-long chat prompt: status $STATUS: ${R:0:300}"
 [ "$(json_get "$R" '[j.error.code,j.error.param,j.error.prompt_tokens>40960].join()')" = "context_length_exceeded,messages,true" ] ||

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.." && source tests/integration/common.bash
 
 # 1. SIGTERM while a short stream runs: the stream completes, exit 0.
 start_server --shutdown-timeout 20
-curl -sN -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":40,"stream":true}' \
+curl -sN -H 'Content-Type: application/json' -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":40,"stream":true}' \
   "$BASE/v1/chat/completions" >"$TMP/s1" &
 CURL=$!
 sleep 0.3
@@ -20,7 +20,7 @@ curl -s -o /dev/null --max-time 2 "$BASE/health" && fail "still answering after 
 
 # 2. SIGINT with a long generation and a short timeout: it is cancelled.
 start_server --shutdown-timeout 1
-curl -sN -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":30000,"ignore_eos":true,"stream":true}' \
+curl -sN -H 'Content-Type: application/json' -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":30000,"ignore_eos":true,"stream":true}' \
   "$BASE/v1/chat/completions" >"$TMP/s2" &
 CURL=$!
 sleep 0.5
