@@ -122,6 +122,11 @@ void ns_api_metrics(void *ud, const ns_http_request *req, ns_http_response *resp
                       (unsigned long long)c.responses_5xx);
         counter(&b, "nightshift_http_client_disconnects_total", "Responses the client left before the end.",
                 c.disconnects);
+        gauge(&b, "nightshift_http_connections_open", "Connections open now.", (double)c.connections_open);
+        counter(&b, "nightshift_http_request_timeouts_total",
+                "Connections closed for not completing a request within --request-timeout.", c.request_timeouts);
+        counter(&b, "nightshift_http_connection_evictions_total",
+                "Idle connections closed to make room near --max-connections.", c.evictions);
     }
     size_t len = 0;
     char *text = ns_buf_take(&b, &len);
