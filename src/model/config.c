@@ -42,27 +42,31 @@ static ns_status get_float(const json_t *o, const char *key, double lo, double h
     return NS_OK;
 }
 
+static int32_t token_or_none(json_int_t v, int32_t vocab_size) { return v >= 0 && v < vocab_size ? (int32_t)v : -1; }
+
 static ns_status read_eos(const json_t *v, ns_model_config *cfg, const char *file, ns_error *err) {
     if (!v || json_is_null(v)) return NS_OK;
-    int32_t ids[NS_MAX_EOS];
+    /* range-checked as JSON integers: a cast first would turn 2^32 + 2 into 2 */
+    json_int_t ids[NS_MAX_EOS];
     int32_t n = 0;
     if (json_is_integer(v)) {
-        ids[n++] = (int32_t)json_integer_value(v);
+        ids[n++] = json_integer_value(v);
     } else if (json_is_array(v)) {
         size_t i;
         json_t *e;
         json_array_foreach(v, i, e) {
             if (!json_is_integer(e)) return ns_fail(err, NS_ERR_FORMAT, "%s: eos_token_id entries must be integers", file);
             if (n == NS_MAX_EOS) return ns_fail(err, NS_ERR_FORMAT, "%s: more than %d eos_token_id entries", file, NS_MAX_EOS);
-            ids[n++] = (int32_t)json_integer_value(e);
+            ids[n++] = json_integer_value(e);
         }
     } else {
         return ns_fail(err, NS_ERR_FORMAT, "%s: eos_token_id must be an integer or a list", file);
     }
     for (int32_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= cfg->vocab_size)
-            return ns_fail(err, NS_ERR_FORMAT, "%s: eos_token_id %d is outside the vocabulary", file, ids[i]);
-    memcpy(cfg->eos_token_ids, ids, sizeof ids);
+            return ns_fail(err, NS_ERR_FORMAT, "%s: eos_token_id %lld is outside the vocabulary", file,
+                           (long long)ids[i]);
+    for (int32_t i = 0; i < n; i++) cfg->eos_token_ids[i] = (int32_t)ids[i];
     cfg->n_eos = n;
     return NS_OK;
 }
@@ -146,15 +150,15 @@ ns_status ns_config_from_json(const json_t *c, const json_t *gen, ns_model_confi
             return ns_fail(err, NS_ERR_UNSUPPORTED, "config.json: rope_scaling type \"%s\" is not supported", rt);
         }
     }
+    /* bos: an id of the vocabulary, else none (-1) */
     json_t *bos = json_object_get(c, "bos_token_id");
-    if (json_is_integer(bos)) cfg->bos_token_id = (int32_t)json_integer_value(bos);
+    if (json_is_integer(bos)) cfg->bos_token_id = token_or_none(json_integer_value(bos), cfg->vocab_size);
     TRY(read_eos(json_object_get(c, "eos_token_id"), cfg, "config.json", err));
     if (gen && json_is_object(gen)) {
         bos = json_object_get(gen, "bos_token_id");
-        if (json_is_integer(bos)) cfg->bos_token_id = (int32_t)json_integer_value(bos);
+        if (json_is_integer(bos)) cfg->bos_token_id = token_or_none(json_integer_value(bos), cfg->vocab_size);
         TRY(read_eos(json_object_get(gen, "eos_token_id"), cfg, "generation_config.json", err));
     }
-    if (cfg->bos_token_id >= cfg->vocab_size) cfg->bos_token_id = -1;
 #undef TRY
     return NS_OK;
 }

@@ -9,6 +9,7 @@
  * dimensions, heads that divide evenly, an even head_dim, EOS ids in range,
  * finite positive rope frequencies (ns_rope_inv_freq runs on it). */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <jansson.h>
@@ -48,6 +49,31 @@ static void check_accepted(const ns_model_config *c) {
     }
 }
 
+/* True when v (an integer or an array of them) holds exactly id. */
+static bool json_has_id(const json_t *v, int32_t id) {
+    if (json_is_integer(v)) return json_integer_value(v) == id;
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) if (json_is_integer(e) && json_integer_value(e) == id) return true;
+    return false;
+}
+
+/* The ids in cfg are the ones the files give, never a wrapped value
+ * (2^32 + 2 read as 2): EOS from generation_config.json when it has them,
+ * else config.json; BOS likewise, or -1. */
+static void check_ids(const ns_model_config *c, const json_t *cfg, const json_t *gen) {
+    const json_t *ge = json_is_object(gen) ? json_object_get(gen, "eos_token_id") : NULL;
+    const json_t *eos = ge && !json_is_null(ge) ? ge : json_object_get(cfg, "eos_token_id");
+    for (int i = 0; i < c->n_eos; i++) FUZZ_CHECK(json_has_id(eos, c->eos_token_ids[i]));
+    if (c->bos_token_id >= 0) {
+        FUZZ_CHECK(c->bos_token_id < c->vocab_size);
+        const json_t *gb = json_is_object(gen) ? json_object_get(gen, "bos_token_id") : NULL;
+        FUZZ_CHECK((json_is_integer(gb) && json_integer_value(gb) == c->bos_token_id) ||
+                   (json_is_integer(json_object_get(cfg, "bos_token_id")) &&
+                    json_integer_value(json_object_get(cfg, "bos_token_id")) == c->bos_token_id));
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *p = (const char *)data;
     const char *nul = memchr(p, 0, size);
@@ -60,7 +86,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         ns_error err = {0};
         memset(&c, 0xa5, sizeof c);
         ns_status st = ns_config_from_json(cfg, gen, &c, &err);
-        if (st == NS_OK) check_accepted(&c);
+        if (st == NS_OK) {
+            check_accepted(&c);
+            check_ids(&c, cfg, gen);
+        }
         else FUZZ_CHECK(err.msg[0] != 0);
     }
     json_decref(cfg);
