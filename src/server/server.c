@@ -903,6 +903,13 @@ static enum MHD_Result check_head(ns_server *s, struct MHD_Connection *mc, const
         }
     }
     if (!route) {
+        /* with a key configured, an unauthenticated client learns nothing
+         * about which paths exist: 401 before 404/405 (open paths such as
+         * /health are public anyway) */
+        bool open_path = false;
+        for (int i = 0; i < s->n_routes; i++) open_path |= s->routes[i].open && strcmp(s->routes[i].path, url) == 0;
+        if (!open_path && s->api_key && !authorized(s->api_key, mc) && !(s->admin_key && authorized(s->admin_key, mc)))
+            return queue_simple_error(s, mc, 401, "invalid_api_key", "Incorrect or missing API key.");
         if (path_known)
             return queue_simple_error(s, mc, 405, "method_not_allowed", "method not allowed for this path");
         return queue_simple_error(s, mc, 404, "not_found", "unknown endpoint %.32s %.160s", method, url);

@@ -15,4 +15,10 @@ code() { curl -s -o "$TMP/resp" -w '%{http_code}' "$@"; }
 [ "$(code -H 'Authorization: Bearer s3cret-key' -H 'Content-Type: application/json' -d '{"messages":[{"role":"user","content":"x"}],"max_tokens":2}' \
   "$BASE/v1/chat/completions")" = 200 ] || fail "chat with the key: $(cat "$TMP/resp")"
 [ "$(code -d '{"content":"x"}' "$BASE/tokenize")" = 401 ] || fail "tokenize without the key"
+# an unauthenticated client learns nothing about which paths exist
+[ "$(code "$BASE/v1/no-such-thing")" = 401 ] || fail "unknown path without the key: $(cat "$TMP/resp")"
+[ "$(code -H 'Authorization: Bearer s3cret-key' "$BASE/v1/no-such-thing")" = 404 ] || fail "unknown path with the key"
+[ "$(code -X DELETE "$BASE/v1/models")" = 401 ] || fail "wrong method without the key"
+[ "$(code -X DELETE -H 'Authorization: Bearer s3cret-key' "$BASE/v1/models")" = 405 ] || fail "wrong method with the key"
+[ "$(code -X POST "$BASE/health")" = 405 ] || fail "/health is public: wrong method is 405"
 echo ok
