@@ -813,6 +813,17 @@ ns_status ns_tmethod_call(ns_tctx *c, const ns_tmethod *m, const ns_tcallargs *a
 
 /* ---- printf-style and str.format formatting ------------------------------------------------ */
 
+/* *v = *v * 10 + digit (an unset -1 counts as 0); false once the number
+ * passes FMT_MAX_NUM, so a width, precision or index of many digits fails
+ * instead of overflowing (Python refuses them too). */
+#define FMT_MAX_NUM ((int64_t)1 << 40)
+static bool push_digit(int64_t *v, char digit) {
+    int64_t x = (*v < 0 ? 0 : *v) * 10 + (digit - '0');
+    if (x > FMT_MAX_NUM) return false;
+    *v = x;
+    return true;
+}
+
 typedef struct {
     char fill[4];
     size_t fill_n;
@@ -996,10 +1007,12 @@ ns_status ns_tpercent_format(ns_tctx *c, const ns_tv *fmt, const ns_tv *args, ns
             else if (p[i] == '0') f.zero = 1;
         }
         if (f.align) f.zero = 0;
-        for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) f.width = (f.width < 0 ? 0 : f.width) * 10 + (p[i] - '0');
+        for (; i < n && p[i] >= '0' && p[i] <= '9'; i++)
+            if (!push_digit(&f.width, p[i])) return ns_trt_fail(c, NS_ERR_INVALID, "width too big");
         if (i < n && p[i] == '.') {
             f.prec = 0;
-            for (i++; i < n && p[i] >= '0' && p[i] <= '9'; i++) f.prec = f.prec * 10 + (p[i] - '0');
+            for (i++; i < n && p[i] >= '0' && p[i] <= '9'; i++)
+                if (!push_digit(&f.prec, p[i])) return ns_trt_fail(c, NS_ERR_INVALID, "precision too big");
         }
         if (i >= n) return ns_trt_fail(c, NS_ERR_INVALID, "incomplete format");
         char conv = p[i++];
@@ -1060,10 +1073,14 @@ static ns_status parse_spec(ns_tctx *c, const char *s, size_t n, fspec *f) {
         }
         i++;
     }
-    for (; i < n && s[i] >= '0' && s[i] <= '9'; i++) f->width = (f->width < 0 ? 0 : f->width) * 10 + (s[i] - '0');
+    for (; i < n && s[i] >= '0' && s[i] <= '9'; i++)
+        if (!push_digit(&f->width, s[i]))
+            return ns_trt_fail(c, NS_ERR_INVALID, "Too many decimal digits in format string");
     if (i < n && s[i] == '.') {
         f->prec = 0;
-        for (i++; i < n && s[i] >= '0' && s[i] <= '9'; i++) f->prec = f->prec * 10 + (s[i] - '0');
+        for (i++; i < n && s[i] >= '0' && s[i] <= '9'; i++)
+            if (!push_digit(&f->prec, s[i]))
+                return ns_trt_fail(c, NS_ERR_INVALID, "Too many decimal digits in format string");
     }
     if (i < n) f->type = s[i++];
     if (i != n) return ns_trt_fail(c, NS_ERR_INVALID, "Invalid format specifier '%.*s'", (int)n, s);
@@ -1140,7 +1157,8 @@ static ns_status str_format(ns_tctx *c, const ns_tv *self, const ns_tcallargs *a
                 int64_t iv = 0;
                 for (size_t q = s0; q < k; q++) {
                     if (p[q] < '0' || p[q] > '9') digits = 0;
-                    else iv = iv * 10 + (p[q] - '0');
+                    else if (digits && !push_digit(&iv, p[q]))
+                        return ns_trt_fail(c, NS_ERR_INVALID, "Too many decimal digits in format string");
                 }
                 if (digits) key = ns_tv_int(iv);
                 if ((st = ns_tgetitem(c, &val, &key, &val)) != NS_OK) return st;
