@@ -31,6 +31,10 @@ struct ns_bpe {
     uint32_t n_ranks; /* number of merges (ranks are 0..n_ranks-1) */
 
     int32_t *char_id; /* codepoint < 0x10000 -> id of that one-char piece, or -1 */
+    /* codepoint < 0x10000 -> length in characters of the longest piece that
+     * contains it (0: not a known one-char piece, or longer than 65535);
+     * only with char_id (see ns_bpe_min_ids) */
+    uint16_t *char_maxlen;
     int32_t byte_id[256];
     int32_t unk_id;   /* -1 if the unk token is not in the vocabulary */
     bool has_unk;     /* an unk_token is configured */
@@ -50,6 +54,7 @@ void ns_bpe_free(ns_bpe *b) {
     free(b->mrank);
     free(b->mnew);
     free(b->char_id);
+    free(b->char_maxlen);
     free(b->unk_name);
     free(b->prefix);
     free(b->suffix);
@@ -276,6 +281,48 @@ done:
     return st;
 }
 
+/* char_maxlen: for every piece, its length in characters raises the entry
+ * of each character it contains. A merged piece is the concatenation of
+ * the pieces it merges (load_merges), so a token made of k initial
+ * symbols is a piece of >= k characters, each character of the word
+ * giving at most one symbol of its own. */
+static ns_status build_char_maxlen(ns_bpe *b, ns_error *err, const char *where) {
+    b->char_maxlen = calloc(0x10000, sizeof *b->char_maxlen);
+    if (!b->char_maxlen) return ns_fail(err, NS_ERR_NOMEM, "%s: out of memory", where);
+    uint8_t *too_long = calloc(0x10000 / 8, 1);
+    if (!too_long) return ns_fail(err, NS_ERR_NOMEM, "%s: out of memory", where);
+    for (int32_t id = 0; id < b->n_ids; id++) {
+        const char *p = b->piece[id];
+        if (!p) continue;
+        const size_t n = b->piece_len[id], chars = ns_utf8_count(p, n);
+        for (size_t i = 0; i < n;) {
+            uint32_t cp = ns_utf8_next(p, n, &i);
+            if (cp >= 0x10000) continue;
+            if (chars > UINT16_MAX) too_long[cp >> 3] |= (uint8_t)(1u << (cp & 7));
+            else if (chars > b->char_maxlen[cp]) b->char_maxlen[cp] = (uint16_t)chars;
+        }
+    }
+    for (uint32_t cp = 0; cp < 0x10000; cp++)
+        if (b->char_id[cp] < 0 || (too_long[cp >> 3] & (1u << (cp & 7)))) b->char_maxlen[cp] = 0;
+    free(too_long);
+    return NS_OK;
+}
+
+double ns_bpe_char_weight(const ns_bpe *b, uint32_t cp) {
+    if (!b->char_maxlen || cp >= 0x10000 || !b->char_maxlen[cp]) return 0.0;
+    return 1.0 / b->char_maxlen[cp];
+}
+
+double ns_bpe_min_ids(const ns_bpe *b, const char *w, size_t n) {
+    if (!b->char_maxlen) return 0.0;
+    double sum = 0.0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp = ns_utf8_next(w, n, &i);
+        if (cp < 0x10000 && b->char_maxlen[cp]) sum += 1.0 / b->char_maxlen[cp];
+    }
+    return sum;
+}
+
 ns_status ns_bpe_create(const json_t *model, const char *vocab, size_t vocab_len, const char *merges,
                         size_t merges_len, const char *where, ns_bpe **out, ns_error *err) {
     *out = NULL;
@@ -330,6 +377,7 @@ ns_status ns_bpe_create(const json_t *model, const char *vocab, size_t vocab_len
              * ids); the map is authoritative, as lookups elsewhere use it. */
             if (cp < 0x10000) b->char_id[cp] = ns_strmap_get(&b->vocab, p, b->piece_len[id]);
         }
+        if ((st = build_char_maxlen(b, err, where)) != NS_OK) goto fail;
     }
     *out = b;
     return NS_OK;

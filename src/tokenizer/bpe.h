@@ -44,6 +44,21 @@ const char *ns_bpe_piece(const ns_bpe *b, int32_t id, size_t *len);
 /* Id of an exact piece or -1. */
 int32_t ns_bpe_id(const ns_bpe *b, const char *s, size_t n);
 
+/* A lower bound on the number of ids ns_bpe_word appends for word w[0..n)
+ * (valid UTF-8), without encoding it: the sum over its characters of
+ * ns_bpe_char_weight. Each character that is a one-character piece gives
+ * its own initial symbol, and a final token covering k symbols is a piece
+ * of >= k characters, so it covers at most (longest piece containing c)
+ * of them for any c it holds: the weights of a token's characters sum to
+ * <= 1. Characters the model may drop, fuse (unk) or split into bytes
+ * weigh 0. Always 0 for models with a continuing-subword prefix or an
+ * end-of-word suffix. O(n), no allocation: for refusing a huge word
+ * before the O(n)-memory merge. */
+double ns_bpe_min_ids(const ns_bpe *b, const char *w, size_t n);
+/* 1 / (length in characters of the longest piece containing cp) for a
+ * character that is itself a piece, else 0 (see ns_bpe_min_ids). */
+double ns_bpe_char_weight(const ns_bpe *b, uint32_t cp);
+
 /* Per-call scratch: zero-initialize; ns_bpe_scratch_free releases it. */
 typedef struct ns_bpe_scratch {
     void *syms;

@@ -191,6 +191,55 @@ static ns_status nfc_fast(const char *in, size_t len, ns_buf *out, ns_error *err
                                                                          : ns_fail(err, NS_ERR_NOMEM, "out of memory");
 }
 
+/* True when NFC leaves in[0..len) unchanged: nfc_fast's walk, comparing
+ * each non-inert piece's normalization with the piece instead of copying
+ * the text (scratch: one piece). */
+static bool nfc_identity(const char *in, size_t len) {
+    pthread_once(&g_inert_once, build_inert);
+    ns_buf tmp;
+    ns_buf_init(&tmp, 0);
+    bool same = true;
+    size_t i = 0;
+    while (same && i < len) {
+        size_t piece = i;
+        uint32_t cp;
+        i += ns_utf8_decode(in, len, i, &cp);
+        size_t j = i;
+        while (j < len) {
+            uint32_t c2;
+            size_t l = ns_utf8_decode(in, len, j, &c2);
+            if (inert(c2)) break;
+            j += l;
+        }
+        if (j == i && inert(cp)) continue;
+        ns_buf_reset(&tmp);
+        same = map_piece(UTF8PROC_COMPOSE, in + piece, j - piece, &tmp, NULL) == NS_OK && tmp.len == j - piece &&
+               memcmp(tmp.data, in + piece, tmp.len) == 0;
+        i = j;
+    }
+    ns_buf_free(&tmp);
+    return same;
+}
+
+bool ns_normalize_is_identity(const ns_normalizer *n, const char *s, size_t len) {
+    if (!n) return true;
+    switch (n->type) {
+    case N_NFC: return all_ascii(s, len) || nfc_identity(s, len);
+    case N_NFD:
+    case N_NFKC:
+    case N_NFKD: return all_ascii(s, len);
+    case N_LOWER:
+        for (size_t i = 0; i < len; i++)
+            if ((unsigned char)s[i] >= 0x80 || (s[i] >= 'A' && s[i] <= 'Z')) return false;
+        return true;
+    case N_SEQ: /* each step sees the unchanged text when every step before left it so */
+        for (size_t i = 0; i < n->n_kids; i++)
+            if (!ns_normalize_is_identity(n->kids[i], s, len)) return false;
+        return true;
+    default: return false; /* Prepend, Replace, Strip: unsure, normalize */
+    }
+}
+
 static ns_status apply_unicode(int opts, const char *in, size_t len, ns_buf *out, ns_error *err) {
     if (all_ascii(in, len)) return ns_buf_append(out, in, len) == NS_OK ? NS_OK : ns_fail(err, NS_ERR_NOMEM, "out of memory");
     if (opts == UTF8PROC_COMPOSE) return nfc_fast(in, len, out, err);

@@ -30,4 +30,11 @@ void ns_normalizer_free(ns_normalizer *n);
 ns_status ns_normalize(const ns_normalizer *n, ns_rx_ctx *ctx, const char *s, size_t len, ns_buf *out,
                        ns_error *err);
 
+/* True when ns_normalize would return s[0..len) unchanged, decided
+ * without a copy of the text (the bounded encode then reads the text in
+ * place). Exact for NFC (piece by piece, like the NFC fast path), the
+ * other Unicode forms on ASCII, Lowercase on text without upper case, and
+ * Sequences of those; false — "normalize to find out" — otherwise. */
+bool ns_normalize_is_identity(const ns_normalizer *n, const char *s, size_t len);
+
 #endif

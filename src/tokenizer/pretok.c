@@ -235,7 +235,9 @@ static ns_status run_split(const ns_pretok *p, ns_rx_ctx *ctx, const ns_pieces *
     return st;
 }
 
-static ns_status run_bytelevel(const ns_pretok *p, ns_rx_ctx *ctx, const ns_pieces *in, ns_pieces *out,
+/* map_only: the byte mapping alone, without add_prefix_space and the
+ * regex (the incremental path already applied them). */
+static ns_status run_bytelevel(const ns_pretok *p, ns_rx_ctx *ctx, const ns_pieces *in, ns_pieces *out, bool map_only,
                                ns_error *err) {
     ns_spans sp = {0};
     ns_span whole;
@@ -245,7 +247,7 @@ static ns_status run_bytelevel(const ns_pretok *p, ns_rx_ctx *ctx, const ns_piec
     for (size_t i = 0; i < in->n; i++) {
         const char *s = in->text.data + in->v[i].off;
         size_t n = in->v[i].len;
-        if (p->add_prefix_space && s[0] != ' ') {
+        if (!map_only && p->add_prefix_space && s[0] != ' ') {
             ns_buf_reset(&tmp);
             if ((st = ns_buf_putc(&tmp, ' ')) != NS_OK || (st = ns_buf_append(&tmp, s, n)) != NS_OK) goto oom;
             s = tmp.data;
@@ -254,7 +256,7 @@ static ns_status run_bytelevel(const ns_pretok *p, ns_rx_ctx *ctx, const ns_piec
         const ns_span *v = &whole;
         size_t nv = 1;
         whole = (ns_span){0, n, false};
-        if (p->pat) {
+        if (p->pat && !map_only) {
             if ((st = ns_pattern_spans(p->pat, ctx, s, n, &sp, err)) != NS_OK) goto done;
             v = sp.v;
             nv = sp.n;
@@ -337,7 +339,7 @@ ns_status ns_pretok_run(const ns_pretok *p, ns_rx_ctx *ctx, ns_pieces *io, ns_pi
     ns_status st;
     switch (p->type) {
     case P_SPLIT: st = run_split(p, ctx, io, tmp, err); break;
-    case P_BYTELEVEL: st = run_bytelevel(p, ctx, io, tmp, err); break;
+    case P_BYTELEVEL: st = run_bytelevel(p, ctx, io, tmp, false, err); break;
     case P_METASPACE: st = run_metaspace(p, io, tmp, err); break;
     default: st = ns_fail(err, NS_ERR_INTERNAL, "pre_tokenizer: bad type");
     }
@@ -346,4 +348,177 @@ ns_status ns_pretok_run(const ns_pretok *p, ns_rx_ctx *ctx, ns_pieces *io, ns_pi
     *io = *tmp;
     *tmp = t;
     return NS_OK;
+}
+
+/* ---- incremental first stage ---- */
+
+bool ns_pretok_iter_init(ns_pretok_iter *it, const ns_pretok *p, const char *s, size_t n, bool first,
+                         ns_pretok_rest *rest) {
+    memset(it, 0, sizeof *it);
+    *rest = NS_PRETOK_REST_OTHER;
+    if (!p) return false;
+    const ns_pretok *f = p;
+    const ns_pretok *const *later = NULL;
+    size_t n_later = 0;
+    if (p->type == P_SEQ) {
+        if (p->n_kids == 0) return false;
+        f = p->kids[0];
+        later = (const ns_pretok *const *)p->kids + 1;
+        n_later = p->n_kids - 1;
+    }
+    if (f->type == P_SPLIT) {
+        if (n_later == 0) *rest = NS_PRETOK_REST_NONE;
+        else if (n_later == 1 && later[0]->type == P_BYTELEVEL && !later[0]->pat) *rest = NS_PRETOK_REST_BYTELEVEL;
+    } else if (f->type == P_BYTELEVEL && f->pat) {
+        /* add_prefix_space would run the regex on " " + text: not in place */
+        if (f->add_prefix_space && n > 0 && s[0] != ' ') return false;
+        if (n_later == 0) *rest = NS_PRETOK_REST_BYTELEVEL;
+    } else {
+        return false;
+    }
+    it->first = f;
+    it->s = s;
+    it->n = n;
+    it->first_flag = first;
+    return true;
+}
+
+/* The next span of the match / non-match partition (ns_pattern_spans). */
+static ns_status next_span(ns_pretok_iter *it, ns_rx_ctx *ctx, size_t *a, size_t *b, bool *match, bool *found,
+                           ns_error *err) {
+    *found = false;
+    if (it->have_match) {
+        it->have_match = false;
+        *a = it->ma;
+        *b = it->prev = it->mb;
+        *match = *found = true;
+        return NS_OK;
+    }
+    if (it->prev >= it->n) return NS_OK;
+    bool hit;
+    size_t ms, me;
+    ns_status st = ns_pattern_find(it->first->pat, ctx, it->s, it->n, it->prev, &hit, &ms, &me, err);
+    if (st != NS_OK) return st;
+    *found = true;
+    if (!hit) {
+        *a = it->prev;
+        *b = it->prev = it->n;
+        *match = false;
+        return NS_OK;
+    }
+    if (ms > it->prev) {
+        *a = it->prev;
+        *b = ms;
+        *match = false;
+        it->have_match = true;
+        it->ma = ms;
+        it->mb = me;
+        return NS_OK;
+    }
+    *a = ms;
+    *b = it->prev = me;
+    *match = true;
+    return NS_OK;
+}
+
+/* split_spans, one span at a time: when span [a, b) completes a piece,
+ * *ready is set and the piece is [*ps, *pe). The caller flushes the
+ * pending piece at the end. */
+static void transduce(ns_pretok_iter *it, split_behavior beh, size_t a, size_t b, bool match, bool *ready,
+                      size_t *ps, size_t *pe) {
+    *ready = false;
+    switch (beh) {
+    case B_ISOLATED:
+        *ready = true, *ps = a, *pe = b;
+        return;
+    case B_REMOVED:
+        if (!match) *ready = true, *ps = a, *pe = b;
+        return;
+    case B_CONTIGUOUS:
+        if (it->have_pend && match == it->prev_match) {
+            it->pe = b;
+        } else {
+            if (it->have_pend) *ready = true, *ps = it->ps, *pe = it->pe;
+            it->have_pend = true, it->ps = a, it->pe = b;
+        }
+        it->prev_match = match;
+        return;
+    case B_MERGED_PREV:
+        if (it->have_pend && match && !it->prev_match) {
+            it->pe = b;
+        } else {
+            if (it->have_pend) *ready = true, *ps = it->ps, *pe = it->pe;
+            it->have_pend = true, it->ps = a, it->pe = b;
+        }
+        it->prev_match = match;
+        return;
+    case B_MERGED_NEXT:
+        if (it->have_pend) { /* a match waiting for what follows */
+            if (!match) {
+                it->have_pend = false;
+                *ready = true, *ps = it->ps, *pe = b;
+                return;
+            }
+            *ready = true, *ps = it->ps, *pe = it->pe;
+            it->ps = a, it->pe = b; /* this match waits in turn */
+            return;
+        }
+        if (match) it->have_pend = true, it->ps = a, it->pe = b;
+        else *ready = true, *ps = a, *pe = b;
+        return;
+    }
+}
+
+ns_status ns_pretok_iter_next(ns_pretok_iter *it, ns_rx_ctx *ctx, size_t *start, size_t *end, bool *first,
+                              bool *found, ns_error *err) {
+    *found = false;
+    const bool bytelevel = it->first->type == P_BYTELEVEL;
+    const split_behavior beh = bytelevel ? B_ISOLATED : it->first->behavior;
+    const bool invert = !bytelevel && it->first->invert;
+    while (!it->done) {
+        size_t a, b;
+        bool match, got, ready;
+        ns_status st = next_span(it, ctx, &a, &b, &match, &got, err);
+        if (st != NS_OK) return st;
+        if (!got) {
+            it->done = true;
+            if (!it->have_pend) break;
+            it->have_pend = false;
+            if (it->ps == it->pe) break;
+            *start = it->ps, *end = it->pe;
+            *first = it->first_flag && it->ps == 0;
+            *found = true;
+            return NS_OK;
+        }
+        transduce(it, beh, a, b, invert ? !match : match, &ready, start, end);
+        if (ready && *end > *start) { /* empty pieces are dropped, as ns_pieces_add does */
+            *first = it->first_flag && *start == 0;
+            *found = true;
+            return NS_OK;
+        }
+    }
+    return NS_OK;
+}
+
+ns_status ns_pretok_run_rest(const ns_pretok *p, ns_rx_ctx *ctx, ns_pieces *io, ns_pieces *tmp, ns_error *err) {
+    if (!p) return NS_OK;
+    const ns_pretok *f = p->type == P_SEQ ? p->kids[0] : p;
+    ns_status st;
+    if (f->type == P_BYTELEVEL) { /* its byte mapping is still to do */
+        ns_pieces_reset(tmp);
+        if ((st = run_bytelevel(f, ctx, io, tmp, true, err)) != NS_OK) return st;
+        ns_pieces t = *io;
+        *io = *tmp;
+        *tmp = t;
+    }
+    if (p->type != P_SEQ) return NS_OK;
+    for (size_t i = 1; i < p->n_kids; i++)
+        if ((st = ns_pretok_run(p->kids[i], ctx, io, tmp, err)) != NS_OK) return st;
+    return NS_OK;
+}
+
+bool ns_pretok_is_metaspace(const ns_pretok *p, uint32_t *repl) {
+    if (!p || p->type != P_METASPACE) return false;
+    ns_utf8_decode(p->repl, p->repl_len, 0, repl);
+    return true;
 }

@@ -60,6 +60,7 @@ struct ns_tokenizer {
     int32_t bos_id, eos_id;
     chat_tmpl *tmpl;
     size_t n_tmpl;
+    double bl_weight[256]; /* ns_bpe_char_weight of each byte's ByteLevel character */
 };
 
 struct ns_detok {
@@ -149,29 +150,50 @@ typedef struct seg {
     int32_t added; /* index into t->added, or -1 for plain text */
 } seg;
 
-typedef struct segs {
-    seg *v;
-    size_t n, cap;
-} segs;
-
-static ns_status segs_push(segs *s, size_t a, size_t b, int32_t added) {
-    if (NS_VEC_GROW(s->v, s->cap, s->n + 1, 0) != NS_OK) return NS_ERR_NOMEM;
-    s->v[s->n++] = (seg){a, b, added};
-    return NS_OK;
-}
-
 static uint32_t last_char(const char *s, size_t n) { return ns_utf8_prev(s, &n); }
 
 static bool is_word_char(uint32_t cp) { return cp == '_' || ns_uni_is_alnum(cp); }
 
-static ns_status split_added(const ns_tokenizer *t, const trie *tr, const char *s, size_t n, segs *out) {
-    out->n = 0;
-    size_t start_offset = 0, pos = 0;
-    size_t ms, me;
-    int32_t ti;
-    while (pos < n && trie_find(tr, s, n, pos, &ms, &me, &ti)) {
-        const added_tok *a = &t->added[ti];
-        pos = me;
+/* Lazy: segments come out one at a time, so text with millions of added
+ * tokens needs no list of them (the bounded encode stops early). */
+typedef struct added_iter {
+    const ns_tokenizer *t;
+    const trie *tr;
+    const char *s;
+    size_t n;
+    size_t start_offset, pos;
+    seg pend; /* an added token due after the plain segment just returned */
+    bool have_pend, done;
+} added_iter;
+
+static void added_iter_init(added_iter *it, const ns_tokenizer *t, const trie *tr, const char *s, size_t n) {
+    memset(it, 0, sizeof *it);
+    it->t = t;
+    it->tr = tr;
+    it->s = s;
+    it->n = n;
+}
+
+static bool added_next(added_iter *it, seg *out) {
+    if (it->have_pend) {
+        it->have_pend = false;
+        *out = it->pend;
+        return true;
+    }
+    const char *s = it->s;
+    const size_t n = it->n;
+    while (!it->done) {
+        size_t ms, me;
+        int32_t ti;
+        if (!(it->pos < n && trie_find(it->tr, s, n, it->pos, &ms, &me, &ti))) {
+            it->done = true;
+            if (it->start_offset >= n) return false;
+            *out = (seg){it->start_offset, n, -1};
+            it->start_offset = n;
+            return true;
+        }
+        const added_tok *a = &it->t->added[ti];
+        it->pos = me;
         if (a->single_word) {
             uint32_t cp = 0;
             bool start_space = ms == 0 || !is_word_char(last_char(s, ms));
@@ -187,7 +209,7 @@ static ns_status split_added(const ns_tokenizer *t, const trie *tr, const char *
                 if (!ns_uni_is_whitespace(ns_utf8_prev(s, &k))) break;
                 ns = k;
             }
-            start = ns > start_offset ? ns : start_offset;
+            start = ns > it->start_offset ? ns : it->start_offset;
         }
         if (a->rstrip) {
             while (stop < n) {
@@ -196,14 +218,21 @@ static ns_status split_added(const ns_tokenizer *t, const trie *tr, const char *
                 if (!ns_uni_is_whitespace(cp)) break;
                 stop += l;
             }
-            if (stop > pos) pos = stop;
+            if (stop > it->pos) it->pos = stop;
         }
-        if (start_offset < start && segs_push(out, start_offset, start, -1) != NS_OK) return NS_ERR_NOMEM;
-        if (segs_push(out, start, stop, ti) != NS_OK) return NS_ERR_NOMEM;
-        start_offset = stop;
+        const seg added = {start, stop, ti};
+        const size_t from = it->start_offset;
+        it->start_offset = stop;
+        if (from < start) {
+            *out = (seg){from, start, -1};
+            it->pend = added;
+            it->have_pend = true;
+            return true;
+        }
+        *out = added;
+        return true;
     }
-    if (start_offset < n && segs_push(out, start_offset, n, -1) != NS_OK) return NS_ERR_NOMEM;
-    return NS_OK;
+    return false;
 }
 
 /* ---- freeing / small accessors ---- */
@@ -695,6 +724,7 @@ static ns_status load_impl(const char *tok_path, char *tok_buf, size_t tok_len, 
     }
     if ((st = ns_bpe_create(model, tj.vocab, tj.vocab_len, tj.merges, tj.merges_len, tok_path, &t->bpe, err)) != NS_OK)
         goto done;
+    for (int b = 0; b < 256; b++) t->bl_weight[b] = ns_bpe_char_weight(t->bpe, ns_bytelevel_char((unsigned char)b));
 
     /* Pipeline components. */
     if (!llama_v5 && (st = ns_normalizer_parse(json_object_get(root, "normalizer"), &t->normalizer, err)) != NS_OK)
@@ -810,7 +840,24 @@ ns_status ns_tokenizer_load_json(const char *tokenizer_json, const char *config_
     return st;
 }
 
-/* ---- encoding ---- */
+/* ---- encoding ----
+ *
+ * Bounded: the encoder counts ids as it goes and, given a limit, stops as
+ * soon as there are more (ns_tokenizer_encode_limit). Work and memory
+ * then follow the limit, not the text:
+ *  - added tokens are cut out lazily (added_iter);
+ *  - a segment the normalizer would leave unchanged is read in place
+ *    (ns_normalize_is_identity), else normalized into one copy;
+ *  - the pre-tokenizer's first stage runs as a generator over the text
+ *    (ns_pretok_iter) and its pieces are encoded in small batches;
+ *  - a long word is refused before the merge (which needs ~40 bytes per
+ *    character) when a lower bound on its ids (ns_bpe_min_ids) already
+ *    passes the limit.
+ * Below the limit the ids are exactly those of the whole-text encode. */
+
+#define BATCH_PIECES 256
+#define BATCH_BYTES ((size_t)64 << 10)
+#define BOUND_MIN_BYTES 256 /* shorter words are merged without a bound */
 
 typedef struct enc_ctx {
     const ns_tokenizer *t;
@@ -818,19 +865,107 @@ typedef struct enc_ctx {
     ns_bpe_scratch bs;
     ns_pieces pa, pb;
     ns_buf norm;
-    segs inner;
     ns_ids ids;
+    size_t limit; /* SIZE_MAX: none */
+    bool over;    /* stopped: the text has more than limit ids */
+    size_t at_least; /* when over: a lower bound on the whole count */
 } enc_ctx;
+
+/* Adds what is known so far; true (and c->over) once past the limit. */
+static bool past_limit(enc_ctx *c, double more) {
+    if (c->over) return true;
+    if (c->limit == SIZE_MAX) return false;
+    /* the bound is a double sum: +1 keeps rounding from ever refusing a
+     * text that fits */
+    if ((double)c->ids.n + more > (double)c->limit + 1.0 || c->ids.n > c->limit) {
+        c->over = true;
+        size_t b = c->ids.n + (size_t)more;
+        c->at_least = b > c->limit ? b : c->limit + 1;
+    }
+    return c->over;
+}
+
+static ns_status push_id(enc_ctx *c, int32_t id, ns_error *err) {
+    if (ns_ids_push(&c->ids, id) != NS_OK) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+    past_limit(c, 0.0);
+    return NS_OK;
+}
+
+/* One word through the BPE model, unless its lower bound passes the limit. */
+static ns_status encode_word(enc_ctx *c, const char *w, size_t n, ns_error *err) {
+    if (c->limit != SIZE_MAX && n > BOUND_MIN_BYTES && past_limit(c, ns_bpe_min_ids(c->t->bpe, w, n))) return NS_OK;
+    ns_status st = ns_bpe_word(c->t->bpe, &c->bs, w, n, &c->ids, err);
+    if (st == NS_OK) past_limit(c, 0.0);
+    return st;
+}
+
+/* Lower bound for a first-stage piece s[0..n) before the later stages
+ * copy it: exact per character (REST_NONE) or per byte (a ByteLevel maps
+ * each byte to one character); 0 when the later stages are unknown. */
+static double raw_bound(const enc_ctx *c, ns_pretok_rest rest, const char *s, size_t n) {
+    if (rest == NS_PRETOK_REST_NONE) return ns_bpe_min_ids(c->t->bpe, s, n);
+    if (rest != NS_PRETOK_REST_BYTELEVEL) return 0.0;
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++) sum += c->t->bl_weight[(unsigned char)s[i]];
+    return sum;
+}
+
+/* Encodes the batch collected in c->pa (first-stage pieces). */
+static ns_status flush_batch(enc_ctx *c, ns_error *err) {
+    if (!c->pa.n) return NS_OK;
+    ns_status st = ns_pretok_run_rest(c->t->pretok, &c->rx, &c->pa, &c->pb, err);
+    for (size_t i = 0; i < c->pa.n && st == NS_OK && !c->over; i++)
+        st = encode_word(c, c->pa.text.data + c->pa.v[i].off, c->pa.v[i].len, err);
+    ns_pieces_reset(&c->pa);
+    return st;
+}
 
 /* Pre-tokenizes and BPE-encodes one piece of normalized text. */
 static ns_status encode_text(enc_ctx *c, const char *s, size_t n, bool first, ns_error *err) {
-    if (n == 0) return NS_OK;
-    if (!c->t->pretok) return ns_bpe_word(c->t->bpe, &c->bs, s, n, &c->ids, err);
+    if (n == 0 || c->over) return NS_OK;
+    if (!c->t->pretok) return encode_word(c, s, n, err);
+    ns_pretok_iter it;
+    ns_pretok_rest rest;
+    ns_status st = NS_OK;
     ns_pieces_reset(&c->pa);
-    if (ns_pieces_add(&c->pa, s, n, first) != NS_OK) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
-    ns_status st = ns_pretok_run(c->t->pretok, &c->rx, &c->pa, &c->pb, err);
-    for (size_t i = 0; i < c->pa.n && st == NS_OK; i++)
-        st = ns_bpe_word(c->t->bpe, &c->bs, c->pa.text.data + c->pa.v[i].off, c->pa.v[i].len, &c->ids, err);
+    if (!ns_pretok_iter_init(&it, c->t->pretok, s, n, first, &rest)) {
+        /* a pre-tokenizer that cannot start in place: the whole text at
+         * once — after a bound, when it is a Metaspace (SentencePiece-style
+         * models: then the text is one word) */
+        uint32_t repl;
+        if (c->limit != SIZE_MAX && n > BOUND_MIN_BYTES && ns_pretok_is_metaspace(c->t->pretok, &repl)) {
+            double sum = 0.0;
+            const double w_space = ns_bpe_char_weight(c->t->bpe, repl);
+            for (size_t i = 0; i < n;) {
+                uint32_t cp = ns_utf8_next(s, n, &i);
+                sum += cp == ' ' ? w_space : ns_bpe_char_weight(c->t->bpe, cp);
+            }
+            if (past_limit(c, sum)) return NS_OK;
+        }
+        if (ns_pieces_add(&c->pa, s, n, first) != NS_OK) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+        st = ns_pretok_run(c->t->pretok, &c->rx, &c->pa, &c->pb, err);
+        for (size_t i = 0; i < c->pa.n && st == NS_OK && !c->over; i++)
+            st = encode_word(c, c->pa.text.data + c->pa.v[i].off, c->pa.v[i].len, err);
+        ns_pieces_reset(&c->pa);
+        return st;
+    }
+    for (;;) {
+        size_t a, b;
+        bool f, found;
+        if ((st = ns_pretok_iter_next(&it, &c->rx, &a, &b, &f, &found, err)) != NS_OK) return st;
+        if (!found) break;
+        if (c->limit != SIZE_MAX && b - a > BOUND_MIN_BYTES && past_limit(c, raw_bound(c, rest, s + a, b - a)))
+            break;
+        if (b - a > BATCH_BYTES && (st = flush_batch(c, err)) != NS_OK) return st; /* a long piece goes alone */
+        if (c->over) break;
+        if (ns_pieces_add(&c->pa, s + a, b - a, f) != NS_OK) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+        if (c->pa.n >= BATCH_PIECES || c->pa.text.len >= BATCH_BYTES) {
+            if ((st = flush_batch(c, err)) != NS_OK) return st;
+            if (c->over) break;
+        }
+    }
+    st = flush_batch(c, err);
+    ns_pieces_reset(&c->pa);
     return st;
 }
 
@@ -839,7 +974,7 @@ static ns_status encode_segment(enc_ctx *c, const char *s, size_t n, bool first,
     const ns_tokenizer *t = c->t;
     const char *ns = s;
     size_t nn = n;
-    if (t->normalizer) {
+    if (t->normalizer && !ns_normalize_is_identity(t->normalizer, s, n)) {
         ns_status st = ns_normalize(t->normalizer, &c->rx, s, n, &c->norm, err);
         if (st != NS_OK) return st;
         ns = c->norm.data ? c->norm.data : "";
@@ -847,21 +982,24 @@ static ns_status encode_segment(enc_ctx *c, const char *s, size_t n, bool first,
     }
     if (nn == 0) return NS_OK;
     if (!t->norm.count) return encode_text(c, ns, nn, first, err);
-    if (split_added(t, &t->norm, ns, nn, &c->inner) != NS_OK) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; i < c->inner.n; i++) {
-        const seg *g = &c->inner.v[i];
-        ns_status st = g->added >= 0 ? ns_ids_push(&c->ids, t->added[g->added].id)
-                                     : encode_text(c, ns + g->start, g->end - g->start, first && g->start == 0, err);
+    added_iter it;
+    added_iter_init(&it, t, &t->norm, ns, nn);
+    seg g;
+    while (!c->over && added_next(&it, &g)) {
+        ns_status st = g.added >= 0 ? push_id(c, t->added[g.added].id, err)
+                                    : encode_text(c, ns + g.start, g.end - g.start, first && g.start == 0, err);
         if (st == NS_ERR_NOMEM) return ns_fail(err, st, "out of memory");
         if (st != NS_OK) return st;
     }
     return NS_OK;
 }
 
-ns_status ns_tokenizer_encode(const ns_tokenizer *t, const char *text, size_t len, bool add_special,
-                              int32_t **ids_out, size_t *n_out, ns_error *err) {
+ns_status ns_tokenizer_encode_limit(const ns_tokenizer *t, const char *text, size_t len, bool add_special,
+                                    size_t max_ids, int32_t **ids_out, size_t *n_out, bool *exceeded,
+                                    ns_error *err) {
     *ids_out = NULL;
     *n_out = 0;
+    if (exceeded) *exceeded = false;
     if (!text && len) return ns_fail(err, NS_ERR_INVALID, "encode: NULL text");
     if (!text) text = "";
     size_t bad = 0;
@@ -870,21 +1008,28 @@ ns_status ns_tokenizer_encode(const ns_tokenizer *t, const char *text, size_t le
     enc_ctx c;
     memset(&c, 0, sizeof c);
     c.t = t;
+    c.limit = max_ids;
     ns_buf_init(&c.norm, 0);
-    segs outer = {0};
     ns_status st = NS_OK;
     if (add_special && ns_ids_append(&c.ids, t->post_pre.v, t->post_pre.n) != NS_OK) goto oom;
-    if (split_added(t, &t->raw, text, len, &outer) != NS_OK) goto oom;
-    for (size_t i = 0; i < outer.n && st == NS_OK; i++) {
-        const seg *g = &outer.v[i];
-        if (g->added >= 0) {
-            if (ns_ids_push(&c.ids, t->added[g->added].id) != NS_OK) goto oom;
-        } else {
-            st = encode_segment(&c, text + g->start, g->end - g->start, g->start == 0, err);
-        }
+    added_iter it;
+    added_iter_init(&it, t, &t->raw, text, len);
+    seg g;
+    while (st == NS_OK && !past_limit(&c, 0.0) && added_next(&it, &g)) {
+        if (g.added >= 0) st = push_id(&c, t->added[g.added].id, err);
+        else st = encode_segment(&c, text + g.start, g.end - g.start, g.start == 0, err);
     }
     if (st != NS_OK) goto done;
-    if (add_special && ns_ids_append(&c.ids, t->post_suf.v, t->post_suf.n) != NS_OK) goto oom;
+    if (add_special && !c.over && ns_ids_append(&c.ids, t->post_suf.v, t->post_suf.n) != NS_OK) goto oom;
+    if (past_limit(&c, 0.0)) {
+        if (!exceeded) {
+            st = ns_fail(err, NS_ERR_RANGE, "encode: more than %zu tokens", max_ids);
+            goto done;
+        }
+        *exceeded = true;
+        *n_out = c.at_least;
+        goto done;
+    }
     if (!c.ids.v && !(c.ids.v = malloc(sizeof *c.ids.v))) goto oom; /* never hand out NULL */
     *ids_out = c.ids.v;
     *n_out = c.ids.n;
@@ -893,8 +1038,6 @@ ns_status ns_tokenizer_encode(const ns_tokenizer *t, const char *text, size_t le
 oom:
     st = ns_fail(err, NS_ERR_NOMEM, "encode: out of memory");
 done:
-    free(outer.v);
-    free(c.inner.v);
     ns_ids_free(&c.ids);
     ns_buf_free(&c.norm);
     ns_pieces_free(&c.pa);
@@ -902,6 +1045,11 @@ done:
     ns_bpe_scratch_free(&c.bs);
     ns_rx_ctx_free(&c.rx);
     return st;
+}
+
+ns_status ns_tokenizer_encode(const ns_tokenizer *t, const char *text, size_t len, bool add_special,
+                              int32_t **ids_out, size_t *n_out, ns_error *err) {
+    return ns_tokenizer_encode_limit(t, text, len, add_special, SIZE_MAX, ids_out, n_out, NULL, err);
 }
 
 /* ---- decoding ---- */

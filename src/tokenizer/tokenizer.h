@@ -66,6 +66,25 @@ int32_t ns_tokenizer_n_vocab(const ns_tokenizer *t);
 ns_status ns_tokenizer_encode(const ns_tokenizer *t, const char *text, size_t len, bool add_special,
                               int32_t **ids_out, size_t *n_out, ns_error *err);
 
+/* Bounded encode: the same ids as ns_tokenizer_encode when the text has at
+ * most max_ids of them (then *exceeded is false). Otherwise it stops soon
+ * after passing max_ids: *exceeded is true, *ids_out NULL and *n_out a
+ * lower bound (> max_ids) on the whole count. Work and memory follow
+ * max_ids rather than len: added tokens are cut out lazily, text the
+ * normalizer leaves unchanged is read in place, the pre-tokenizer's first
+ * stage (a Split or ByteLevel regex) runs as a generator, and a long word
+ * is refused before its merge once a lower bound on its ids passes the
+ * limit. Exceptions, which cost memory in proportion to the text: a
+ * segment the normalizer changes is normalized whole; a pre-tokenizer
+ * that starts with a Metaspace (or with a ByteLevel that prepends a
+ * space) cuts the segment whole; one word (pre-tokenizer piece) whose
+ * bound stays under the limit is merged whole (~40 bytes per character).
+ * exceeded NULL: passing max_ids is NS_ERR_RANGE. Errors as
+ * ns_tokenizer_encode. */
+ns_status ns_tokenizer_encode_limit(const ns_tokenizer *t, const char *text, size_t len, bool add_special,
+                                    size_t max_ids, int32_t **ids_out, size_t *n_out, bool *exceeded,
+                                    ns_error *err);
+
 /* Decodes ids to a malloc'd NUL-terminated string owned by the caller.
  * Out-of-range id -> NS_ERR_RANGE. skip_special drops special added tokens.
  * Ids inside the range that name no token are skipped (as HF does). */
