@@ -1,6 +1,7 @@
 /* api.c — route table and helpers shared by the endpoints (see api.h). */
 #include "api/api.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,19 +10,36 @@
 
 #include "util/utf8.h"
 
+/* The POST endpoints run inside the body budget (ns_api_body_admit):
+ * parsing, rendering and tokenizing cost memory in proportion to the body,
+ * so the bytes of bodies being handled at once are capped. */
+static void budgeted(ns_http_handler fn, void *ud, const ns_http_request *req, ns_http_response *resp) {
+    ns_api *a = ud;
+    if (!ns_api_body_admit(a, req->body_len, resp)) return;
+    fn(ud, req, resp);
+    ns_api_body_release(a, req->body_len);
+}
+#define BUDGETED(name, fn) \
+    static void name(void *ud, const ns_http_request *req, ns_http_response *resp) { budgeted(fn, ud, req, resp); }
+BUDGETED(b_chat_completions, ns_api_chat_completions)
+BUDGETED(b_completions, ns_api_completions)
+BUDGETED(b_tokenize, ns_api_tokenize)
+BUDGETED(b_detokenize, ns_api_detokenize)
+BUDGETED(b_apply_template, ns_api_apply_template)
+
 static const ns_http_route g_routes[] = {
-    {"POST", "/v1/chat/completions", ns_api_chat_completions, false, false},
-    {"POST", "/chat/completions", ns_api_chat_completions, false, false},
-    {"POST", "/v1/completions", ns_api_completions, false, false},
-    {"POST", "/completions", ns_api_completions, false, false},
+    {"POST", "/v1/chat/completions", b_chat_completions, false, false},
+    {"POST", "/chat/completions", b_chat_completions, false, false},
+    {"POST", "/v1/completions", b_completions, false, false},
+    {"POST", "/completions", b_completions, false, false},
     {"GET", "/v1/models", ns_api_models, false, false},
     {"GET", "/models", ns_api_models, false, false},
     {"GET", "/v1/capacity", ns_api_capacity, false, false},
     {"GET", "/health", ns_api_health, true, false},
     {"GET", "/v1/health", ns_api_health, true, false},
-    {"POST", "/tokenize", ns_api_tokenize, false, false},
-    {"POST", "/detokenize", ns_api_detokenize, false, false},
-    {"POST", "/apply-template", ns_api_apply_template, false, false},
+    {"POST", "/tokenize", b_tokenize, false, false},
+    {"POST", "/detokenize", b_detokenize, false, false},
+    {"POST", "/apply-template", b_apply_template, false, false},
     {"GET", "/metrics", ns_api_metrics, false, false},
     {"POST", "/admin/flush", ns_api_admin_flush, false, true},
     {"GET", "/admin/cache", ns_api_admin_cache, false, true},
@@ -37,8 +55,29 @@ void ns_api_init(ns_api *a, const char *model_name) {
     snprintf(a->model_name, sizeof a->model_name, "%s", model_name && *model_name ? model_name : "nightshift");
     a->created = time(NULL);
     a->max_json_depth = 128;
+    a->body_budget = NS_API_BODY_BUDGET;
+    atomic_init(&a->body_inflight, 0);
     atomic_init(&a->state, NS_API_LOADING);
 }
+
+bool ns_api_body_admit(ns_api *a, size_t bytes, ns_http_response *r) {
+    size_t cur = atomic_load(&a->body_inflight);
+    do {
+        /* one body alone is always admitted (the server's max_body_bytes
+         * caps it), so a budget below max_body_bytes never starves one */
+        if (cur > 0 && (bytes > a->body_budget || cur > a->body_budget - bytes)) {
+            ns_http_error_set(&r->err, 503, NULL, "server_busy",
+                              "the server is busy with other large requests (%zu MiB of request bodies in progress); "
+                              "retry shortly",
+                              cur >> 20);
+            r->retry_after_s = 1;
+            return false;
+        }
+    } while (!atomic_compare_exchange_weak(&a->body_inflight, &cur, cur + bytes));
+    return true;
+}
+
+void ns_api_body_release(ns_api *a, size_t bytes) { atomic_fetch_sub(&a->body_inflight, bytes); }
 
 bool ns_api_require_ready(ns_api *a, ns_http_response *r) {
     int st = atomic_load(&a->state);
@@ -76,6 +115,21 @@ static size_t json_depth(const char *s, size_t n, size_t cap) {
     return maxd;
 }
 
+/* jansson's error text without the body bytes it quotes ("... near
+ * '<token>'"): request bodies may hold secrets, and the message is both
+ * sent back and logged. What is left is printable ASCII. */
+static void json_error_reason(const json_error_t *je, char *out, size_t cap) {
+    size_t n = 0;
+    const char *near = strstr(je->text, " near ");
+    size_t len = near ? (size_t)(near - je->text) : strlen(je->text);
+    for (size_t i = 0; i < len && n + 1 < cap; i++) {
+        unsigned char c = (unsigned char)je->text[i];
+        out[n++] = c >= 0x20 && c < 0x7f ? (char)c : '?';
+    }
+    out[n] = 0;
+    if (!n) snprintf(out, cap, "syntax error");
+}
+
 json_t *ns_api_parse_body(ns_api *a, const ns_http_request *req, ns_http_response *r) {
     size_t bad = 0;
     if (req->body_len == 0) {
@@ -95,8 +149,11 @@ json_t *ns_api_parse_body(ns_api *a, const ns_http_request *req, ns_http_respons
     json_error_t je;
     json_t *root = json_loadb(req->body, req->body_len, 0, &je);
     if (!root) {
-        ns_http_error_set(&r->err, 400, NULL, "invalid_json", "invalid JSON in the request body: %s (line %d, column %d)",
-                          je.text, je.line, je.column);
+        char why[sizeof je.text];
+        json_error_reason(&je, why, sizeof why);
+        ns_http_error_set(&r->err, 400, NULL, "invalid_json",
+                          "invalid JSON in the request body: %s at line %d, column %d (byte offset %zu)", why, je.line,
+                          je.column, (size_t)je.position);
         return NULL;
     }
     if (!json_is_object(root)) {
@@ -298,13 +355,16 @@ bool ns_api_parse_gen_params(ns_api *a, json_t *body, bool chat, ns_api_gen_para
         }
         if (strcmp(json_string_value(t), "text") != 0) {
             ns_http_error_set(e, 400, "response_format", "unsupported_value",
-                              "response_format type '%s' is not supported yet (only 'text')", json_string_value(t));
+                              "response_format type '%.32s' is not supported yet (only 'text')", json_string_value(t));
             return false;
         }
     }
 
     sp->temperature = (float)temperature;
-    sp->top_p = (float)top_p;
+    /* any top_p in (0, 1] is valid; one below the smallest float (1e-300)
+     * must not round to 0 (which means "invalid"): it keeps the top token,
+     * as FLT_MIN does */
+    sp->top_p = top_p < FLT_MIN ? FLT_MIN : (float)top_p;
     sp->top_k = (int32_t)(top_k < 0 ? 0 : top_k);
     sp->min_p = (float)min_p;
     sp->presence_penalty = (float)pres;
@@ -344,12 +404,26 @@ bool ns_api_check_context(ns_api *a, int32_t n_prompt, int64_t max_tokens, const
         return false;
     }
     if (n_prompt < ctx) return true;
-    ns_http_error_set(e, 400, param, "context_length_exceeded",
-                      "This model's maximum context length is %lld tokens. However, your prompt has %d tokens "
-                      "(%lld requested for the completion). Please shorten the prompt.",
-                      (long long)ctx, n_prompt, (long long)max_tokens);
-    e->extra = json_pack("{s:i,s:I,s:b}", "prompt_tokens", n_prompt, "context_tokens", (json_int_t)ctx, "retryable", 0);
+    /* max_tokens plays no part: the prompt alone does not fit (a max_tokens
+     * past what is left is clamped), so the message names only the prompt */
+    (void)max_tokens;
+    ns_api_context_error(a, n_prompt, false, param, e);
     return false;
+}
+
+size_t ns_api_prompt_limit(const ns_api *a) {
+    const int64_t ctx = a->cfg.max_position_embeddings;
+    return ctx > 0 ? (size_t)ctx : 0;
+}
+
+void ns_api_context_error(ns_api *a, int64_t n_prompt, bool more, const char *param, ns_http_error *e) {
+    const int64_t ctx = a->cfg.max_position_embeddings;
+    ns_http_error_set(e, 400, param, "context_length_exceeded",
+                      "This model's maximum context length is %lld tokens. However, your prompt has %s%lld tokens. "
+                      "Please shorten the prompt.",
+                      (long long)ctx, more ? "more than " : "", (long long)(more ? ctx : n_prompt));
+    e->extra = json_pack("{s:I,s:b,s:I,s:b}", "prompt_tokens", (json_int_t)n_prompt, "prompt_tokens_exact", !more,
+                         "context_tokens", (json_int_t)ctx, "retryable", 0);
 }
 
 int64_t ns_api_largest_prompt_tokens(const ns_capacity *cap) {

@@ -37,6 +37,8 @@ typedef struct ns_api {
     char model_name[256];
     time_t created;
     size_t max_json_depth;      /* default 128 */
+    size_t body_budget;         /* bytes of request bodies handled at once; default NS_API_BODY_BUDGET */
+    atomic_size_t body_inflight;
     ns_server *server;          /* for /metrics counters (may be NULL) */
     atomic_int state;
 
@@ -53,7 +55,19 @@ typedef struct ns_api {
     uint64_t (*random_seed)(void);
 } ns_api;
 
+/* Default body budget (see ns_api_body_admit). */
+#define NS_API_BODY_BUDGET ((size_t)256 << 20)
+
 void ns_api_init(ns_api *a, const char *model_name);
+
+/* The body budget: handling a request body (parse, template, tokenize;
+ * a non-streaming generation keeps it until it answers) costs memory in
+ * proportion to its size, so the POST endpoints admit a body only while
+ * the bytes of bodies in progress stay within a->body_budget. Otherwise
+ * 503 server_busy with Retry-After: 1 (a lone body is always admitted).
+ * Thread-safe; every admitted body is released once. */
+bool ns_api_body_admit(ns_api *a, size_t bytes, ns_http_response *r);
+void ns_api_body_release(ns_api *a, size_t bytes);
 /* The route table (static). */
 const ns_http_route *ns_api_routes(int *n);
 
@@ -97,6 +111,17 @@ void ns_api_random_id(const char *prefix, char *out, size_t cap);
 /* Checks n_prompt against the context: 400 empty_prompt for 0 tokens,
  * 400 context_length_exceeded (with the numbers) when it does not fit. */
 bool ns_api_check_context(ns_api *a, int32_t n_prompt, int64_t max_tokens, const char *param, ns_http_error *e);
+/* The most prompt tokens worth counting: the model's context. A prompt
+ * with more can never fit, so tokenizing stops there
+ * (ns_tokenizer_encode_limit). */
+size_t ns_api_prompt_limit(const ns_api *a);
+/* Sets e to 400 context_length_exceeded for a prompt of n_prompt tokens,
+ * or, when `more`, for one whose tokenization stopped once it had more
+ * tokens than the context (n_prompt of them; the message says "more than
+ * <context> tokens"). Extra fields: prompt_tokens, prompt_tokens_exact
+ * (false when `more`: prompt_tokens is then a lower bound),
+ * context_tokens, retryable:false. */
+void ns_api_context_error(ns_api *a, int64_t n_prompt, bool more, const char *param, ns_http_error *e);
 /* The largest prompt the scheduler admits (min(pool, context) - 1: one
  * token must be left to generate; max_tokens past that is clamped); >= 0. */
 int64_t ns_api_largest_prompt_tokens(const ns_capacity *cap);

@@ -233,7 +233,31 @@ static bool tools_copy(json_t *body, json_t **out, ns_chat_prompt *p, ns_http_er
     return true;
 }
 
-static bool parse_tool_choice(json_t *body, bool *none, ns_http_error *e) {
+/* tool_choice {"type": "function", "function": {"name": N}}: N must be one
+ * of the request's tools (OpenAI answers 400 otherwise). The call itself
+ * is parsed like "auto". */
+static bool check_named_choice(json_t *tc, const ns_chat_prompt *p, ns_http_error *e) {
+    json_t *type = json_object_get(tc, "type"), *fn = json_object_get(tc, "function");
+    json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+    if ((type && !json_is_null(type) && (!json_is_string(type) || strcmp(json_string_value(type), "function"))) ||
+        !json_is_string(name)) {
+        ns_http_error_set(e, 400, "tool_choice", "invalid_value",
+                          "'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        return false;
+    }
+    const char *n = json_string_value(name);
+    for (int i = 0; i < p->n_tools; i++)
+        if (strcmp(p->tool_names[i], n) == 0) return true;
+    if (p->n_tools == 0)
+        ns_http_error_set(e, 400, "tool_choice", "invalid_value",
+                          "'tool_choice' names the function '%.64s' but the request has no tools", n);
+    else
+        ns_http_error_set(e, 400, "tool_choice", "invalid_value",
+                          "'tool_choice' names the function '%.64s', which is not among the request's tools", n);
+    return false;
+}
+
+static bool parse_tool_choice(json_t *body, const ns_chat_prompt *p, bool *none, ns_http_error *e) {
     *none = false;
     json_t *tc = json_object_get(body, "tool_choice");
     if (!tc || json_is_null(tc)) return true;
@@ -247,7 +271,7 @@ static bool parse_tool_choice(json_t *body, bool *none, ns_http_error *e) {
         }
         return true;
     }
-    if (json_is_object(tc)) return true; /* a named function: parsed like "auto" */
+    if (json_is_object(tc)) return check_named_choice(tc, p, e);
     return fail_type(e, "tool_choice", "a string or an object");
 }
 
@@ -278,7 +302,7 @@ static json_t *build_context(ns_api *a, json_t *body, ns_chat_prompt *p, ns_http
     json_t *tools;
     if (!tools_copy(body, &tools, p, e)) goto fail;
     bool none = false;
-    if (!parse_tool_choice(body, &none, e)) {
+    if (!parse_tool_choice(body, p, &none, e)) {
         json_decref(tools);
         goto fail;
     }
@@ -328,7 +352,8 @@ bool ns_chat_prompt_build(ns_api *a, json_t *body, bool tokenize, ns_chat_prompt
         return false;
     }
     if (tokenize) {
-        rc = ns_tokenizer_encode(a->tok, p->text, p->len, false, &p->ids, &p->n_ids, &err);
+        rc = ns_tokenizer_encode_limit(a->tok, p->text, p->len, false, ns_api_prompt_limit(a), &p->ids, &p->n_ids,
+                                       &p->too_long, &err);
         if (rc != NS_OK) {
             ns_http_error_from_status(e, rc, "messages", err.msg);
             free(p->text);

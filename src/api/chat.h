@@ -25,15 +25,18 @@
 typedef struct ns_chat_prompt {
     char *text;               /* rendered prompt (malloc'd) */
     size_t len;
-    int32_t *ids;             /* its tokens (malloc'd) */
-    size_t n_ids;
+    int32_t *ids;             /* its tokens (malloc'd; NULL when too_long) */
+    size_t n_ids;             /* too_long: a lower bound (> the context) */
+    bool too_long;            /* tokenizing stopped past the model's context */
     const char *tool_names[NS_CHAT_MAX_TOOLS]; /* borrowed from the body */
     int n_tools;
     bool tools_enabled;       /* tools given and tool_choice != "none" */
 } ns_chat_prompt;
 
 /* Validates body and renders the prompt; tokenize=false skips the
- * tokenizer (/apply-template). On failure e is set and p needs no free. */
+ * tokenizer (/apply-template). Tokenizing stops once the prompt has more
+ * tokens than the model's context (p->too_long; the caller answers
+ * context_length_exceeded). On failure e is set and p needs no free. */
 bool ns_chat_prompt_build(ns_api *a, json_t *body, bool tokenize, ns_chat_prompt *p, ns_http_error *e);
 void ns_chat_prompt_free(ns_chat_prompt *p);
 

@@ -28,6 +28,10 @@ static bool chat_prepare(ns_gen_job *gj, ns_gen_opts *o, ns_http_error *e) {
     chat_job *j = (chat_job *)gj;
     ns_api *a = gj->a;
     if (!ns_chat_prompt_build(a, gj->body, true, &j->cp, e)) return false;
+    if (j->cp.too_long) {
+        ns_api_context_error(a, (int64_t)j->cp.n_ids, true, "messages", e);
+        return false;
+    }
     gj->prompt = j->cp.ids;
     gj->n_prompt = j->cp.n_ids;
     o->reasoning = a->reasoning;

@@ -23,8 +23,8 @@ typedef struct cmpl_job {
 
 static bool ids_from_array(ns_api *a, json_t *arr, cmpl_job *j, ns_http_error *e) {
     size_t n = json_array_size(arr);
-    if (n > MAX_PROMPT_IDS) {
-        ns_http_error_set(e, 400, "prompt", "invalid_value", "the prompt has too many tokens");
+    if (n > MAX_PROMPT_IDS || (n > 0 && n >= ns_api_prompt_limit(a))) { /* never fits: no copy of it */
+        ns_api_context_error(a, (int64_t)n, false, "prompt", e);
         return false;
     }
     j->ids = malloc((n ? n : 1) * sizeof *j->ids);
@@ -61,12 +61,18 @@ static bool parse_prompt(ns_api *a, json_t *body, cmpl_job *j, ns_http_error *e)
         p = json_array_get(p, 0); /* ["text"] or [[ids]] */
     }
     if (json_is_string(p)) {
+        /* tokenizing stops once the prompt cannot fit the context */
         ns_error err = {0};
-        ns_status rc = ns_tokenizer_encode(a->tok, json_string_value(p), json_string_length(p), true, &j->ids,
-                                           &j->n_ids, &err);
+        bool too_long = false;
+        ns_status rc = ns_tokenizer_encode_limit(a->tok, json_string_value(p), json_string_length(p), true,
+                                                 ns_api_prompt_limit(a), &j->ids, &j->n_ids, &too_long, &err);
         if (rc != NS_OK) {
             j->ids = NULL;
             ns_http_error_from_status(e, rc, "prompt", err.msg);
+            return false;
+        }
+        if (too_long) {
+            ns_api_context_error(a, (int64_t)j->n_ids, true, "prompt", e);
             return false;
         }
         return true;

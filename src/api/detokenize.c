@@ -1,5 +1,10 @@
 /* detokenize.c — POST /detokenize (llama.cpp shape):
- *   {"tokens": [ids]} -> {"content": "..."}; special tokens are kept. */
+ *   {"tokens": [ids]} -> {"content": "..."}; special tokens are kept.
+ * Ids are accepted in [0, max(model vocab_size, tokenizer size)): every id
+ * /v1/completions takes as a prompt (config.json's vocab_size, often
+ * padded past the tokenizer) decodes here. Ids the tokenizer has no piece
+ * for (the padding) have no text, as generated ones have none and as
+ * Hugging Face's decode skips them. */
 #include <stdlib.h>
 
 #include "api/api.h"
@@ -30,8 +35,9 @@ void ns_api_detokenize(void *ud, const ns_http_request *req, ns_http_response *r
         ns_http_error_set(&resp->err, 500, NULL, "internal_error", "out of memory");
         goto done;
     }
-    int32_t vocab = ns_tokenizer_n_vocab(a->tok);
-    size_t i;
+    const int32_t n_tok = ns_tokenizer_n_vocab(a->tok);
+    const int32_t vocab = a->cfg.vocab_size > n_tok ? a->cfg.vocab_size : n_tok;
+    size_t i, k = 0;
     json_t *v;
     json_array_foreach(t, i, v) {
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
@@ -39,10 +45,10 @@ void ns_api_detokenize(void *ud, const ns_http_request *req, ns_http_response *r
                               i, vocab);
             goto done;
         }
-        ids[i] = (int32_t)json_integer_value(v);
+        if (json_integer_value(v) < n_tok) ids[k++] = (int32_t)json_integer_value(v); /* else: no text */
     }
     ns_error err = {0};
-    ns_status rc = ns_tokenizer_decode(a->tok, ids, n, false, &text, &len, &err);
+    ns_status rc = ns_tokenizer_decode(a->tok, ids, k, false, &text, &len, &err);
     if (rc != NS_OK) {
         text = NULL;
         ns_http_error_from_status(&resp->err, rc, "tokens", err.msg);

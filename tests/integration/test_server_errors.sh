@@ -29,11 +29,29 @@ expect_error $C "{$M,\"response_format\":{\"type\":\"json_object\"}}" 400 respon
 expect_error $C "{$M,\"tools\":{}}" 400 tools
 expect_error $C "{$M,\"tools\":[{\"type\":\"function\",\"function\":{}}]}" 400 'tools[0].function.name'
 expect_error $C "{$M,\"tool_choice\":\"sometimes\"}" 400 tool_choice
+# tool_choice naming a function: it must be one of the request's tools
+T='"tools":[{"type":"function","function":{"name":"get_time","parameters":{"type":"object"}}}]'
+expect_error $C "{$M,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}}" 400 tool_choice invalid_value
+expect_error $C "{$M,$T,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}}" 400 tool_choice invalid_value
+expect_error $C "{$M,$T,\"tool_choice\":{\"type\":\"function\"}}" 400 tool_choice invalid_value
+post $C "{$M,$T,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}},\"max_tokens\":2}"
+[ "$STATUS" = 200 ] || fail "tool_choice naming a given tool: $STATUS $BODY_OUT"
+# top_p: any value in (0, 1], however small
+post $C "{$M,\"top_p\":1e-300,\"temperature\":1,\"max_tokens\":2}"
+[ "$STATUS" = 200 ] || fail "top_p 1e-300: $STATUS $BODY_OUT"
+expect_error $C "{$M,\"top_p\":-1e-300}" 400 top_p
 expect_error $C "{$M,\"top_logprobs\":3}" 400 top_logprobs
 expect_error $C '{"messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"function","function":{"name":"f","arguments":5}}]}]}' 400 'messages[0].tool_calls[0].function.arguments'
 # unknown fields are ignored
 post $C "{$M,\"max_tokens\":2,\"frobnicate\":{\"a\":[1]},\"user\":\"u\"}"
 [ "$STATUS" = 200 ] || fail "unknown fields: status $STATUS: $BODY_OUT"
+
+# invalid JSON: the message gives the position, never the body's bytes
+# (bodies hold secrets; the message is also logged)
+expect_error $C '{"messages":[{"role":"user","content":"hi"}],"api_key":sk-PLANTED-SECRET}' 400 null invalid_json
+case "$BODY_OUT" in *PLANTED*) fail "invalid JSON echoes the body: $BODY_OUT" ;; esac
+json_get "$BODY_OUT" 'j.error.message' | grep -q 'line 1, column' || fail "invalid JSON: no position: $BODY_OUT"
+grep -q PLANTED "$LOG" && fail "invalid JSON: the body reached the log"
 
 # invalid UTF-8 (a lone continuation byte inside a string)
 printf '{"messages":[{"role":"user","content":"a\x80b"}]}' >"$TMP/bad_utf8.json"
@@ -63,14 +81,26 @@ R=$(cat "$TMP/resp")
 [ "$(json_get "$R" 'j.error.code')" = context_length_exceeded ] || fail "too-long prompt: $R"
 [ "$(json_get "$R" 'j.error.prompt_tokens')" = 41000 ] || fail "too-long prompt: token count missing: $R"
 [ "$(json_get "$R" 'j.error.context_tokens')" = 40960 ] || fail "too-long prompt: context missing: $R"
+[ "$(json_get "$R" 'j.error.prompt_tokens_exact')" = true ] || fail "too-long prompt: exact count: $R"
+# the message names the prompt only: no "0 requested", no negative number
+[ "$(json_get "$R" 'j.error.message')" = "This model's maximum context length is 40960 tokens. However, your prompt has 41000 tokens. Please shorten the prompt." ] ||
+  fail "too-long prompt message: $R"
 
 # ... and as chat text
 node -e 'console.log(JSON.stringify({messages:[{role:"user",content:"hello ".repeat(42000)}],max_tokens:4}))' >"$TMP/long_chat.json"
 STATUS=$(curl -s -H 'Content-Type: application/json' -o "$TMP/resp" -w '%{http_code}' --data-binary @"$TMP/long_chat.json" "$BASE$C")
 R=$(cat "$TMP/resp")
 [ "$STATUS" = 400 ] || fail "too-long chat prompt: status $STATUS: ${R:0:300}"
-[ "$(json_get "$R" '[j.error.code,j.error.param,j.error.prompt_tokens>40960].join()')" = "context_length_exceeded,messages,true" ] ||
-  fail "too-long chat prompt: $R"
+[ "$(json_get "$R" '[j.error.code,j.error.param,j.error.prompt_tokens>40960,j.error.prompt_tokens_exact].join()')" = \
+  "context_length_exceeded,messages,true,false" ] || fail "too-long chat prompt: $R"
+json_get "$R" 'j.error.message' | grep -q 'your prompt has more than 40960 tokens' || fail "too-long chat prompt message: $R"
+# ... and as completions text
+node -e 'console.log(JSON.stringify({prompt:"hello ".repeat(42000),max_tokens:4}))' >"$TMP/long_text.json"
+STATUS=$(curl -s -H 'Content-Type: application/json' -o "$TMP/resp" -w '%{http_code}' --data-binary @"$TMP/long_text.json" "$BASE/v1/completions")
+R=$(cat "$TMP/resp")
+[ "$STATUS" = 400 ] || fail "too-long text prompt: status $STATUS: ${R:0:300}"
+[ "$(json_get "$R" '[j.error.code,j.error.param,j.error.prompt_tokens>40960,j.error.prompt_tokens_exact].join()')" = \
+  "context_length_exceeded,prompt,true,false" ] || fail "too-long text prompt: $R"
 
 # completions-specific validation
 expect_error /v1/completions '{"max_tokens":3}' 400 prompt missing_required_parameter
@@ -82,6 +112,16 @@ expect_error /v1/completions '{"prompt":"x","echo":true}' 400 echo
 expect_error /tokenize '{"content":5}' 400 content
 expect_error /detokenize '{"tokens":[1,"x"]}' 400 tokens
 expect_error /detokenize '{"tokens":[-1]}' 400 tokens
+# ids past the tokenizer but inside config.json's vocab_size (151669..151935 for
+# tiny-qwen3): /v1/completions takes them, /detokenize gives them no text
+post /v1/completions '{"prompt":[9707,151700],"max_tokens":1}'
+[ "$STATUS" = 200 ] || fail "completions with a padding id: $STATUS $BODY_OUT"
+post /detokenize '{"tokens":[9707,151700,151935]}'
+[ "$STATUS" = 200 ] || fail "detokenize a padding id: $STATUS $BODY_OUT"
+[ "$(json_get "$BODY_OUT" 'j.content')" = "$(post /detokenize '{"tokens":[9707]}'; json_get "$BODY_OUT" 'j.content')" ] ||
+  fail "padding ids have text: $BODY_OUT"
+expect_error /detokenize '{"tokens":[151936]}' 400 tokens
+expect_error /v1/completions '{"prompt":[151936]}' 400 prompt
 
 # routing
 STATUS=$(curl -s -o "$TMP/resp" -w '%{http_code}' "$BASE/v1/nothing")
