@@ -101,11 +101,15 @@ ns_status ns_config_from_json(const json_t *c, const json_t *gen, ns_model_confi
     TRY(get_int(c, "num_attention_heads", 1, 1024, true, &cfg->n_heads, err));
     cfg->n_kv_heads = cfg->n_heads;
     TRY(get_int(c, "num_key_value_heads", 1, 1024, false, &cfg->n_kv_heads, err));
-    if (cfg->hidden_size % cfg->n_heads != 0 && !json_object_get(c, "head_dim"))
+    /* head_dim: given, or hidden_size / num_attention_heads ("head_dim": null
+     * is absent, as for every optional key) */
+    json_t *hd = json_object_get(c, "head_dim");
+    if (cfg->hidden_size % cfg->n_heads != 0 && (!hd || json_is_null(hd)))
         return ns_fail(err, NS_ERR_FORMAT, "config.json: hidden_size is not a multiple of num_attention_heads");
     cfg->head_dim = cfg->hidden_size / cfg->n_heads;
     TRY(get_int(c, "head_dim", 2, 1024, false, &cfg->head_dim, err));
-    if (cfg->head_dim % 2) return ns_fail(err, NS_ERR_FORMAT, "config.json: head_dim must be even");
+    if (cfg->head_dim < 2 || cfg->head_dim % 2)
+        return ns_fail(err, NS_ERR_FORMAT, "config.json: head_dim %d must be even and at least 2", cfg->head_dim);
     if (cfg->n_heads % cfg->n_kv_heads)
         return ns_fail(err, NS_ERR_FORMAT, "config.json: num_attention_heads %% num_key_value_heads != 0");
     cfg->max_position_embeddings = 2048;
