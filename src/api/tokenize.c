@@ -26,10 +26,21 @@ void ns_api_tokenize(void *ud, const ns_http_request *req, ns_http_response *res
     if (!ns_api_get_bool(body, "add_special", &add_special, &resp->err)) goto done;
     if (!ns_api_get_bool(body, "with_pieces", &with_pieces, &resp->err)) goto done;
     ns_error err = {0};
-    ns_status rc = ns_tokenizer_encode(a->tok, json_string_value(c), json_string_length(c), add_special, &ids, &n, &err);
+    /* bounded like the generation endpoints: a text far longer than any
+     * prompt the model can take is refused once it passes 4 contexts,
+     * without tokenizing (or holding ids for) the rest of it */
+    const size_t limit = (size_t)(a->cfg.max_position_embeddings > 0 ? a->cfg.max_position_embeddings : 32768) * 4;
+    bool exceeded = false;
+    ns_status rc = ns_tokenizer_encode_limit(a->tok, json_string_value(c), json_string_length(c), add_special, limit,
+                                             &ids, &n, &exceeded, &err);
     if (rc != NS_OK) {
         ids = NULL;
         ns_http_error_from_status(&resp->err, rc, "content", err.msg);
+        goto done;
+    }
+    if (exceeded) {
+        ns_http_error_set(&resp->err, 400, "content", "content_too_long",
+                          "the content has more than %zu tokens (4 x the model's context); /tokenize stops there", limit);
         goto done;
     }
     json_t *arr = json_array();

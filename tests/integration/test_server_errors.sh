@@ -110,6 +110,10 @@ expect_error /v1/completions '{"prompt":{"a":1}}' 400 prompt invalid_type
 expect_error /v1/completions '{"prompt":["a","b"]}' 400 prompt
 expect_error /v1/completions '{"prompt":"x","echo":true}' 400 echo
 expect_error /tokenize '{"content":5}' 400 content
+# /tokenize is bounded too: more than 4 contexts of text is refused
+node -e 'process.stdout.write(JSON.stringify({content:"word ".repeat(170000)}))' >"$TMP/big.json"
+st=$(curl -s -o "$TMP/resp" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary @"$TMP/big.json" "$BASE/tokenize")
+[ "$st" = 400 ] && grep -q '"code":"content_too_long"' "$TMP/resp" || fail "/tokenize of 170k words: $st $(head -c 300 "$TMP/resp")"
 expect_error /detokenize '{"tokens":[1,"x"]}' 400 tokens
 expect_error /detokenize '{"tokens":[-1]}' 400 tokens
 # ids past the tokenizer but inside config.json's vocab_size (151669..151935 for
