@@ -169,6 +169,10 @@ int ns_cli_generate(int argc, char **argv) {
     }
     while (n_out < n_gen) {
         int32_t t = ns_sampler_sample(&smp, run.logits);
+        if (t < 0) { /* NaN (or no finite) logits: the model is broken */
+            fprintf(stderr, "\nnightshift generate: the model produced non-finite logits after %d tokens\n", n_out);
+            goto done;
+        }
         ns_sampler_accept(&smp, t);
         out_ids[n_out++] = t;
         if (ns_config_is_eos(cfg, t)) break;
