@@ -721,11 +721,19 @@ TEST(kv_ssd_crash_consistency) {
         close(rfd[1]);
         /* One kill in four at any moment from the fork (open and recovery
          * included); the others while the child puts and flushes. */
+        uint64_t durable[512];
+        size_t got = 0;
+        ssize_t r;
         if (it % 4 == 0) {
             usleep((useconds_t)(rand_r(&seed) % 20000));
         } else {
             char c;
             if (read(rfd[0], &c, 1) != 1) bad_exit++;
+            /* one kill in four only after a first flush returned, so the
+             * durable-page check always runs, however slow fsync is on a
+             * loaded machine (else every kill could land before one) */
+            if (it % 4 == 1)
+                while (got < 8 && (r = read(pfd[0], (char *)durable + got, 8 - got)) > 0) got += (size_t)r;
             usleep((useconds_t)(rand_r(&seed) % 15000));
         }
         close(rfd[0]);
@@ -733,9 +741,6 @@ TEST(kv_ssd_crash_consistency) {
         int status = 0;
         waitpid(pid, &status, 0);
         if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)) bad_exit++;
-        uint64_t durable[512];
-        size_t got = 0;
-        ssize_t r;
         while (got < sizeof durable && (r = read(pfd[0], (char *)durable + got, sizeof durable - got)) > 0)
             got += (size_t)r;
         close(pfd[0]);
