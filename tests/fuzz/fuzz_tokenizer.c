@@ -21,13 +21,6 @@
 #include "util/buf.h"
 #include "util/utf8.h"
 
-/* The bounded encoder is being added beside this harness: declared weak
- * so the harness also builds against a library without it (the oracle is
- * then skipped). */
-ns_status ns_tokenizer_encode_limit(const ns_tokenizer *t, const char *text, size_t len, bool add_special,
-                                    size_t max_ids, int32_t **ids_out, size_t *n_out, bool *exceeded,
-                                    ns_error *err) __attribute__((weak));
-
 #define N_TOK 3
 static ns_tokenizer *g_tok[N_TOK];
 
@@ -80,7 +73,6 @@ static void check_decode(const ns_tokenizer *t, const int32_t *ids, size_t n, bo
 /* ns_tokenizer_encode_limit agrees with ns_tokenizer_encode (ids, n_ids). */
 static void check_limit(const ns_tokenizer *t, const char *text, size_t n, bool add_special, const int32_t *ids,
                         size_t n_ids, uint8_t limit_byte) {
-    if (!ns_tokenizer_encode_limit) return;
     size_t limit = limit_byte < 200 ? limit_byte : n_ids + (size_t)(limit_byte - 200);
     int32_t *lids = NULL;
     size_t ln = 0;
