@@ -380,7 +380,9 @@ static ns_status check_model_dir(const char *dir, ns_tokenizer **tok_out, ns_err
 
 int ns_cli_serve(int argc, char **argv) {
     if (!getenv("NS_LOG_LEVEL")) ns_log_set_level(NS_LOG_INFO); /* one line per request */
-    serve_opts o;
+    /* static: a loader left behind by a shutdown during a stuck load
+     * still reads it */
+    static serve_opts o;
     serve_defaults(&o);
     o.http.api_key = getenv("NIGHTSHIFT_API_KEY");
     int pr = parse_args(argc, argv, &o);
@@ -439,6 +441,7 @@ int ns_cli_serve(int argc, char **argv) {
     ns_server *srv = NULL;
     pthread_t th;
     bool th_started = false;
+    bool abandoned = false; /* the loader is stuck: exit without it */
     if (!api || !L) {
         fprintf(stderr, "nightshift serve: out of memory\n");
         ns_tokenizer_free(checked_tok);
@@ -502,9 +505,24 @@ int ns_cli_serve(int argc, char **argv) {
             break;
         }
     }
-    pthread_join(th, NULL);
+    /* A load that does not finish (a stuck disk, a locked SSD index)
+     * must not hold a SIGTERM hostage: wait up to the shutdown timeout,
+     * or until a second signal, then exit without it. */
+    if (atomic_load(&L->done) == 0) {
+        const double dl = ns_clock_now() + (o.shutdown_timeout_s > 1 ? o.shutdown_timeout_s : 1);
+        while (atomic_load(&L->done) == 0 && ns_clock_now() < dl) {
+            struct timespec ts = {0, 20 * 1000 * 1000};
+            int sg = sigtimedwait(&sigs, NULL, &ts);
+            if (sg == SIGINT || sg == SIGTERM) break;
+        }
+        if (atomic_load(&L->done) == 0) {
+            NS_WARN("serve: the model is still loading; exiting without waiting for it");
+            abandoned = true;
+        }
+    }
+    if (!abandoned) pthread_join(th, NULL);
     th_started = false;
-    if (L->sched) ns_sched_stop(L->sched); /* remaining requests end as cancelled */
+    if (!abandoned && L->sched) ns_sched_stop(L->sched); /* remaining requests end as cancelled */
     /* let the cancelled ones write their last event before sockets close */
     deadline = ns_clock_now() + 3.0;
     while (ns_server_active(srv) > 0 && ns_clock_now() < deadline) {
@@ -518,6 +536,7 @@ int ns_cli_serve(int argc, char **argv) {
 out:
     if (th_started) pthread_join(th, NULL);
     if (srv) ns_server_stop(srv);
+    if (abandoned) L = NULL, api = NULL; /* still in the loader's hands: the process exit frees them */
     if (L) {
         ns_sched_free(L->sched);
         ns_template_free(L->tmpl);

@@ -13,11 +13,11 @@
 # 4. SIGTERM while the model load is stuck (the SSD tier's index.db locked
 #    by another process: SQLite's busy timeout holds the loader ~5 s) stops
 #    the server within about --shutdown-timeout instead of waiting for the
-#    load. This needs cli_serve to leave a stuck loader behind; until it
-#    does, STUCK_LOAD_STRICT=0 only checks that the server stops with 0.
+#    load (cli_serve leaves a stuck loader behind). STUCK_LOAD_STRICT=0
+#    only checks that the server stops with 0.
 cd "$(dirname "$0")/../.." && source tests/integration/common.bash
 MODEL=$NS_SHARED/models/tinystories-656k
-STUCK_LOAD_STRICT=${STUCK_LOAD_STRICT:-0}
+STUCK_LOAD_STRICT=${STUCK_LOAD_STRICT:-1}
 
 # status_sigblk PID -> "tid mask" lines for every thread
 sigblk() {
