@@ -63,6 +63,7 @@ bool ns_gen_start(ns_gen *g, ns_api *a, const int32_t *prompt, int32_t n_prompt,
         ns_http_error_set(e, 500, NULL, "internal_error", "out of memory creating the request");
         goto fail;
     }
+    ns_request_set_label(g->req, ns_log_context());
     ns_capacity cap = {0};
     rc = ns_sched_submit(a->sched, g->req, &cap, &err);
     if (rc != NS_OK) {
@@ -494,6 +495,7 @@ void ns_gen_handle(const ns_gen_endpoint *ep, void *ud, const ns_http_request *r
     j->body = body;
     j->created = time(NULL);
     ns_api_random_id(ep->id_prefix, j->id, sizeof j->id);
+    ns_log_set_context("%s", j->id); /* every line of this request carries its id */
     if (!ns_api_parse_gen_params(a, body, ep->chat, &j->gp, &resp->err)) goto done;
     ns_gen_opts go = {
         .rp = j->gp.rp,

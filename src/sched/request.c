@@ -38,6 +38,10 @@ void ns_request_release(ns_request *r) {
     free(r);
 }
 
+void ns_request_set_label(ns_request *r, const char *label) {
+    if (r && label) snprintf(r->label, sizeof r->label, "%s", label);
+}
+
 void ns_request_cancel(ns_request *r) {
     atomic_store(&r->cancel, true);
 }

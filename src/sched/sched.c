@@ -435,6 +435,13 @@ static int32_t plan_reuse(const ns_sched *s, const ns_kv_lookup *lk, int32_t n_p
     return best;
 }
 
+/* The engine thread logs a request's lines under its label (the API id),
+ * so they line up with the HTTP thread's. */
+static void log_as(const ns_seq *q) {
+    if (q->req->label[0]) ns_log_set_context("%s", q->req->label);
+    else ns_log_set_context("request %llu", (unsigned long long)q->admit_order);
+}
+
 static void log_admission(ns_sched *s, ns_seq *q, const ns_kv_lookup *lk, int32_t n_use, int32_t cached,
                           const int32_t tok_by_tier[NS_TIER_COUNT], double t_restore, double t_recompute) {
     if (ns_log_get_level() > NS_LOG_INFO) return;
@@ -475,7 +482,9 @@ static void log_admission(ns_sched *s, ns_seq *q, const ns_kv_lookup *lk, int32_
         snprintf(line + o, sizeof line - (size_t)o, "; diverged from the cache at token %d: ...%s[prompt: %s | cached: %s]",
                  m->diverge_at, before, after, cached_txt);
     }
+    log_as(q);
     NS_INFO("%s", line);
+    ns_log_clear_context();
 }
 
 /* Publishes q's queue state to its channel (the stream's keep-alives
@@ -596,10 +605,12 @@ static bool try_admit(ns_sched *s, ns_seq *q) {
         pthread_mutex_lock(&s->mu);
         s->stats.resumes_total++;
         pthread_mutex_unlock(&s->mu);
+        log_as(q);
         NS_INFO("request %llu resumed after pause %d: %d of %d tokens restored (%d device, %d ram, %d ssd), "
                 "%d recomputed",
                 (unsigned long long)q->admit_order, q->n_pauses, cached, n, tok_by_tier[NS_TIER_DEVICE],
                 tok_by_tier[NS_TIER_RAM], tok_by_tier[NS_TIER_SSD], n - cached);
+        ns_log_clear_context();
     }
     free(q->saved_page);
     q->saved_page = NULL;
@@ -668,8 +679,10 @@ static void pause_seq(ns_sched *s, ns_seq *q, const char *why) {
     pthread_mutex_lock(&s->mu);
     s->stats.pauses_total++;
     pthread_mutex_unlock(&s->mu);
+    log_as(q);
     NS_INFO("request %llu paused (%s) after %d generated tokens; %d pages back to the cache tiers",
             (unsigned long long)q->admit_order, why, q->n_generated, held);
+    ns_log_clear_context();
 }
 
 static void admit(ns_sched *s) {

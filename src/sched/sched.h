@@ -76,6 +76,10 @@ typedef struct ns_request_params {
  * larger max_tokens than fits is clamped (finish LENGTH when reached). */
 ns_request *ns_request_new(const int32_t *prompt, int32_t n_prompt, const ns_request_params *params);
 void ns_request_release(ns_request *r);
+/* A short id for the engine's log lines about this request (e.g. the API's
+ * "chatcmpl-..." id), so they match the HTTP side's lines. Call before
+ * submit; copied (cut at 47 bytes). */
+void ns_request_set_label(ns_request *r, const char *label);
 /* Sets the cancel flag; the engine notices within one step. */
 void ns_request_cancel(ns_request *r);
 /* Pops up to max events into out (tokens in order). Blocks until at least

@@ -23,6 +23,7 @@ struct ns_request {
     int32_t *prompt;
     int32_t n_prompt;
     ns_request_params params;
+    char label[48];           /* log id (immutable after submit) */
 
     /* channel */
     pthread_mutex_t mu;

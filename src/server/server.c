@@ -70,6 +70,7 @@ struct ns_server {
     atomic_int active;
     atomic_bool draining, stopping;
     atomic_uint_fast64_t n_req, n_2xx, n_4xx, n_5xx, n_gone, n_reaped, n_evicted;
+    atomic_uint_fast64_t n_job_ids; /* request ids of handler threads, for the log */
 
     /* connections, for the request deadline and eviction */
     pthread_mutex_t conn_mu;
@@ -663,6 +664,9 @@ static void produce(ns_http_job *j) {
 static void *job_main(void *arg) {
     ns_http_job *j = arg;
     ns_server *s = j->srv;
+    /* a request id on every line this thread logs (a handler may set a
+     * more telling one, e.g. the completion id) */
+    ns_log_set_context("http %llu", (unsigned long long)atomic_fetch_add(&s->n_job_ids, 1) + 1);
     if (!j->handled) {
         ns_http_response r;
         memset(&r, 0, sizeof r);
@@ -674,6 +678,7 @@ static void *job_main(void *arg) {
         pthread_mutex_unlock(&j->mu);
     }
     if (j->resp.stream.next && !j->resp.err.status) produce(j);
+    ns_log_clear_context();
     job_unref(j);
     pthread_mutex_lock(&s->jobs_mu);
     if (--s->n_jobs == 0) pthread_cond_broadcast(&s->jobs_cv);
