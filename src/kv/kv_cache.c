@@ -199,8 +199,7 @@ static void ssd_put_from(ns_kv_cache *kc, int32_t id, const void *bytes) {
 
 static void learn_ssd_record(void *ctx, uint64_t h, uint64_t parent, const int32_t *tokens) {
     ns_kv_cache *kc = ctx;
-    bool existed = false;
-    int32_t id = ns_prefix_index_add(kc->ix, parent, h, tokens, kc->P, &existed);
+    int32_t id = ns_prefix_index_add(kc->ix, parent, h, tokens, kc->P, NULL);
     if (id >= 0) ns_prefix_index_node(kc->ix, id)->ssd = 1;
 }
 

@@ -390,15 +390,6 @@ TEST(restart_serves_from_ssd) {
     CHECK(system(cmd) == 0);
 }
 
-static ns_sched *make_sched_policy(ns_engine *e, int32_t max_running, int64_t ram, ns_pause_policy pol) {
-    ns_sched_opts so = {.max_batch_tokens = e->opts.max_batch_tokens, .max_running = max_running, .prefill_chunk = 32,
-                        .ram_cache_bytes = ram, .pause_policy = pol};
-    ns_sched *s = NULL;
-    ns_error err = {0};
-    if (ns_sched_create(e, &so, &s, &err) != NS_OK || ns_sched_start(s, &err) != NS_OK) printf("# %s\n", err.msg);
-    return s;
-}
-
 /* Pressure: three long requests and a pool for ~1.5 of them. Admission is
  * optimistic, so all three start; when the pool runs dry the newest is
  * paused and resumed later. All complete, none aborted, each output
@@ -414,7 +405,7 @@ static void pressure_case(int64_t ram, int32_t pause_every, const char *label) {
     }
     ns_engine_free(e);
     e = make_engine(24, 64, 4); /* 24 pages x 16 = 384 tokens: 1.5 x (100 + 150) */
-    ns_sched *s = make_sched_policy(e, 4, ram, NS_PAUSE_POLICY_PAUSE);
+    ns_sched *s = make_sched_tiers(e, 4, ram, NULL) /* default policy: pause */;
     ns_request *rs[N];
     for (int i = 0; i < N; i++) {
         ns_request_params p = {.sampling = ns_sampling_default(), .max_tokens = GEN, .ignore_eos = true,
