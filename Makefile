@@ -32,7 +32,7 @@ NS_GIT_COMMIT := $(shell c=$$(git rev-parse --short HEAD 2>/dev/null) || c=unkno
 $(BUILD)/obj/src/main.o: CFLAGS += -DNS_GIT_COMMIT='"$(NS_GIT_COMMIT)"'
 $(shell [ "$$(cat $(BUILD)/.commit 2>/dev/null)" = "$(NS_GIT_COMMIT)" ] || { rm -f $(BUILD)/obj/src/main.o; mkdir -p $(BUILD); echo "$(NS_GIT_COMMIT)" >$(BUILD)/.commit; })
 LDFLAGS += -pthread $(SANFLAGS)
-LDLIBS  += -lopenblas -ljansson -lpcre2-8 -lutf8proc -lxxhash -lmicrohttpd -lsqlite3 -lm
+LDLIBS  += -lopenblas -ljansson -lpcre2-8 -lutf8proc -lxxhash -lmicrohttpd -lsqlite3 -lcurl -lm
 
 LIB_SRC := $(shell find src -name '*.c' ! -name main.c | sort)
 CU_SRC  :=
