@@ -70,6 +70,14 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
+# The dashboard page (src/dashboard/dashboard.html) is compiled into the
+# binary as a C array (src/dashboard/embed.sh), for this build and the fuzz build.
+%/gen/dashboard_page.h: src/dashboard/dashboard.html src/dashboard/embed.sh
+	@mkdir -p $(@D)
+	src/dashboard/embed.sh $< $@ ns_dashboard_page
+$(BUILD)/obj/src/api/dashboard.o: $(BUILD)/gen/dashboard_page.h
+$(BUILD)/obj/src/api/dashboard.o: CFLAGS += -I$(BUILD)/gen
+
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
@@ -169,6 +177,9 @@ fuzz: $(FUZZ_BIN)
 $(FUZZ_BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+
+$(FUZZ_BUILD)/obj/src/api/dashboard.o: $(FUZZ_BUILD)/gen/dashboard_page.h
+$(FUZZ_BUILD)/obj/src/api/dashboard.o: FUZZ_CFLAGS += -I$(FUZZ_BUILD)/gen
 
 $(FUZZ_BUILD)/libnightshift.a: $(FUZZ_LIB_OBJ)
 	@mkdir -p $(@D)

@@ -35,6 +35,8 @@ static const ns_http_route g_routes[] = {
     {"GET", "/v1/models", ns_api_models, false, false},
     {"GET", "/models", ns_api_models, false, false},
     {"GET", "/v1/capacity", ns_api_capacity, false, false},
+    {"GET", "/v1/status", ns_api_status, false, false},
+    {"GET", "/dashboard", ns_api_dashboard, true, false}, /* static page, no data: see dashboard.c */
     {"GET", "/health", ns_api_health, true, false},
     {"GET", "/v1/health", ns_api_health, true, false},
     {"POST", "/tokenize", b_tokenize, false, false},

@@ -147,5 +147,9 @@ long long ns_api_max_context_tokens(void *ud);
 /* POST /admin/flush, GET /admin/cache (admin.c) */
 void ns_api_admin_flush(void *ud, const ns_http_request *req, ns_http_response *resp);
 void ns_api_admin_cache(void *ud, const ns_http_request *req, ns_http_response *resp);
+/* GET /v1/status: the engine's live state as JSON (status.c);
+ * GET /dashboard: the HTML page that shows it (dashboard.c) */
+void ns_api_status(void *ud, const ns_http_request *req, ns_http_response *resp);
+void ns_api_dashboard(void *ud, const ns_http_request *req, ns_http_response *resp);
 
 #endif

@@ -16,6 +16,7 @@
 
 #include "kv/kv_cache.h"
 #include "sched/sched_internal.h"
+#include "sched/sched_status.h"
 #include "util/clock.h"
 #include "util/log.h"
 #include "util/vec.h"
@@ -76,6 +77,7 @@ struct ns_sched {
     float *host_logits;
 
     ns_sched_stats stats;
+    ns_sched_status *status; /* GET /v1/status snapshot (sched_status.h) */
 };
 
 static void hist_init(ns_histogram *h, double first, double factor) {
@@ -177,6 +179,11 @@ ns_status ns_sched_create(ns_engine *e, const ns_sched_opts *opts, ns_sched **ou
         rc = ns_fail(err, NS_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    s->status = ns_sched_status_new();
+    if (!s->status) {
+        rc = ns_fail(err, NS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
     hist_init(&s->stats.step_seconds, 0.0005, 2.0);
     hist_init(&s->stats.batch_tokens, 1, 2.0);
     hist_init(&s->stats.ttft_seconds, 0.005, 2.0);
@@ -202,6 +209,7 @@ void ns_sched_free(ns_sched *s) {
         seq_free(q);
     }
     ns_kv_cache_free(s->kv);
+    ns_sched_status_free(s->status);
     free(s->waiting);
     free(s->running);
     free(s->b_tokens);
@@ -487,6 +495,18 @@ static void log_admission(ns_sched *s, ns_seq *q, const ns_kv_lookup *lk, int32_
     ns_log_clear_context();
 }
 
+/* A cache break for the dashboard's ring (sched_status.h): positions only. */
+static void note_break(ns_sched *s, const ns_seq *q, int32_t diverge_at, int32_t cached,
+                       const int32_t tok_by_tier[NS_TIER_COUNT]) {
+    ns_status_break b = {.n_prompt = q->req->n_prompt, .diverge_at = diverge_at, .n_cached = cached};
+    if (q->req->label[0]) snprintf(b.id, sizeof b.id, "%s", q->req->label);
+    else snprintf(b.id, sizeof b.id, "request %llu", (unsigned long long)q->admit_order);
+    for (int t = 0; t < NS_TIER_COUNT; t++) b.cached_by_tier[t] = tok_by_tier[t];
+    ns_sched_status_break(s->status, &b);
+}
+
+ns_sched_status *ns_sched_status_of(ns_sched *s) { return s->status; }
+
 /* Publishes q's queue state to its channel (the stream's keep-alives
  * say "paused" / the queue position). */
 static void set_waiting(ns_seq *q, bool waiting, int32_t pos) {
@@ -601,6 +621,7 @@ static bool try_admit(ns_sched *s, ns_seq *q) {
         s->stats.prompt_tokens_total += (uint64_t)r->n_prompt;
         pthread_mutex_unlock(&s->mu);
         log_admission(s, q, &lk, n_use, cached, tok_by_tier, t_restore, t_recompute);
+        if (lk.m.diverge_at >= 0) note_break(s, q, lk.m.diverge_at, cached, tok_by_tier);
     } else {
         pthread_mutex_lock(&s->mu);
         s->stats.resumes_total++;
@@ -1081,6 +1102,7 @@ static bool step(ns_sched *s) {
     hist_add(&s->stats.batch_tokens, nt);
     s->stats.generated_tokens_total += generated;
     pthread_mutex_unlock(&s->mu);
+    ns_sched_status_step(s->status, t1 - t0, nt, ns);
     return true;
 }
 
@@ -1108,7 +1130,8 @@ static void update_gauges(ns_sched *s) {
     pthread_mutex_lock(&s->mu);
     s->stats.kv = kst;
     s->stats.requests_running = s->n_running;
-    s->stats.requests_waiting = s->n_waiting + s->n_incoming;
+    const int32_t incoming = s->n_incoming; /* guarded by mu */
+    s->stats.requests_waiting = s->n_waiting + incoming;
     s->stats.requests_paused = 0;
     for (int32_t i = 0; i < s->n_waiting; i++) s->stats.requests_paused += s->waiting[i]->state == RS_PAUSED;
     s->stats.requests_waiting -= s->stats.requests_paused;
@@ -1117,6 +1140,8 @@ static void update_gauges(ns_sched *s) {
     s->stats.pages_cached = s->stats.kv.pool_cached;
     s->stats.pages_used = s->stats.kv.pool_held;
     pthread_mutex_unlock(&s->mu);
+    ns_sched_status_publish(s->status, false, s->running, s->n_running, s->waiting, s->n_waiting, incoming, &kst,
+                            s->n_pages, s->opts.ssd_bytes);
 }
 
 void ns_sched_get_capacity(ns_sched *s, ns_sched_capacity *out) {
