@@ -7,6 +7,11 @@ const char *ns_dtype_name(ns_dtype dt) {
     case NS_DT_F32: return "f32";
     case NS_DT_BF16: return "bf16";
     case NS_DT_F16: return "f16";
+    case NS_DT_Q8_0: return "q8_0";
+    case NS_DT_Q4_0: return "q4_0";
+    case NS_DT_Q4_K: return "q4_k";
+    case NS_DT_Q5_K: return "q5_k";
+    case NS_DT_Q6_K: return "q6_k";
     }
     return "?";
 }

@@ -36,10 +36,37 @@
 #include "util/hash.h"
 #include "util/status.h"
 
-typedef enum { NS_DT_F32 = 0, NS_DT_BF16 = 1, NS_DT_F16 = 2 } ns_dtype;
+/* NS_DT_Q* are GGUF's block-quantized weight formats (ggml layouts; see
+ * src/backend/cpu/quant.h): weights only, rows made of whole blocks, never
+ * activations or KV. Only the CPU backend accepts them. */
+typedef enum {
+    NS_DT_F32 = 0,
+    NS_DT_BF16 = 1,
+    NS_DT_F16 = 2,
+    NS_DT_Q8_0 = 3, /* 32 values: f16 scale + 32 int8 (34 bytes) */
+    NS_DT_Q4_0 = 4, /* 32 values: f16 scale + 16 bytes of nibbles (18 bytes) */
+    NS_DT_Q4_K = 5, /* 256 values, 144 bytes */
+    NS_DT_Q5_K = 6, /* 256 values, 176 bytes */
+    NS_DT_Q6_K = 7  /* 256 values, 210 bytes */
+} ns_dtype;
 
-/* Inline: it sits inside ns_kv_offset, on the attention hot path. */
+/* Inline: it sits inside ns_kv_offset, on the attention hot path. Only
+ * meaningful for F32/BF16/F16 (element types); block types use
+ * ns_dtype_row_bytes. */
 static inline size_t ns_dtype_size(ns_dtype dt) { return dt == NS_DT_F32 ? 4 : 2; }
+static inline bool ns_dtype_is_quant(ns_dtype dt) { return dt >= NS_DT_Q8_0; }
+/* Bytes of one row of cols values (cols a multiple of the block size for
+ * block types, which the loaders check). */
+static inline size_t ns_dtype_row_bytes(ns_dtype dt, int64_t cols) {
+    switch (dt) {
+    case NS_DT_Q8_0: return (size_t)(cols / 32) * 34;
+    case NS_DT_Q4_0: return (size_t)(cols / 32) * 18;
+    case NS_DT_Q4_K: return (size_t)(cols / 256) * 144;
+    case NS_DT_Q5_K: return (size_t)(cols / 256) * 176;
+    case NS_DT_Q6_K: return (size_t)(cols / 256) * 210;
+    default: return (size_t)cols * ns_dtype_size(dt);
+    }
+}
 const char *ns_dtype_name(ns_dtype dt);
 
 typedef struct ns_tensor {
@@ -52,7 +79,7 @@ typedef struct ns_tensor {
 } ns_tensor;
 
 static inline size_t ns_tensor_bytes(const ns_tensor *t) {
-    return (size_t)t->rows * (size_t)t->cols * ns_dtype_size(t->dtype);
+    return (size_t)t->rows * ns_dtype_row_bytes(t->dtype, t->cols);
 }
 
 /* Makes t the owner of allocation p holding rows x cols of dt (what a

@@ -23,7 +23,7 @@ static ns_status cpu_tensor_alloc(ns_backend *be, ns_tensor *t, ns_dtype dt, int
     memset(t, 0, sizeof *t);
     if (rows < 0 || cols < 0 || (cols && (uint64_t)rows > (SIZE_MAX / 8) / (uint64_t)cols))
         return ns_fail(err, NS_ERR_RANGE, "tensor of %lld x %lld is too large", (long long)rows, (long long)cols);
-    size_t bytes = (size_t)rows * (size_t)cols * ns_dtype_size(dt);
+    size_t bytes = (size_t)rows * ns_dtype_row_bytes(dt, cols);
     /* 64-byte alignment for vector loads; round the size up as
      * aligned_alloc requires a multiple of the alignment. */
     void *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
@@ -45,6 +45,14 @@ static ns_status cpu_weight_from_host(ns_backend *be, ns_tensor *t, const void *
      * data), so misaligned matrices are copied into aligned memory.
      * Vectors (norm weights) and F16 data are converted to owned F32 so
      * the elementwise ops only ever see F32. */
+    if (ns_dtype_is_quant(src_dt)) { /* GGUF blocks: byte-addressed, used in place (quant.h) */
+        memset(t, 0, sizeof *t);
+        t->dtype = src_dt;
+        t->rows = rows;
+        t->cols = cols;
+        t->data = (void *)src;
+        return NS_OK;
+    }
     const size_t esz = ns_dtype_size(src_dt), n = (size_t)rows * (size_t)cols;
     const bool aligned = ((uintptr_t)src % esz) == 0;
     if (rows > 1 && (src_dt == NS_DT_F32 || src_dt == NS_DT_BF16)) {

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_pool.h"
+#include "backend/cpu/quant.h"
 
 typedef struct cpu_impl {
     ns_pool *pool;
@@ -68,6 +69,11 @@ static inline float f16_to_f32(uint16_t h) {
  * rows converted into buf (cols floats). */
 static inline const float *row_f32(const ns_tensor *w, int64_t r, float *buf) {
     if (w->dtype == NS_DT_F32) return (const float *)w->data + r * w->cols;
+    if (ns_dtype_is_quant(w->dtype)) { /* GGUF blocks (quant.h) */
+        ns_quant_dequant_row(w->dtype, (const uint8_t *)w->data + (size_t)r * ns_dtype_row_bytes(w->dtype, w->cols), buf,
+                             w->cols);
+        return buf;
+    }
     const uint16_t *src = (const uint16_t *)w->data + r * w->cols;
     int64_t i = 0;
 #ifdef __AVX2__

@@ -115,6 +115,10 @@ static void mm_blas_task(void *p, int64_t b, int64_t e, int tid) {
 
 void cpu_matmul(ns_backend *be, ns_tensor *out, const ns_tensor *in, const ns_tensor *w) {
     cpu_impl *c = be->impl;
+    if (ns_dtype_is_quant(w->dtype)) { /* GGUF blocks: dot products on the blocks (quant.c) */
+        ns_cpu_quant_matmul(c, out, in, w);
+        return;
+    }
     const bool blas = in->rows >= 8;
     if (ns_cpu_scratch_reserve(c, (size_t)w->cols * (blas ? MM_BLOCK : 1)) != 0) {
         /* No memory for scratch: poison the output so the step's result
