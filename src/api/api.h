@@ -53,6 +53,10 @@ typedef struct ns_api {
     ns_toolfmt toolfmt;
     bool reasoning;             /* template knows <think> */
     uint64_t (*random_seed)(void);
+    /* serve --record: the request recorder (record/recorder.h; NULL = off),
+     * set before the server starts; record_redact: --record-redact */
+    struct ns_recorder *recorder;
+    bool record_redact;
 } ns_api;
 
 /* Default body budget (see ns_api_body_admit). */

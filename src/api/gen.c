@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "record/record_gen.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokutil.h"
 #include "util/clock.h"
@@ -152,6 +153,7 @@ ns_status ns_gen_pump(ns_gen *g, int timeout_ms) {
     ns_token_event ev[32];
     bool done = false;
     int n = ns_request_poll(g->req, ev, 32, timeout_ms, &done);
+    if (n > 0 && g->t_first == 0) g->t_first = ns_clock_now();
     ns_status rc = NS_OK;
     for (int i = 0; i < n && rc == NS_OK; i++) rc = on_token(g, &ev[i]);
     if (rc != NS_OK) {
@@ -334,6 +336,7 @@ void ns_gen_free(ns_gen *g) {
 
 static void job_free(ns_gen_job *j) {
     if (!j) return;
+    ns_record_end(&j->rec, j, NULL, NULL); /* a stream that closed (no-op when recorded already or off) */
     ns_gen_free(&j->g); /* cancels a generation that is not done */
     if (j->ep->release) j->ep->release(j);
     json_decref(j->body);
@@ -482,17 +485,23 @@ static void respond_whole(ns_gen_job *j, ns_http_response *resp) {
 void ns_gen_handle(const ns_gen_endpoint *ep, void *ud, const ns_http_request *req, ns_http_response *resp) {
     ns_api *a = ud;
     if (!ns_api_require_ready(a, resp)) return;
+    ns_record_req *rec = ns_record_begin(a, req); /* NULL unless serve --record */
     json_t *body = ns_api_parse_body(a, req, resp);
-    if (!body) return;
+    if (!body) {
+        ns_record_end(&rec, NULL, req, resp);
+        return;
+    }
     ns_gen_job *j = calloc(1, ep->job_size);
     if (!j) {
         json_decref(body);
         ns_http_error_set(&resp->err, 500, NULL, "internal_error", "out of memory");
+        ns_record_end(&rec, NULL, req, resp);
         return;
     }
     j->ep = ep;
     j->a = a;
     j->body = body;
+    j->rec = rec;
     j->created = time(NULL);
     ns_api_random_id(ep->id_prefix, j->id, sizeof j->id);
     ns_log_set_context("%s", j->id); /* every line of this request carries its id */
@@ -519,5 +528,6 @@ void ns_gen_handle(const ns_gen_endpoint *ep, void *ud, const ns_http_request *r
     }
     respond_whole(j, resp);
 done: /* also the end of a non-streaming request */
+    ns_record_end(&j->rec, j, req, resp);
     job_free(j);
 }

@@ -82,6 +82,7 @@ typedef struct ns_gen {
     ns_request_result res;
     int32_t n_prompt;
     double t0;
+    double t_first;    /* ns_clock_now() when the first token event arrived (0: none yet) */
     char id[64];
     const char *kind;
 } ns_gen;
@@ -158,6 +159,7 @@ struct ns_gen_job {
     bool started, finished;   /* streaming state */
     int32_t sent_lps;         /* logprob records already sent */
     double last_emit;         /* when the last chunk went out (keep-alive) */
+    struct ns_record_req *rec; /* serve --record (record/record_gen.h); NULL = off */
 };
 
 /* The handler body of a completion endpoint. */

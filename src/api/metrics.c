@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "api/api.h"
+#include "record/recorder.h"
 
 static void gauge(ns_buf *b, const char *name, const char *help, double v) {
     ns_buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
@@ -108,6 +109,16 @@ void ns_api_metrics(void *ud, const ns_http_request *req, ns_http_response *resp
     histogram(&b, "nightshift_batch_tokens", "Tokens per engine step.", &st.batch_tokens);
     histogram(&b, "nightshift_time_to_first_token_seconds", "Submit to first generated token.", &st.ttft_seconds);
     histogram(&b, "nightshift_inter_token_latency_seconds", "Time between generated tokens.", &st.itl_seconds);
+    if (a->recorder) { /* serve --record */
+        ns_recorder_stats rs;
+        ns_recorder_stats_get(a->recorder, &rs);
+        counter(&b, "nightshift_record_lines_total", "Request records written (serve --record).", rs.written);
+        counter(&b, "nightshift_record_dropped_total", "Request records dropped: the writer queue was full.",
+                rs.dropped);
+        counter(&b, "nightshift_record_write_errors_total", "Request records lost to a failed write.",
+                rs.write_errors);
+        counter(&b, "nightshift_record_rotations_total", "Recording files rotated by size.", rs.rotations);
+    }
     if (a->server) {
         ns_server_counters c;
         ns_server_get_counters(a->server, &c);

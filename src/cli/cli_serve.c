@@ -13,6 +13,7 @@
 
 #include "api/api.h"
 #include "cli/cli_common.h"
+#include "record/recorder.h"
 #include "server/server.h"
 #include "template/template.h"
 #include "tokenizer/tokenizer.h"
@@ -33,6 +34,11 @@ typedef struct serve_opts {
     bool log_prompts;
     int64_t ssd_cache_bytes;
     char ssd_dir_buf[4096];
+    /* --record DIR (record/recorder.h) */
+    const char *record_dir;
+    bool record_redact;
+    int64_t record_max_bytes;
+    int record_keep;
 } serve_opts;
 
 /* What the loader thread brings up; torn down by the main thread. */
@@ -155,7 +161,13 @@ static void usage(FILE *f) {
             "                           to the cache tiers, it resumes exactly when room returns);\n"
             "                           reserve: admit only when prompt + max_tokens fit, never pause\n"
             "  --log-prompts            log prompt text at INFO (default off: only at --log-level\n"
-            "                           debug), e.g. where a prompt left the cache\n",
+            "                           debug), e.g. where a prompt left the cache\n"
+            "Recording (for nightshift replay / check-prompts):\n"
+            "  --record DIR             append one JSON line per completion request to DIR/requests.jsonl\n"
+            "                           (body, arrival, prompt/cached tokens, TTFT, status; default off)\n"
+            "  --record-redact          replace message texts by their token count and a hash\n"
+            "  --record-max-bytes SIZE  rotate the file past this size (default 256M)\n"
+            "  --record-keep N          rotated files kept, requests.jsonl.1 .. .N (default 8)\n",
             d.http.host, d.http.port, d.max_running, d.http.max_body_bytes, d.http.timeout_s,
             d.http.request_timeout_s, d.http.max_connections, (int)d.shutdown_timeout_s);
     ns_cli_engine_usage(f, &d.eng);
@@ -292,12 +304,17 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
             o->log_prompts = true;
             continue;
         }
+        if (strcmp(a, "--record-redact") == 0) {
+            o->record_redact = true;
+            continue;
+        }
         static const char *const with_value[] = {"--host", "--port", "--api-key", "--served-model-name", "--alias",
                                                  "--max-running", "--max-body-bytes", "--timeout",
                                                  "--shutdown-timeout", "--admin-key", "--ram-cache",
                                                  "--ssd-cache", "--ssd-cache-size", "--dummy-weights",
                                                  "--pause-policy", "--request-timeout", "--max-connections",
-                                                 "--max-connections-per-peer", "--allowed-hosts", "--cors-origins"};
+                                                 "--max-connections-per-peer", "--allowed-hosts", "--cors-origins",
+                                                 "--record", "--record-max-bytes", "--record-keep"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= strcmp(a, with_value[k]) == 0;
         if (!known) return ns_cli_usage_error("serve", usage, "unknown option %s", a);
@@ -319,6 +336,14 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
             o->http.max_connections_per_peer = (unsigned)x;
         }
         else if (strcmp(a, "--admin-key") == 0) o->http.admin_key = v;
+        else if (strcmp(a, "--record") == 0) o->record_dir = v;
+        else if (strcmp(a, "--record-max-bytes") == 0) {
+            if (ns_cli_parse_size(v, &sz) != 0 || sz < 1024) goto bad;
+            o->record_max_bytes = (int64_t)sz;
+        } else if (strcmp(a, "--record-keep") == 0) {
+            if (parse_ll(v, 1, 1000, &x)) goto bad;
+            o->record_keep = (int)x;
+        }
         else if (strcmp(a, "--ssd-cache") == 0) o->ssd_dir = v;
         else if (strcmp(a, "--dummy-weights") == 0) o->eng.dummy_config = v;
         else if (strcmp(a, "--pause-policy") == 0) {
@@ -389,6 +414,8 @@ int ns_cli_serve(int argc, char **argv) {
     if (pr) return pr == 1 ? 0 : pr;
     if (o.eng.model_dir && o.eng.dummy_config)
         return ns_cli_usage_error("serve", usage, "give at most one of --model DIR or --dummy-weights CONFIG_JSON");
+    if (!o.record_dir && (o.record_redact || o.record_max_bytes || o.record_keep))
+        return ns_cli_usage_error("serve", usage, "--record-redact, --record-max-bytes and --record-keep need --record DIR");
     resolve_tiers(&o);
     ns_tokenizer *checked_tok = NULL;
     if (o.eng.model_dir) {
@@ -442,6 +469,7 @@ int ns_cli_serve(int argc, char **argv) {
     pthread_t th;
     bool th_started = false;
     bool abandoned = false; /* the loader is stuck: exit without it */
+    ns_recorder *recorder = NULL; /* --record; closed after the server stopped (no handler pushes then) */
     if (!api || !L) {
         fprintf(stderr, "nightshift serve: out of memory\n");
         ns_tokenizer_free(checked_tok);
@@ -449,6 +477,18 @@ int ns_cli_serve(int argc, char **argv) {
     }
     L->tok = checked_tok; /* the loader takes it over; freed with L */
     ns_api_init(api, name);
+    if (o.record_dir) {
+        ns_error rerr = {0};
+        ns_recorder_opts ro = {.dir = o.record_dir, .max_bytes = o.record_max_bytes, .keep = o.record_keep};
+        if (ns_recorder_open(&ro, &recorder, &rerr) != NS_OK) {
+            fprintf(stderr, "nightshift serve: --record %s: %s\n", o.record_dir, rerr.msg);
+            goto out;
+        }
+        api->recorder = recorder;
+        api->record_redact = o.record_redact;
+        NS_INFO("serve: recording requests to %s/%s%s", o.record_dir, NS_RECORDER_FILE,
+                o.record_redact ? " (message texts redacted)" : "");
+    }
     int n_routes;
     const ns_http_route *routes = ns_api_routes(&n_routes);
     ns_error err = {0};
@@ -531,11 +571,14 @@ int ns_cli_serve(int argc, char **argv) {
     }
     ns_server_stop(srv); /* joins the connection threads */
     srv = NULL;
+    ns_recorder_close(recorder); /* writes what is queued */
+    recorder = NULL;
     rc = load_failed ? 1 : 0;
     NS_INFO("serve: stopped");
 out:
     if (th_started) pthread_join(th, NULL);
     if (srv) ns_server_stop(srv);
+    if (!abandoned) ns_recorder_close(recorder); /* else a handler may still hold it: the exit ends it */
     if (abandoned) L = NULL, api = NULL; /* still in the loader's hands: the process exit frees them */
     if (L) {
         ns_sched_free(L->sched);
