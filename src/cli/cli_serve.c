@@ -236,7 +236,7 @@ static void *load_main(void *arg) {
     /* pass client-sent argument strings through when the template can
      * print a string itself (HF behaviour); otherwise it would tojson them */
     a->tmpl_wants_string_args = contains(src, "arguments is string") || contains(src, "arguments is not string");
-    a->toolfmt = contains(src, "<tool_call>") ? NS_TOOLFMT_HERMES : NS_TOOLFMT_LLAMA_JSON;
+    a->toolfmt = ns_toolfmt_detect(src ? src : "");
     a->reasoning = contains(src, "<think>");
     a->sched = L->sched;
     a->cfg = L->ce.model->cfg;
@@ -249,7 +249,7 @@ static void *load_main(void *arg) {
         return NULL;
     }
     NS_INFO("serve: model ready (%s, context %d, vocab %d, tools: %s, reasoning: %s)", a->model_name,
-            a->cfg.max_position_embeddings, a->cfg.vocab_size, a->toolfmt == NS_TOOLFMT_HERMES ? "hermes" : "llama-json",
+            a->cfg.max_position_embeddings, a->cfg.vocab_size, ns_toolfmt_name(a->toolfmt),
             a->reasoning ? "think" : "off");
     atomic_store(&L->done, 1);
     return NULL;
