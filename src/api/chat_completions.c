@@ -39,6 +39,7 @@ static bool chat_prepare(ns_gen_job *gj, ns_gen_opts *o, ns_http_error *e) {
     o->toolfmt = j->cp.tools_enabled ? a->toolfmt : NS_TOOLFMT_NONE;
     o->tool_names = j->cp.tool_names;
     o->n_tool_names = j->cp.n_tools;
+    o->tools = json_object_get(gj->body, "tools");
     return true;
 }
 

@@ -54,7 +54,9 @@ bool ns_gen_start(ns_gen *g, ns_api *a, const int32_t *prompt, int32_t n_prompt,
     ns_status rc = ns_stop_init(&g->stop, o->stops, o->n_stops, &err);
     if (rc == NS_OK)
         rc = ns_toolparse_init(&g->tp, o->toolfmt, o->tool_names, o->n_tool_names, o->rp.sampling.seed ^ 0x5bd1e995u);
-    if (rc == NS_OK) rc = ns_detok_create(a->tok, true, &g->detok);
+    if (rc == NS_OK) rc = ns_toolparse_set_schemas(&g->tp, o->tools);
+    /* Mistral's [TOOL_CALLS] is a special token: keep its text for the parser */
+    if (rc == NS_OK) rc = ns_detok_create(a->tok, o->toolfmt != NS_TOOLFMT_MISTRAL, &g->detok);
     if (rc != NS_OK) {
         ns_http_error_from_status(e, rc, "stop", err.msg[0] ? err.msg : "out of memory");
         goto fail;

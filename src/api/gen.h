@@ -53,6 +53,7 @@ typedef struct ns_gen_opts {
     ns_toolfmt toolfmt;
     const char *const *tool_names;
     int n_tool_names;
+    const json_t *tools; /* the request's tools (borrowed): schemas that type XML tool-call arguments */
     const char *kind; /* "chat" / "completion", for the log line */
 } ns_gen_opts;
 
