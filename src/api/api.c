@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "api/messages.h"
+#include "api/responses.h"
 #include "util/utf8.h"
 
 /* The POST endpoints run inside the body budget (ns_api_body_admit):
@@ -26,12 +28,27 @@ BUDGETED(b_completions, ns_api_completions)
 BUDGETED(b_tokenize, ns_api_tokenize)
 BUDGETED(b_detokenize, ns_api_detokenize)
 BUDGETED(b_apply_template, ns_api_apply_template)
+BUDGETED(b_responses, ns_api_responses)
+/* The Anthropic endpoints answer every error in Anthropic's shape, the
+ * body budget's 503 included. */
+static void b_messages(void *ud, const ns_http_request *req, ns_http_response *resp) {
+    budgeted(ns_api_messages, ud, req, resp);
+    ns_anthropic_error_shape(resp);
+}
+static void b_count_tokens(void *ud, const ns_http_request *req, ns_http_response *resp) {
+    budgeted(ns_api_messages_count_tokens, ud, req, resp);
+    ns_anthropic_error_shape(resp);
+}
 
 static const ns_http_route g_routes[] = {
     {"POST", "/v1/chat/completions", b_chat_completions, false, false},
     {"POST", "/chat/completions", b_chat_completions, false, false},
     {"POST", "/v1/completions", b_completions, false, false},
     {"POST", "/completions", b_completions, false, false},
+    {"POST", "/v1/messages", b_messages, false, false},
+    {"POST", "/v1/responses", b_responses, false, false},
+    {"POST", "/responses", b_responses, false, false},
+    {"POST", "/v1/messages/count_tokens", b_count_tokens, false, false},
     {"GET", "/v1/models", ns_api_models, false, false},
     {"GET", "/models", ns_api_models, false, false},
     {"GET", "/v1/capacity", ns_api_capacity, false, false},

@@ -7,6 +7,7 @@
 
 #include "template/template.h"
 #include "tokenizer/tokenizer.h"
+#include "util/log.h"
 
 #define MAX_MESSAGES 100000
 
@@ -275,6 +276,47 @@ static bool parse_tool_choice(json_t *body, const ns_chat_prompt *p, bool *none,
     return fail_type(e, "tool_choice", "a string or an object");
 }
 
+bool ns_chat_template_has_tools(const ns_api *a) { return a->tmpl_src && strstr(a->tmpl_src, "tools") != NULL; }
+
+bool ns_chat_template_has_thinking_switch(const ns_api *a) {
+    return a->tmpl_src && strstr(a->tmpl_src, "enable_thinking") != NULL;
+}
+
+/* The thinking switch: enable_thinking (bool) or reasoning_effort
+ * ("none" turns thinking off; "minimal", "low", "medium", "high", "xhigh"
+ * leave it on — the templates have an on/off switch, not levels). Set in
+ * ctx only where the template has the switch; elsewhere the request is
+ * still served and the log says the setting has no effect (the model
+ * either never thinks or always does). chat_template_kwargs, merged
+ * later, wins over both. */
+static bool thinking_switch(ns_api *a, json_t *body, json_t *ctx, ns_http_error *e) {
+    json_t *et = json_object_get(body, "enable_thinking");
+    json_t *re = json_object_get(body, "reasoning_effort");
+    int on = -1;
+    if (re && !json_is_null(re)) {
+        static const char *const levels[] = {"none", "minimal", "low", "medium", "high", "xhigh"};
+        const char *v = json_is_string(re) ? json_string_value(re) : NULL;
+        size_t k = 0;
+        while (v && k < sizeof levels / sizeof levels[0] && strcmp(v, levels[k]) != 0) k++;
+        if (!v || k == sizeof levels / sizeof levels[0]) {
+            ns_http_error_set(e, 400, "reasoning_effort", "invalid_value",
+                              "'reasoning_effort' must be one of none, minimal, low, medium, high, xhigh");
+            return false;
+        }
+        on = k != 0;
+    }
+    if (et && !json_is_null(et)) {
+        if (!json_is_boolean(et)) return fail_type(e, "enable_thinking", "a boolean");
+        on = json_is_true(et);
+    }
+    if (on < 0) return true;
+    if (ns_chat_template_has_thinking_switch(a)) json_object_set_new(ctx, "enable_thinking", json_boolean(on));
+    else
+        NS_INFO("thinking %s requested, but the chat template has no thinking switch: the model %s", on ? "on" : "off",
+                a->reasoning ? "thinks as its template makes it" : "does not think");
+    return true;
+}
+
 static json_t *build_context(ns_api *a, json_t *body, ns_chat_prompt *p, ns_http_error *e) {
     json_t *msgs = json_object_get(body, "messages");
     if (!msgs) {
@@ -306,8 +348,18 @@ static json_t *build_context(ns_api *a, json_t *body, ns_chat_prompt *p, ns_http
         json_decref(tools);
         goto fail;
     }
+    if (tools && !ns_chat_template_has_tools(a)) {
+        json_decref(tools);
+        ns_http_error_set(e, 400, "tools", "tools_not_supported",
+                          "this model's chat template does not support tools; send the request without 'tools'");
+        goto fail;
+    }
     p->tools_enabled = tools && !none;
     if (tools) json_object_set_new(ctx, "tools", tools);
+    bool parallel = true;
+    if (!ns_api_get_bool(body, "parallel_tool_calls", &parallel, e)) goto fail;
+    p->single_call = !parallel;
+    if (!thinking_switch(a, body, ctx, e)) goto fail;
     bool agp = true;
     if (!ns_api_get_bool(body, "add_generation_prompt", &agp, e)) goto fail;
     json_object_set_new(ctx, "add_generation_prompt", json_boolean(agp));

@@ -24,23 +24,28 @@ typedef struct chat_job {
     size_t sent_args[NS_TOOL_MAX_CALLS];
 } chat_job;
 
-static bool chat_prepare(ns_gen_job *gj, ns_gen_opts *o, ns_http_error *e) {
-    chat_job *j = (chat_job *)gj;
+bool ns_chat_gen_prepare(ns_gen_job *gj, json_t *chat_body, ns_chat_prompt *cp, ns_gen_opts *o, ns_http_error *e) {
     ns_api *a = gj->a;
-    if (!ns_chat_prompt_build(a, gj->body, true, &j->cp, e)) return false;
-    if (j->cp.too_long) {
-        ns_api_context_error(a, (int64_t)j->cp.n_ids, true, "messages", e);
+    if (!ns_chat_prompt_build(a, chat_body, true, cp, e)) return false;
+    if (cp->too_long) {
+        ns_api_context_error(a, (int64_t)cp->n_ids, true, "messages", e);
         return false;
     }
-    gj->prompt = j->cp.ids;
-    gj->n_prompt = j->cp.n_ids;
+    gj->prompt = cp->ids;
+    gj->n_prompt = cp->n_ids;
     o->reasoning = a->reasoning;
-    o->in_think = a->reasoning && ns_reason_prompt_opens_think(j->cp.text, j->cp.len);
-    o->toolfmt = j->cp.tools_enabled ? a->toolfmt : NS_TOOLFMT_NONE;
-    o->tool_names = j->cp.tool_names;
-    o->n_tool_names = j->cp.n_tools;
-    o->tools = json_object_get(gj->body, "tools");
+    o->in_think = a->reasoning && ns_reason_prompt_opens_think(cp->text, cp->len);
+    o->toolfmt = cp->tools_enabled ? a->toolfmt : NS_TOOLFMT_NONE;
+    o->tool_names = cp->tool_names;
+    o->n_tool_names = cp->n_tools;
+    o->tools = json_object_get(chat_body, "tools");
+    o->max_calls = cp->single_call ? 1 : 0;
     return true;
+}
+
+static bool chat_prepare(ns_gen_job *gj, ns_gen_opts *o, ns_http_error *e) {
+    chat_job *j = (chat_job *)gj;
+    return ns_chat_gen_prepare(gj, gj->body, &j->cp, o, e);
 }
 
 static void chat_release(ns_gen_job *gj) { ns_chat_prompt_free(&((chat_job *)gj)->cp); }

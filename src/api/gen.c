@@ -29,6 +29,7 @@ static void free_parsers(ns_gen *g) {
     ns_buf_free(&g->s1);
     ns_buf_free(&g->s2);
     ns_buf_free(&g->s3);
+    ns_buf_free(&g->raw);
 }
 
 bool ns_gen_start(ns_gen *g, ns_api *a, const int32_t *prompt, int32_t n_prompt, const ns_gen_opts *o,
@@ -48,6 +49,8 @@ bool ns_gen_start(ns_gen *g, ns_api *a, const int32_t *prompt, int32_t n_prompt,
     ns_buf_init(&g->s1, TEXT_CAP);
     ns_buf_init(&g->s2, TEXT_CAP);
     ns_buf_init(&g->s3, TEXT_CAP);
+    ns_buf_init(&g->raw, TEXT_CAP);
+    g->max_calls = o->max_calls;
     ns_reason_init(&g->reason, o->reasoning, o->in_think);
     g->use_tools = o->toolfmt != NS_TOOLFMT_NONE;
     ns_error err = {0};
@@ -92,6 +95,13 @@ static ns_status stage2(ns_gen *g, const char *t, size_t n) {
     if (rc != NS_OK || g->s3.len == 0) return rc;
     rc = ns_buf_append(&g->content, g->s3.data, g->s3.len);
     if (rc == NS_OK && g->use_tools) rc = ns_toolparse_feed(&g->tp, g->s3.data, g->s3.len);
+    if (rc == NS_OK && g->use_tools && g->max_calls > 0 && !g->stopped &&
+        ns_toolparse_n_valid(&g->tp) >= g->max_calls) {
+        /* enough calls: end here, like a stop string (the text after the
+         * last call is not wanted) */
+        g->stopped = true;
+        ns_request_cancel(g->req);
+    }
     return rc;
 }
 
@@ -99,7 +109,8 @@ static ns_status feed_text(ns_gen *g, const char *t, size_t n) {
     if (n == 0 || g->stopped) return NS_OK;
     ns_buf_reset(&g->s2);
     bool matched = false;
-    ns_status rc = ns_stop_feed(&g->stop, t, n, &g->s2, &matched);
+    ns_status rc = g->stop.n > 0 ? ns_buf_append(&g->raw, t, n) : NS_OK;
+    if (rc == NS_OK) rc = ns_stop_feed(&g->stop, t, n, &g->s2, &matched);
     if (rc != NS_OK) return rc;
     if (matched) {
         g->stopped = true;
@@ -207,6 +218,33 @@ const char *ns_gen_finish_reason(const ns_gen *g, bool streaming) {
     default:
         return calls ? "tool_calls" : "stop";
     }
+}
+
+const char *ns_gen_stop_string(const ns_gen *g) {
+    if (!g->stop.matched) return NULL;
+    /* released text is a prefix of the text fed, and the match starts
+     * right after it: the stop string is the one found there (the
+     * shortest, when one is a prefix of another: it completed first) */
+    const size_t at = g->text.len;
+    const char *best = NULL;
+    size_t best_len = 0;
+    for (int i = 0; i < g->stop.n; i++) {
+        const size_t len = g->stop.len[i];
+        if (at + len > g->raw.len || memcmp(g->raw.data + at, g->stop.s[i], len) != 0) continue;
+        if (!best || len < best_len) {
+            best = g->stop.s[i];
+            best_len = len;
+        }
+    }
+    return best;
+}
+
+int32_t ns_gen_cache_created(const ns_gen *g) {
+    ns_sched_stats st;
+    ns_sched_get_stats(g->api->sched, &st);
+    if (st.page_tokens <= 0) return 0;
+    const int32_t full = g->n_prompt / st.page_tokens * st.page_tokens;
+    return full > g->res.n_cached ? full - g->res.n_cached : 0;
 }
 
 json_t *ns_gen_usage(const ns_gen *g) {
@@ -370,6 +408,17 @@ ns_status ns_gen_job_emit(ns_gen_job *j, ns_buf *out, json_t *value, const char 
     return ns_sse_json(out, choice ? chunk(j, json_pack("[o]", choice)) : NULL);
 }
 
+ns_status ns_gen_sse_event(ns_buf *out, const char *name, json_t *data) {
+    char *txt = data ? json_dumps(data, JSON_COMPACT) : NULL;
+    json_decref(data);
+    if (!txt) return NS_ERR_NOMEM;
+    ns_status rc = ns_buf_printf(out, "event: %s\ndata: ", name);
+    if (rc == NS_OK) rc = ns_buf_puts(out, txt);
+    if (rc == NS_OK) rc = ns_buf_puts(out, "\n\n");
+    free(txt);
+    return rc;
+}
+
 ns_status ns_gen_new_text(const ns_buf *b, size_t *sent, json_t **str) {
     *str = NULL;
     if (b->len <= *sent) return NS_OK;
@@ -385,6 +434,12 @@ ns_status ns_gen_new_text(const ns_buf *b, size_t *sent, json_t **str) {
 static ns_status stream_end(ns_gen_job *j, ns_buf *out) {
     ns_http_error e = {0};
     ns_status rc;
+    if (j->ep->stream_end) {
+        rc = j->ep->stream_end(j, out, ns_gen_failed(&j->g, &e) ? &e : NULL);
+        ns_http_error_clear(&e);
+        j->finished = true;
+        return rc;
+    }
     if (ns_gen_failed(&j->g, &e)) {
         rc = ns_sse_error(out, &e);
     } else {
@@ -416,8 +471,13 @@ static ns_status stream_next(void *ctx, ns_buf *out, bool *eof) {
         if (rc != NS_OK) {
             ns_http_error e = {0};
             ns_http_error_from_status(&e, rc, NULL, "generation failed");
-            rc = ns_sse_error(out, &e);
-            if (rc == NS_OK) rc = ns_sse_done(out);
+            if (j->ep->stream_end) {
+                rc = j->ep->stream_end(j, out, &e);
+                ns_http_error_clear(&e);
+            } else {
+                rc = ns_sse_error(out, &e);
+                if (rc == NS_OK) rc = ns_sse_done(out);
+            }
             j->finished = *eof = true;
             return rc;
         }
@@ -468,6 +528,12 @@ static void respond_whole(ns_gen_job *j, ns_http_response *resp) {
         if (j->g.done) break;
     }
     if (ns_gen_failed(&j->g, &resp->err)) return;
+    if (j->ep->whole_response) {
+        json_t *body = j->ep->whole_response(j);
+        ns_http_set_json(resp, 200, body ? json_dumps(body, JSON_COMPACT) : NULL); /* NULL: 500 */
+        json_decref(body);
+        return;
+    }
     const char *finish = ns_gen_finish_reason(&j->g, false);
     json_t *lp = j->gp.rp.logprobs ? j->ep->logprobs(j, 0, j->g.n_lps) : json_null();
     json_t *choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, j->ep->whole_key, j->ep->whole_output(j, finish),
@@ -507,12 +573,14 @@ void ns_gen_handle(const ns_gen_endpoint *ep, void *ud, const ns_http_request *r
     j->created = time(NULL);
     ns_api_random_id(ep->id_prefix, j->id, sizeof j->id);
     ns_log_set_context("%s", j->id); /* every line of this request carries its id */
-    if (!ns_api_parse_gen_params(a, body, ep->chat, &j->gp, &resp->err)) goto done;
+    if (ep->parse_params ? !ep->parse_params(j, &resp->err) : !ns_api_parse_gen_params(a, body, ep->chat, &j->gp, &resp->err))
+        goto done;
     ns_gen_opts go = {
         .rp = j->gp.rp,
         .stops = j->gp.stops,
         .n_stops = j->gp.n_stops,
         .kind = ep->kind,
+        .max_calls = 0,
     };
     if (!ep->prepare(j, &go, &resp->err)) goto done;
     if (!ns_api_check_context(a, (int32_t)(j->n_prompt > INT32_MAX ? INT32_MAX : j->n_prompt), j->gp.rp.max_tokens,

@@ -55,6 +55,11 @@ typedef struct ns_gen_opts {
     int n_tool_names;
     const json_t *tools; /* the request's tools (borrowed): schemas that type XML tool-call arguments */
     const char *kind; /* "chat" / "completion", for the log line */
+    /* > 0: the generation ends (as if a stop string matched) once this
+     * many tool calls are complete and valid — parallel_tool_calls false
+     * (chat, Responses) and disable_parallel_tool_use (Anthropic), so a
+     * second call is never generated rather than generated and hidden */
+    int max_calls;
 } ns_gen_opts;
 
 typedef struct ns_gen {
@@ -72,6 +77,9 @@ typedef struct ns_gen {
     ns_buf reasoning;  /* cumulative reasoning */
     ns_buf content;    /* cumulative content (before tool-call parsing) */
     ns_buf s1, s2, s3; /* scratch between pipeline stages */
+    ns_buf raw;        /* text fed to the stop matcher (only with stop strings):
+                        * tells which stop string matched */
+    int max_calls;     /* see ns_gen_opts */
     int32_t *ids;      /* generated tokens that count */
     int32_t n_ids;
     size_t cap_ids;
@@ -103,6 +111,13 @@ bool ns_gen_failed(const ns_gen *g, ns_http_error *e);
 /* "stop", "length" or "tool_calls" (streaming: any committed call;
  * otherwise only when every call is valid). */
 const char *ns_gen_finish_reason(const ns_gen *g, bool streaming);
+/* The stop string that ended the generation (borrowed from the matcher;
+ * NULL when none matched). Anthropic reports it as stop_sequence. */
+const char *ns_gen_stop_string(const ns_gen *g);
+/* Prompt tokens this request newly committed to the prefix cache: its
+ * whole pages past the reused prefix (Anthropic's
+ * cache_creation_input_tokens). Valid once g->done. */
+int32_t ns_gen_cache_created(const ns_gen *g);
 /* {"prompt_tokens", "completion_tokens", "total_tokens",
  *  "prompt_tokens_details": {"cached_tokens",
  *                            "cached_tokens_by_tier": {"device", "ram", "ssd"}}} */
@@ -145,6 +160,22 @@ typedef struct ns_gen_endpoint {
     json_t *(*whole_output)(ns_gen_job *j, const char *finish);
     /* Releases what prepare allocated (NULL: nothing). */
     void (*release)(ns_gen_job *j);
+
+    /* Hooks of the event-based APIs (Anthropic Messages, OpenAI
+     * Responses), whose parameters, stream ends and whole responses have
+     * their own shapes. Each NULL keeps the chat/completions behaviour. */
+    /* Parses the request's generation parameters into j->gp (stream,
+     * sampling, max tokens, stops); NULL: ns_api_parse_gen_params. */
+    bool (*parse_params)(ns_gen_job *j, ns_http_error *e);
+    /* Streaming: the end of the stream. err == NULL: the generation
+     * finished (final events and usage); otherwise it failed and err (to
+     * be cleared by the hook) says why, to be sent as the API's error
+     * event. NULL: the last chunk with finish_reason, the usage chunk
+     * when asked for, an error event, and [DONE]. */
+    ns_status (*stream_end)(ns_gen_job *j, ns_buf *out, ns_http_error *err);
+    /* Whole response: the complete JSON body (NULL: the "choices" shape
+     * built from whole_output). */
+    json_t *(*whole_response)(ns_gen_job *j);
 } ns_gen_endpoint;
 
 struct ns_gen_job {
@@ -169,6 +200,9 @@ void ns_gen_handle(const ns_gen_endpoint *ep, void *ud, const ns_http_request *r
  * under ep->delta_key, the logprobs not sent yet, and finish_reason
  * (NULL: null). */
 ns_status ns_gen_job_emit(ns_gen_job *j, ns_buf *out, json_t *value, const char *finish);
+/* A named server-sent event ("event: <name>\ndata: <compact json>\n\n"),
+ * as the event-based APIs stream them; steals data. */
+ns_status ns_gen_sse_event(ns_buf *out, const char *name, json_t *data);
 /* The text of b past *sent up to the end of its last whole UTF-8
  * character, as a JSON string in *str (NULL when there is none yet);
  * *sent advances. NS_ERR_NOMEM when the string cannot be made. */

@@ -1,0 +1,40 @@
+/* messages.h — the Anthropic Messages API: POST /v1/messages (whole and
+ * streamed) and POST /v1/messages/count_tokens.
+ *
+ * The request is converted to the chat request (messages_conv.h) and runs
+ * the shared generation path (gen.h) with Anthropic's shapes:
+ *  - whole: {"id": "msg_...", "type": "message", "role": "assistant",
+ *    "model", "content": [thinking?, text?, tool_use*], "stop_reason"
+ *    (end_turn / max_tokens / stop_sequence / tool_use), "stop_sequence",
+ *    "usage"};
+ *  - streamed: message_start, ping, then per content block
+ *    content_block_start / content_block_delta (thinking_delta then
+ *    signature_delta, text_delta, input_json_delta with the tool input as
+ *    the model writes it) / content_block_stop, then message_delta
+ *    (stop_reason, stop_sequence, usage) and message_stop; a failure is an
+ *    "error" event. message_start is sent once the prompt is prefilled, so
+ *    its usage already says what the prefix cache reused.
+ *  - usage: input_tokens = the uncached part of the prompt,
+ *    cache_read_input_tokens = the reused prefix, cache_creation_input_tokens
+ *    = prompt tokens this request newly committed to the cache (whole
+ *    pages), output_tokens.
+ *  - errors: {"type": "error", "error": {"type": "invalid_request_error" |
+ *    "authentication_error" | "permission_error" | "not_found_error" |
+ *    "request_too_large" | "rate_limit_error" | "api_error" |
+ *    "overloaded_error", "message"}} (ns_anthropic_error_shape).
+ * Thinking blocks carry a signature nightshift makes from the text (not a
+ * cryptographic one: nothing is verified when it comes back).
+ */
+#ifndef NS_API_MESSAGES_H
+#define NS_API_MESSAGES_H
+
+#include "server/server.h"
+
+void ns_api_messages(void *ud, const ns_http_request *req, ns_http_response *resp);
+void ns_api_messages_count_tokens(void *ud, const ns_http_request *req, ns_http_response *resp);
+/* Rewrites an error response (resp->err set, no stream) into Anthropic's
+ * error shape, keeping the status and Retry-After; the error is logged
+ * here, as the server logs the errors it renders. Nothing else changes. */
+void ns_anthropic_error_shape(ns_http_response *resp);
+
+#endif
