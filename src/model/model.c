@@ -16,6 +16,7 @@
 
 #include <xxhash.h>
 
+#include "model/gguf_model.h"
 #include "model/safetensors.h"
 #include "util/log.h"
 
@@ -125,6 +126,11 @@ static ns_status bind_all(ns_model *m, ns_safetensors *st, ns_error *err) {
 
 ns_status ns_model_load(const char *dir, ns_backend *be, ns_model **out, ns_error *err) {
     *out = NULL;
+    char *gguf = NULL;
+    if (ns_gguf_model_path(dir, &gguf, err)) {
+        free(gguf);
+        return ns_gguf_model_load(dir, be, out, err);
+    }
     ns_model *m = calloc(1, sizeof *m);
     if (!m) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
     m->be = be;
@@ -153,6 +159,11 @@ fail:
 }
 
 ns_status ns_model_validate_dir(const char *dir, ns_model_config *cfg, ns_error *err) {
+    char *gguf = NULL;
+    if (ns_gguf_model_path(dir, &gguf, err)) {
+        free(gguf);
+        return ns_gguf_model_validate(dir, cfg, err);
+    }
     struct stat sb;
     if (stat(dir, &sb) != 0) return ns_fail(err, NS_ERR_IO, "%s: %s", dir, strerror(errno));
     if (!S_ISDIR(sb.st_mode)) return ns_fail(err, NS_ERR_IO, "%s: not a directory", dir);
@@ -256,6 +267,7 @@ void ns_model_free(ns_model *m) {
     if (m->final_norm.data) be->ops->tensor_free(be, &m->final_norm);
     if (m->rope_inv_freq.data) be->ops->tensor_free(be, &m->rope_inv_freq);
     ns_safetensors_close(m->files);
+    ns_gguf_model_release(m->gguf); /* after the tensors that borrow its maps */
     free(m->dir);
     free(m);
 }

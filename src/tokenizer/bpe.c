@@ -223,10 +223,21 @@ static ns_status load_merges(ns_bpe *b, const char *txt, size_t n, const char *w
         const char *a, *c;
         size_t al, cl;
         ns_status s1;
+        uint32_t rank = (uint32_t)i;
         if (ns_jscan_eat(&j, '[')) {
             s1 = ns_jscan_string(&j, &sa);
             if (s1 == NS_OK && !ns_jscan_eat(&j, ',')) s1 = NS_ERR_FORMAT;
             if (s1 == NS_OK) s1 = ns_jscan_string(&j, &sc);
+            /* ["a", "b", rank]: an explicit rank, which several merges may
+             * share (then the leftmost pair merges first). Only the GGUF
+             * SentencePiece converter (tok_gguf.c) writes it: SentencePiece
+             * merges by piece score, and equal scores tie by position. */
+            if (s1 == NS_OK && ns_jscan_eat(&j, ',')) {
+                double r = -1;
+                s1 = ns_jscan_number(&j, &r);
+                if (s1 == NS_OK && !(r >= 0 && r <= (double)i && r == (double)(uint32_t)r)) s1 = NS_ERR_FORMAT;
+                if (s1 == NS_OK) rank = (uint32_t)r;
+            }
             if (s1 == NS_OK && !ns_jscan_eat(&j, ']')) s1 = NS_ERR_FORMAT;
             if (s1 != NS_OK) {
                 st = ns_fail(err, s1, "%s: merge %zu must be a string or a pair of strings", where, i);
@@ -267,8 +278,8 @@ static ns_status load_merges(ns_bpe *b, const char *txt, size_t n, const char *w
                          where, i, (int)(al > 64 ? 64 : al), a, (int)(cl > 64 ? 64 : cl), c);
             goto done;
         }
-        merge_put(b, ida, idc, (uint32_t)i, idn);
-        b->n_ranks = (uint32_t)i + 1;
+        merge_put(b, ida, idc, rank, idn);
+        if (rank + 1 > b->n_ranks) b->n_ranks = rank + 1;
         if (ns_jscan_eat(&j, ',')) continue;
         if (ns_jscan_eat(&j, ']')) break;
         st = ns_fail(err, NS_ERR_FORMAT, "%s: model.merges: malformed JSON after merge %zu", where, i);

@@ -4,12 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/gguf_model.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/decoder.h"
 #include "tokenizer/jscan.h"
 #include "tokenizer/normalize.h"
 #include "tokenizer/pattern.h"
 #include "tokenizer/pretok.h"
+#include "tokenizer/tok_gguf.h"
 #include "tokenizer/tokutil.h"
 #include "util/file.h"
 #include "util/vec.h"
@@ -796,6 +798,11 @@ done:
 
 ns_status ns_tokenizer_load(const char *model_dir, ns_tokenizer **out, ns_error *err) {
     *out = NULL;
+    char *gguf = NULL; /* a GGUF model carries its tokenizer (tok_gguf.h) */
+    if (ns_gguf_model_path(model_dir, &gguf, err)) {
+        free(gguf);
+        return ns_tokenizer_load_gguf(model_dir, out, err);
+    }
     ns_status st = NS_OK;
     json_t *cfg = NULL;
     char *buf = NULL;
