@@ -81,6 +81,9 @@ $(BUILD)/obj/src/api/dashboard.o: CFLAGS += -I$(BUILD)/gen
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
+# wgmma/setmaxnreg exist only in the arch-specific sm_90a target; the
+# kernel is selected at run time on compute capability 9.0 only.
+$(BUILD)/obj/src/backend/cuda/cuda_attn_sm90.cu.o: CUDA_ARCH = -gencode arch=compute_90a,code=sm_90a
 
 # One rule per test source: $(BUILD)/tests/test_x <- tests/.../test_x.c
 define TEST_RULE

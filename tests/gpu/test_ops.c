@@ -113,6 +113,15 @@ static void pair_poison(pair *p) {
 
 static void pair_set(pair *p, const float *x) { pair_upload(p, x); }
 
+/* NaN into the GPU side only (the CPU side keeps its reference). */
+static void pair_poison_gpu(pair *p) {
+    size_t n = (size_t)(p->rows * p->cols);
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+    OK(gpu->ops->tensor_upload(gpu, &p->g, x, &_e));
+    free(x);
+}
+
 /* Downloads both and checks rel L2 <= tol over the first rows. */
 static double pair_check(pair *p, int64_t rows, double tol, const char *what) {
     size_t n = (size_t)(rows * p->cols);
@@ -717,6 +726,181 @@ TEST(test_attention_long_decode_splits) {
     free(pt);
 }
 
+/* ------------------------------------- long-context attention (issue 12) */
+
+/* Compares GPU with CPU output per sequence (rel L2 <= tol over the
+ * sequence's rows) and per row (rel L2 <= row_tol), so one wrong tile or
+ * row of a long sequence cannot hide in a batch-wide norm. */
+static void check_by_seq(pair *out, const batch_buf *bb, double tol, double row_tol, const char *what) {
+    const int32_t T = bb->b.n_tokens;
+    const size_t C = (size_t)out->cols, n = (size_t)T * C;
+    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    OK(cpu->ops->tensor_download(cpu, &out->c, a, &_e));
+    OK(gpu->ops->tensor_download(gpu, &out->g, b, &_e));
+    double worst_seq = 0, worst_row = 0;
+    for (int32_t s = 0; s < bb->b.n_seqs; s++) {
+        const int32_t t0 = bb->b.seq_start[s], t1 = bb->b.seq_start[s + 1];
+        const double e = rel_l2(b + (size_t)t0 * C, a + (size_t)t0 * C, (size_t)(t1 - t0) * C);
+        CHECKF(e <= tol, "%s: sequence %d (ctx %d, %d new): rel L2 %.3g > %.3g", what, s, bb->b.seq_len[s], t1 - t0, e,
+               tol);
+        if (e > worst_seq) worst_seq = e;
+        int bad_rows = 0;
+        for (int32_t t = t0; t < t1; t++) {
+            const double r = rel_l2(b + (size_t)t * C, a + (size_t)t * C, C);
+            if (r > worst_row) worst_row = r;
+            if (!(r <= row_tol) && bad_rows++ < 3)
+                CHECKF(r <= row_tol, "%s: sequence %d row %d (position %d): rel L2 %.3g > %.3g", what, s, t - t0,
+                       bb->b.seq_len[s] - (t1 - t0) + (t - t0), r, row_tol);
+        }
+    }
+    fprintf(stdout, "#   %-52s worst sequence %.3g, worst row %.3g\n", what, worst_seq, worst_row);
+    free(a);
+    free(b);
+}
+
+/* One attention step over sequences fin[] (each: context after the step,
+ * new tokens), with their history (ctx - n tokens) stored first; pages
+ * shuffled over the pool. Checks layer 1 per sequence. */
+typedef void (*gpu_switch_fn)(ns_backend *, int);
+
+static void attention_batch(const attn_cfg *cf, const seq_spec *fin, int ns, double tol, double row_tol,
+                            const char *what, gpu_switch_fn sw, const char *on_off[2]) {
+    const int layers = 2;
+    int32_t max_pages = 1, pages = 0;
+    for (int s = 0; s < ns; s++) {
+        const int32_t np = (fin[s].ctx + cf->P - 1) / cf->P;
+        pages += np;
+        if (np > max_pages) max_pages = np;
+    }
+    ns_kv_layout lc, lg;
+    kv_layouts(cf, layers, pages, &lc, &lg);
+    OK(cpu->ops->kv_alloc(cpu, &lc, &_e));
+    OK(gpu->ops->kv_alloc(gpu, &lg, &_e));
+    int32_t *perm = malloc((size_t)pages * 4);
+    for (int i = 0; i < pages; i++) perm[i] = i;
+    for (int i = pages - 1; i > 0; i--) {
+        int j = (int)(next_u64() % (uint64_t)(i + 1));
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t *pt = calloc((size_t)ns * max_pages, 4);
+    int used = 0;
+    for (int s = 0; s < ns; s++)
+        for (int p = 0; p < (fin[s].ctx + cf->P - 1) / cf->P; p++) pt[s * max_pages + p] = perm[used++];
+    seq_spec *hist = calloc((size_t)ns, sizeof *hist);
+    int32_t *hist_pt = calloc((size_t)ns * max_pages, 4);
+    int nh = 0;
+    for (int s = 0; s < ns; s++) {
+        if (fin[s].ctx - fin[s].n <= 0) continue;
+        hist[nh].ctx = hist[nh].n = fin[s].ctx - fin[s].n;
+        memcpy(hist_pt + (size_t)nh * max_pages, pt + (size_t)s * max_pages, (size_t)max_pages * 4);
+        nh++;
+    }
+    if (nh > 0) {
+        batch_buf hb;
+        batch_make(&hb, hist, nh, hist_pt, max_pages);
+        OK(cpu->ops->set_batch(cpu, &hb.b, &_e));
+        OK(gpu->ops->set_batch(gpu, &hb.b, &_e));
+        store_random_kv(&hb, cf, layers);
+        batch_free(&hb);
+    }
+    batch_buf bb;
+    batch_make(&bb, fin, ns, pt, max_pages);
+    attn_bufs ab;
+    attn_bufs_alloc(&ab, bb.b.n_tokens, cf);
+    /* fresh q/k/v, new tokens' K/V stored, attention in layer 1 */
+    const int32_t T = ab.T;
+    float *qx = rand_vec((size_t)T * cf->H * cf->D, 1.0f, 1);
+    pair_set(&ab.q, qx);
+    free(qx);
+    for (int l = 0; l < 2; l++) {
+        float *kx = rand_vec((size_t)T * cf->KVH * cf->D, 1.0f, 1), *vx = rand_vec((size_t)T * cf->KVH * cf->D, 1.0f, 1);
+        pair_set(&ab.k[l], kx);
+        pair_set(&ab.v[l], vx);
+        free(kx);
+        free(vx);
+    }
+    pair_poison(&ab.out);
+    OK(cpu->ops->set_batch(cpu, &bb.b, &_e));
+    OK(gpu->ops->set_batch(gpu, &bb.b, &_e));
+    for (int l = 0; l < 2; l++) {
+        cpu->ops->kv_store(cpu, l, &ab.k[l].c, &ab.v[l].c);
+        gpu->ops->kv_store(gpu, l, &ab.k[l].g, &ab.v[l].g);
+    }
+    const float scale = 1.0f / sqrtf((float)cf->D);
+    cpu->ops->attention(cpu, &ab.out.c, &ab.q.c, 1, cf->H, scale);
+    /* the GPU runs once per switch position against the same reference */
+    for (int on = 1; on >= (sw ? 0 : 1); on--) {
+        if (sw) sw(gpu, on);
+        if (on == 0) pair_poison_gpu(&ab.out);
+        gpu->ops->attention(gpu, &ab.out.g, &ab.q.g, 1, cf->H, scale);
+        char buf[200];
+        snprintf(buf, sizeof buf, "D=%d H=%d KVH=%d P=%d %s%s%s", cf->D, cf->H, cf->KVH, cf->P, what, sw ? " " : "",
+                 sw ? on_off[on] : "");
+        check_by_seq(&ab.out, &bb, tol, row_tol, buf);
+    }
+    if (sw) sw(gpu, 1);
+    attn_bufs_free(&ab);
+    batch_free(&bb);
+    cpu->ops->kv_free(cpu);
+    gpu->ops->kv_free(gpu);
+    free(perm);
+    free(pt);
+    free(hist);
+    free(hist_pt);
+}
+
+/* Prefill chunks of lengths 1, 15, 16, 17, 4095, 4097 after prefixes of
+ * 0, 16, 4095, 17 and 1 tokens (crossing the 16-token pages, the 64-row
+ * query tiles and the 128-key K/V tiles of the Hopper kernel), decode rows
+ * in the same launch, GQA 1/4/8 at head dim 128; with the Hopper kernel
+ * (where the device has it) and with the mma.sync kernel. */
+TEST(test_attention_prefill_boundaries) {
+    const seq_spec mixed[] = {
+        {15, 15},     /* fresh, under one page */
+        {32, 16},     /* one page after one page */
+        {4112, 17},   /* 17 rows after a 4095-token prefix */
+        {4097, 4097}, /* fresh, one past a power of two */
+        {4112, 4095}, /* 4095 rows after a 17-token prefix */
+        {4096, 1},    /* decode row in the same launch */
+        {1, 1},       /* decode of a first token */
+        {18, 17},     /* 17 rows after one token */
+    };
+    const seq_spec small[] = {{15, 15}, {33, 17}, {130, 64}, {300, 300}, {257, 1}};
+    const attn_cfg g4 = {128, 2, 8, 16}, g8 = {128, 1, 8, 16}, g1 = {128, 2, 2, 16};
+    const char *k[2] = {"(mma.sync prefill)", "(hopper prefill where present)"};
+    attention_batch(&g4, mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-2, 3e-2, "prefill boundaries GQA4",
+                    ns_cuda_set_attn_sm90, k);
+    attention_batch(&g8, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA8",
+                    ns_cuda_set_attn_sm90, k);
+    attention_batch(&g1, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA1 (mma.sync)", NULL,
+                    NULL);
+}
+
+/* A 40000-token prefix: a 17-row prefill chunk and a decode row on top of
+ * it in one launch (one configuration: the CPU reference is the cost). */
+TEST(test_attention_40k_context) {
+    const attn_cfg cf = {128, 2, 8, 16};
+    const seq_spec sp[] = {{40017, 17}, {40001, 1}, {5, 1}};
+    attention_batch(&cf, sp, 3, 1e-2, 3e-2, "prefix 40000: chunk 17 + decode", NULL, NULL);
+}
+
+/* Decode only, mixed lengths (1 ... 33000), GQA 1/4/8, head dims 64 and
+ * 128, on the tensor-core decode kernel and on the CUDA-core kernel: both
+ * within 1e-4 of the fp32 reference (the tensor-core kernel splits q and
+ * p into bf16 hi + lo halves). */
+TEST(test_attention_decode_mixed) {
+    const seq_spec sp[] = {{33000, 1}, {1, 1}, {4097, 1}, {17, 1}, {16, 1}, {129, 1}, {8191, 1}};
+    const attn_cfg cfgs[] = {{128, 2, 8, 16}, {128, 1, 8, 16}, {128, 2, 2, 16}, {64, 2, 8, 32}};
+    const char *k[2] = {"(CUDA cores)", "(tensor cores)"};
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "decode mixed lengths GQA%d", cfgs[i].H / cfgs[i].KVH);
+        attention_batch(&cfgs[i], sp, (int)(sizeof sp / sizeof sp[0]), 1e-4, 1e-3, what, ns_cuda_set_attn_dec_mma, k);
+    }
+}
+
 /* ---------------------------------------------------------------- KV pages */
 
 TEST(test_kv_pages) {
@@ -877,6 +1061,9 @@ int main(void) {
     RUN(test_matmul_view_with_offset);
     RUN(test_attention);
     RUN(test_attention_long_decode_splits);
+    RUN(test_attention_prefill_boundaries);
+    RUN(test_attention_40k_context);
+    RUN(test_attention_decode_mixed);
     RUN(test_kv_pages);
     RUN(test_kv_pages_async);
     RUN(test_sample);

@@ -50,6 +50,15 @@ void ns_cuda_set_prefetch(ns_backend *be, int on);
  * decode attention) read constants and batch metadata before their PDL
  * wait, overlapping the previous kernel: on (default) or off. */
 void ns_cuda_set_early_loads(ns_backend *be, int on);
+/* Prefill attention on Hopper (wgmma, warp-specialized; head dim 128,
+ * even GQA ratio, compute capability 9.0): on (default, or env
+ * NS_CUDA_ATTN_SM90=0 for off) or off (the mma.sync kernel). For A/B runs
+ * and tests; both give the same results within bf16 rounding. */
+void ns_cuda_set_attn_sm90(ns_backend *be, int on);
+/* Decode attention on tensor cores (mma.sync; the GQA group's query heads
+ * as the MMA N dimension, each K/V tile read once per group): on
+ * (default, env NS_CUDA_ATTN_DEC_MMA=0 for off) or off (CUDA cores). */
+void ns_cuda_set_attn_dec_mma(ns_backend *be, int on);
 void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager);
 
 /* Per-op timing with events (forces eager execution while on). */

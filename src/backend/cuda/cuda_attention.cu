@@ -21,6 +21,7 @@
  * the tensor-core path only, KV is bf16 in the pool.
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_internal.cuh"
 
@@ -355,6 +356,104 @@ __device__ __forceinline__ void load_v(const bf16 *src, float v[DPL]) {
     }
 }
 
+/* Split-KV merge, run by every CTA of (sequence di, kv head kvh) after
+ * it wrote its partial (o, m, l) per query head to p.ws: the last split to
+ * finish merges all splits' partials: o = sum o_s 2^(m_s-M) / sum l_s
+ * 2^(m_s-M), writing out (and out_bf) of token row t. Saves a combine
+ * launch per layer. The counter resets itself, so the next launch (or
+ * graph replay) starts from zero. Contains block barriers: every thread
+ * of the CTA calls it. */
+template <int D>
+__device__ __forceinline__ void decode_merge(const attn_params &p, int di, int kvh, int t, int nsp) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    __shared__ int is_last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) is_last = atomicAdd(p.cnt + (size_t)di * p.KVH + kvh, 1) == nsp - 1;
+    __syncthreads();
+    if (is_last) {
+        __threadfence();
+        /* warp w owns heads w, w+4, ...: lanes over splits find M,
+         * the split weights 2^(m_s - M) and their sum; then every
+         * thread sums its (head, dim) outputs over the splits with
+         * independent loads. One block barrier in all. */
+        __shared__ float wbuf[1024]; /* [8][128] split weights, or [1024] for one head */
+        __shared__ float lsum[8];
+        float (*wsp)[128] = reinterpret_cast<float (*)[128]>(wbuf);
+        const bool small = nsp <= 128 && p.G <= 8;
+        if (small) {
+            for (int j = warp; j < p.G; j += 4) {
+                const float *wb = p.ws + ((size_t)di * p.H + kvh * p.G + j) * nsp * (D + 2);
+                float mloc = -INFINITY;
+                for (int sp = lane; sp < nsp; sp += 32) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * (D + 2) + D));
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
+                float lloc = 0.f;
+                for (int sp = lane; sp < nsp; sp += 32) {
+                    const float m = __ldcg(wb + (size_t)sp * (D + 2) + D);
+                    const float w = m == -INFINITY ? 0.f : exp2f(m - mloc);
+                    wsp[j][sp] = w;
+                    lloc += __ldcg(wb + (size_t)sp * (D + 2) + D + 1) * w;
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) lloc += __shfl_xor_sync(0xffffffffu, lloc, o);
+                if (lane == 0) lsum[j] = lloc;
+            }
+            __syncthreads();
+            for (int i = tid; i < p.G * D; i += 128) {
+                const int j = i / D, d = i % D, h = kvh * p.G + j;
+                const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * (D + 2);
+                float o = 0.f;
+#pragma unroll 8
+                for (int sp = 0; sp < nsp; sp++) o += __ldcg(wb + (size_t)sp * (D + 2) + d) * wsp[j][sp];
+                const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
+                const float v = o / lsum[j];
+                p.out[off] = v;
+                if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
+            }
+        } else {
+            /* many splits: per head, threads over splits */
+            float *wbig = wbuf;
+            __shared__ float red2[4];
+            for (int j = 0; j < p.G; j++) {
+                const int h = kvh * p.G + j;
+                const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * (D + 2);
+                float mloc = -INFINITY;
+                for (int sp = tid; sp < nsp; sp += 128) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * (D + 2) + D));
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
+                if (lane == 0) red2[warp] = mloc;
+                __syncthreads();
+                const float M = fmaxf(fmaxf(red2[0], red2[1]), fmaxf(red2[2], red2[3]));
+                __syncthreads();
+                float lloc = 0.f;
+                for (int sp = tid; sp < nsp; sp += 128) {
+                    const float m = __ldcg(wb + (size_t)sp * (D + 2) + D);
+                    const float w = m == -INFINITY ? 0.f : exp2f(m - M);
+                    wbig[sp] = w;
+                    lloc += __ldcg(wb + (size_t)sp * (D + 2) + D + 1) * w;
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) lloc += __shfl_xor_sync(0xffffffffu, lloc, o);
+                if (lane == 0) red2[warp] = lloc;
+                __syncthreads();
+                const float Ls = (red2[0] + red2[1]) + (red2[2] + red2[3]);
+                for (int d = tid; d < D; d += 128) {
+                    float o = 0.f;
+#pragma unroll 8
+                    for (int sp = 0; sp < nsp; sp++) o += __ldcg(wb + (size_t)sp * (D + 2) + d) * wbig[sp];
+                    const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
+                    const float v = o / Ls;
+                    p.out[off] = v;
+                    if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
+                }
+                __syncthreads(); /* wbig and red2 are reused by the next head */
+            }
+        }
+        if (tid == 0) p.cnt[(size_t)di * p.KVH + kvh] = 0;
+    }
+}
+
 /* K/V tiles of DC_TK keys are gathered from the pages into shared memory
  * with cp.async, two stages deep: every load of a tile is in flight at
  * once and the next tile loads while this one is computed, so a CTA waits
@@ -540,98 +639,208 @@ __global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off
         }
         __syncthreads(); /* qs, ms, ls, red are reused by the next head group */
     }
-    if (nsp > 1) {
-        /* The last split to finish for this (sequence, kv head) merges all
-         * splits' partials: o = sum o_s 2^(m_s-M) / sum l_s 2^(m_s-M).
-         * Saves a combine launch per layer. The counter resets itself, so
-         * the next launch (or graph replay) starts from zero. */
-        __shared__ int is_last;
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) is_last = atomicAdd(p.cnt + (size_t)di * p.KVH + kvh, 1) == nsp - 1;
-        __syncthreads();
-        if (is_last) {
-            __threadfence();
-            /* warp w owns heads w, w+4, ...: lanes over splits find M,
-             * the split weights 2^(m_s - M) and their sum; then every
-             * thread sums its (head, dim) outputs over the splits with
-             * independent loads. One block barrier in all. */
-            __shared__ float wbuf[1024]; /* [8][128] split weights, or [1024] for one head */
-            __shared__ float lsum[8];
-            float (*wsp)[128] = reinterpret_cast<float (*)[128]>(wbuf);
-            const bool small = nsp <= 128 && p.G <= 8;
-            if (small) {
-                for (int j = warp; j < p.G; j += 4) {
-                    const float *wb = p.ws + ((size_t)di * p.H + kvh * p.G + j) * nsp * (D + 2);
-                    float mloc = -INFINITY;
-                    for (int sp = lane; sp < nsp; sp += 32) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * (D + 2) + D));
+    if (nsp > 1) decode_merge<D>(p, di, kvh, t, nsp);
+}
+
+/* ------------------------------------------------- decode on tensor cores */
+
+#define DM_TK 64    /* keys per tile (16 per warp) */
+#define DM_ST 3     /* cp.async stages */
+
+__device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
+/* x = hi + lo with hi, lo bf16: the pair carries ~16 mantissa bits, so two
+ * bf16 MMAs reproduce an fp32 product with bf16-exact K/V to ~1e-5. */
+__device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uint32_t &lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    const float2 hf = __bfloat1622float2(h);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
+    hi = *reinterpret_cast<const uint32_t *>(&h);
+    lo = *reinterpret_cast<const uint32_t *>(&l);
+}
+
+/* Flash-decoding on mma.sync: CTA = (split, kv head, sequence), 4 warps,
+ * all G <= 8 query heads of the kv head at once, so each K/V byte is read
+ * once per group. K/V tiles of 64 keys stream through three cp.async
+ * stages; warp w owns keys 16w..16w+15 of every tile and keeps its own
+ * online softmax (no block barrier per tile besides the stage handoff).
+ * S^T[16 keys x 8 heads] = K Q^T (M = keys, N = heads padded to 8, K =
+ * dims), O^T[dims x 8 heads] += V^T P^T (M = dims, N = heads, K = keys);
+ * the S accumulator becomes the P^T operand by an 8x8 register transpose
+ * (movmatrix). q and p are split into bf16 hi + lo halves (two MMAs each)
+ * so the result matches the fp32 CUDA-core kernel to ~1e-5: decode error
+ * would otherwise compound over generated tokens. The four warps' states
+ * merge in shared memory; the splits merge in decode_merge. */
+template <int D>
+__global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_t k_off, size_t v_off, int early) {
+    PDL_TRIGGER();
+    if (!early) PDL_WAIT();
+    constexpr int LD = D + 8; /* padded rows: ldmatrix conflict-free */
+    constexpr int CH = D / 8;
+    constexpr int NI = D / 16;
+    extern __shared__ __align__(16) uint8_t dsm[];
+    bf16 *Ks = reinterpret_cast<bf16 *>(dsm);
+    bf16 *Vs = Ks + DM_ST * DM_TK * LD;
+    __shared__ float wm[4][8], wl[4][8];
+
+    const int split = blockIdx.x, kvh = blockIdx.y, di = blockIdx.z, nsp = gridDim.x;
+    const int s = p.dec_seqs[di];
+    const int L = p.seq_len[s], t = p.seq_start[s];
+    const int chunk = (((L + nsp - 1) / nsp) + DM_TK - 1) / DM_TK * DM_TK;
+    const int k0 = split * chunk, k1 = min(L, k0 + chunk);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n_tiles = k1 > k0 ? (k1 - k0 + DM_TK - 1) / DM_TK : 0;
+    const int G = p.G, h_first = kvh * G;
+    /* this thread's K row of the first tile */
+    const uint8_t *kr_first = k0 + (tid >> 1) < k1 ? kv_row(p, s, k0 + (tid >> 1), kvh, k_off) : p.kv;
+    if (early) PDL_WAIT();
+
+    auto issue = [&](int it) {
+        const int kb = k0 + it * DM_TK, st = it % DM_ST;
+        bf16 *kd = Ks + st * DM_TK * LD, *vd = Vs + st * DM_TK * LD;
+        const int r = tid >> 1, c0 = (tid & 1) * (CH / 2);
+        const bool ok = kb + r < k1;
+        const uint8_t *kr = !ok ? p.kv : it == 0 ? kr_first : kv_row(p, s, kb + r, kvh, k_off);
+        const uint8_t *vr = ok ? kr + (v_off - k_off) : p.kv;
 #pragma unroll
-                    for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
-                    float lloc = 0.f;
-                    for (int sp = lane; sp < nsp; sp += 32) {
-                        const float m = __ldcg(wb + (size_t)sp * (D + 2) + D);
-                        const float w = m == -INFINITY ? 0.f : exp2f(m - mloc);
-                        wsp[j][sp] = w;
-                        lloc += __ldcg(wb + (size_t)sp * (D + 2) + D + 1) * w;
-                    }
+        for (int ch = c0; ch < c0 + CH / 2; ch++) {
+            cp_async16(kd + r * LD + ch * 8, kr + ch * 16, ok ? 16 : 0);
+            cp_async16(vd + r * LD + ch * 8, vr + ch * 16, ok ? 16 : 0);
+        }
+    };
+    if (n_tiles > 0) issue(0);
+    cp_async_commit();
+    if (n_tiles > 1) issue(1);
+    cp_async_commit();
+
+    /* Q^T as the B operand: head n = lane / 4, dims (lane % 4) * 2 (+1),
+     * +8 for the second register; heads past G are zero */
+    uint32_t qh[NI][2], ql[NI][2];
+    {
+        const int n = lane >> 2;
+        const float *qr = p.q + (size_t)t * p.q_stride + (size_t)(h_first + n) * D;
 #pragma unroll
-                    for (int o = 16; o > 0; o >>= 1) lloc += __shfl_xor_sync(0xffffffffu, lloc, o);
-                    if (lane == 0) lsum[j] = lloc;
-                }
-                __syncthreads();
-                for (int i = tid; i < p.G * D; i += 128) {
-                    const int j = i / D, d = i % D, h = kvh * p.G + j;
-                    const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * (D + 2);
-                    float o = 0.f;
-#pragma unroll 8
-                    for (int sp = 0; sp < nsp; sp++) o += __ldcg(wb + (size_t)sp * (D + 2) + d) * wsp[j][sp];
-                    const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
-                    const float v = o / lsum[j];
-                    p.out[off] = v;
-                    if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
-                }
-            } else {
-                /* many splits: per head, threads over splits */
-                float *wbig = wbuf;
-                __shared__ float red2[4];
-                for (int j = 0; j < p.G; j++) {
-                    const int h = kvh * p.G + j;
-                    const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * (D + 2);
-                    float mloc = -INFINITY;
-                    for (int sp = tid; sp < nsp; sp += 128) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * (D + 2) + D));
+        for (int kk = 0; kk < NI; kk++)
 #pragma unroll
-                    for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
-                    if (lane == 0) red2[warp] = mloc;
-                    __syncthreads();
-                    const float M = fmaxf(fmaxf(red2[0], red2[1]), fmaxf(red2[2], red2[3]));
-                    __syncthreads();
-                    float lloc = 0.f;
-                    for (int sp = tid; sp < nsp; sp += 128) {
-                        const float m = __ldcg(wb + (size_t)sp * (D + 2) + D);
-                        const float w = m == -INFINITY ? 0.f : exp2f(m - M);
-                        wbig[sp] = w;
-                        lloc += __ldcg(wb + (size_t)sp * (D + 2) + D + 1) * w;
-                    }
-#pragma unroll
-                    for (int o = 16; o > 0; o >>= 1) lloc += __shfl_xor_sync(0xffffffffu, lloc, o);
-                    if (lane == 0) red2[warp] = lloc;
-                    __syncthreads();
-                    const float Ls = (red2[0] + red2[1]) + (red2[2] + red2[3]);
-                    for (int d = tid; d < D; d += 128) {
-                        float o = 0.f;
-#pragma unroll 8
-                        for (int sp = 0; sp < nsp; sp++) o += __ldcg(wb + (size_t)sp * (D + 2) + d) * wbig[sp];
-                        const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
-                        const float v = o / Ls;
-                        p.out[off] = v;
-                        if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
-                    }
-                    __syncthreads(); /* wbig and red2 are reused by the next head */
-                }
+            for (int r = 0; r < 2; r++) {
+                const int d = kk * 16 + (lane & 3) * 2 + r * 8;
+                float2 v = make_float2(0.f, 0.f);
+                if (n < G) v = *reinterpret_cast<const float2 *>(qr + d);
+                split_bf16x2(v.x * p.scale_log2, v.y * p.scale_log2, qh[kk][r], ql[kk][r]);
             }
-            if (tid == 0) p.cnt[(size_t)di * p.KVH + kvh] = 0;
+    }
+
+    float o[NI][4];
+#pragma unroll
+    for (int i = 0; i < NI; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m_0 = -INFINITY, m_1 = -INFINITY, l_0 = 0.f, l_1 = 0.f; /* heads (lane % 4) * 2 + 0 / 1 */
+
+    for (int it = 0; it < n_tiles; it++) {
+        cp_async_wait<1>();
+        __syncthreads(); /* tile it landed for all threads; stage (it + 2) % 3 was consumed at it - 1 */
+        if (it + 2 < n_tiles) issue(it + 2);
+        cp_async_commit();
+        const int st = it % DM_ST;
+        const bf16 *Kt = Ks + st * DM_TK * LD + warp * 16 * LD, *Vt = Vs + st * DM_TK * LD + warp * 16 * LD;
+        float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int kk = 0; kk < NI; kk++) {
+            uint32_t a[4];
+            ldsm_x4(a, Kt + (lane & 15) * LD + kk * 16 + (lane >> 4) * 8);
+            mma_bf16(sc, a, qh[kk][0], qh[kk][1]);
+            mma_bf16(sc, a, ql[kk][0], ql[kk][1]);
+        }
+        const int key = k0 + it * DM_TK + warp * 16 + (lane >> 2);
+        if (key >= k1) sc[0] = sc[1] = -INFINITY;
+        if (key + 8 >= k1) sc[2] = sc[3] = -INFINITY;
+        float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+        }
+        const float mn0 = fmaxf(m_0, mx0), mn1 = fmaxf(m_1, mx1);
+        /* a warp whose keys are all past the end has mn = -inf: use 0 as
+         * the reference so exp2 gives 0, never NaN */
+        const float r0 = mn0 == -INFINITY ? 0.f : mn0, r1 = mn1 == -INFINITY ? 0.f : mn1;
+        const float a0 = exp2f(m_0 - r0), a1 = exp2f(m_1 - r1);
+        m_0 = mn0;
+        m_1 = mn1;
+        const float p0 = exp2f(sc[0] - r0), p1 = exp2f(sc[1] - r1), p2 = exp2f(sc[2] - r0), p3 = exp2f(sc[3] - r1);
+        l_0 = l_0 * a0 + p0 + p2;
+        l_1 = l_1 * a1 + p1 + p3;
+        uint32_t h01, l01, h23, l23;
+        split_bf16x2(p0, p1, h01, l01);
+        split_bf16x2(p2, p3, h23, l23);
+        const uint32_t bh0 = movmatrix_t(h01), bh1 = movmatrix_t(h23), bl0 = movmatrix_t(l01), bl1 = movmatrix_t(l23);
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            o[i][0] *= a0;
+            o[i][1] *= a1;
+            o[i][2] *= a0;
+            o[i][3] *= a1;
+            uint32_t a[4];
+            ldsm_x4_t(a, Vt + ((lane & 7) + ((lane >> 4) << 3)) * LD + i * 16 + ((lane >> 3) & 1) * 8);
+            mma_bf16(o[i], a, bh0, bh1);
+            mma_bf16(o[i], a, bl0, bl1);
         }
     }
+    cp_async_wait<0>();
+    /* per-thread l covers its two keys; the warp's l sums lanes of equal
+     * lane % 4 (same heads) */
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+        l_0 += __shfl_xor_sync(0xffffffffu, l_0, off);
+        l_1 += __shfl_xor_sync(0xffffffffu, l_1, off);
+    }
+    __syncthreads(); /* the K stages are reused for the warps' partial O */
+    float *wo = reinterpret_cast<float *>(dsm); /* [4][8][D] */
+    if (lane < 4) {
+        wm[warp][lane * 2] = m_0;
+        wm[warp][lane * 2 + 1] = m_1;
+        wl[warp][lane * 2] = l_0;
+        wl[warp][lane * 2 + 1] = l_1;
+    }
+#pragma unroll
+    for (int i = 0; i < NI; i++) {
+        const int d = i * 16 + (lane >> 2), hd = (lane & 3) * 2;
+        wo[(warp * 8 + hd) * D + d] = o[i][0];
+        wo[(warp * 8 + hd + 1) * D + d] = o[i][1];
+        wo[(warp * 8 + hd) * D + d + 8] = o[i][2];
+        wo[(warp * 8 + hd + 1) * D + d + 8] = o[i][3];
+    }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += 128) {
+        const int j = i / D, d = i % D, h = h_first + j;
+        const float M = fmaxf(fmaxf(wm[0][j], wm[1][j]), fmaxf(wm[2][j], wm[3][j]));
+        float ov = 0.f, lv = 0.f;
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                const float f = exp2f(wm[w][j] - M);
+                ov += wo[(w * 8 + j) * D + d] * f;
+                lv += wl[w][j] * f;
+            }
+        }
+        if (nsp == 1) {
+            const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
+            const float v = ov / lv;
+            p.out[off] = v;
+            if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
+        } else {
+            float *wsp = p.ws + (((size_t)di * p.H + h) * nsp + split) * (D + 2);
+            wsp[d] = ov;
+            if (d == 0) {
+                wsp[D] = M;
+                wsp[D + 1] = lv;
+            }
+        }
+    }
+    if (nsp > 1) decode_merge<D>(p, di, kvh, t, nsp);
 }
 
 /* ============================================================ launcher */
@@ -665,6 +874,37 @@ static bool launch_decode_t(cu_impl *c, const attn_params &p, dim3 grid) {
 }
 
 template <int D>
+static bool launch_decode_mma(cu_impl *c, const attn_params &p, dim3 grid) {
+    static bool attr_done = false;
+    const int smem = 2 * DM_ST * DM_TK * (D + 8) * 2;
+    if (!attr_done) {
+        if (cu_check(c, cudaFuncSetAttribute(k_attn_decode_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                     "attention decode smem attribute"))
+            return false;
+        attr_done = true;
+    }
+    cu_launch(c, k_attn_decode_mma<D>, dim3(grid), dim3(128), smem, p, p.k_off, p.v_off, (int)c->tape_early);
+    return !CU_LAUNCHED(c, "attention decode mma");
+}
+
+/* Splits of the tensor-core decode kernel. set_batch's count (in the
+ * graph key) aims at >= 8 CTAs per SM with >= 64 keys each, right for the
+ * CUDA-core kernel; the MMA kernel streams a split much faster, so long
+ * contexts get fewer, longer splits (fewer partials to merge, longer
+ * cp.async streams): n_splits / NS_CUDA_DEC_MMA_DIV (default 4) once
+ * n_splits >= 64. A function of n_splits only, so a replayed graph always
+ * has the grid it was captured with. */
+static int decode_mma_splits(int n_splits) {
+    static int div = 0;
+    if (div == 0) {
+        const char *e = getenv("NS_CUDA_DEC_MMA_DIV");
+        div = e ? atoi(e) : 4;
+        if (div < 1 || div > 64 || (div & (div - 1))) div = 4;
+    }
+    return n_splits >= 64 ? n_splits / div : n_splits;
+}
+
+template <int D>
 static bool launch_decode(cu_impl *c, const attn_params &p, dim3 grid, int gb) {
     switch (gb) {
     case 8:
@@ -675,6 +915,25 @@ static bool launch_decode(cu_impl *c, const attn_params &p, dim3 grid, int gb) {
     default: return launch_decode_t<D, 1>(c, p, grid);
     }
 }
+
+bool cu_attn_switch(int *field, const char *env) {
+    if (*field == 0) {
+        const char *e = getenv(env);
+        *field = (e && atoi(e) == 0) ? 2 : 1;
+    }
+    return *field == 1;
+}
+
+/* Switch setters (cuda.h). Graphs bake the kernel choice: drop them. A
+ * tape already recorded runs with the new setting, which only picks
+ * between kernels with the same semantics. */
+static void set_attn_switch(ns_backend *be, int cu_impl::*field, int on) {
+    cu_impl *c = (cu_impl *)be->impl;
+    cu_bump_generation(c);
+    c->*field = on ? 1 : 2;
+}
+extern "C" void ns_cuda_set_attn_sm90(ns_backend *be, int on) { set_attn_switch(be, &cu_impl::attn_sm90, on); }
+extern "C" void ns_cuda_set_attn_dec_mma(ns_backend *be, int on) { set_attn_switch(be, &cu_impl::attn_dec_mma, on); }
 
 void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer, int n_heads,
                   float scale) {
@@ -717,7 +976,29 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
         CU_LAUNCHED(c, "attention rows");
         return;
     }
-    if (m->n_tiles > 0) {
+    if (m->n_tiles > 0 && cu_attn_sm90_usable(c, D, p.G)) {
+        cu_sm90_params sp;
+        sp.q = q;
+        sp.out = out;
+        sp.out_bf = out_bf;
+        sp.kv = c->kv;
+        sp.page_bytes = p.page_bytes;
+        sp.k_off = p.k_off;
+        sp.v_off = p.v_off;
+        sp.head_bytes = p.head_bytes;
+        sp.seq_start = m->seq_start;
+        sp.seq_len = m->seq_len;
+        sp.page_table = m->page_table;
+        sp.tiles = m->tiles;
+        sp.pt_stride = p.pt_stride;
+        sp.P = p.P;
+        sp.P_shift = p.P_shift;
+        sp.H = n_heads;
+        sp.G = p.G;
+        sp.q_stride = p.q_stride;
+        sp.scale_log2 = p.scale_log2;
+        if (!cu_attn_prefill_sm90(c, &sp, m->n_tiles)) return;
+    } else if (m->n_tiles > 0) {
         bool ok = false;
         switch (D) {
         case 16: ok = launch_prefill_mma<16>(c, p, p.k_off, p.v_off, m->n_tiles); break;
@@ -735,7 +1016,8 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
     if (m->n_dec > 0) {
         const int G = p.G;
         const int gb = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
-        int nsp = m->n_splits;
+        const bool use_mma = (D == 64 || D == 128) && G <= 8 && cu_attn_switch(&c->attn_dec_mma, "NS_CUDA_ATTN_DEC_MMA");
+        int nsp = use_mma ? decode_mma_splits(m->n_splits) : m->n_splits;
         if (nsp > 1) {
             size_t need = (size_t)m->n_dec * n_heads * nsp * (D + 2);
             size_t need_cnt = (size_t)m->n_dec * l->n_kv_heads;
@@ -764,6 +1046,11 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
             p.cnt = c->attn_cnt;
         }
         const dim3 grid((unsigned)nsp, (unsigned)l->n_kv_heads, (unsigned)m->n_dec);
+        if (use_mma) {
+            if (D == 64) launch_decode_mma<64>(c, p, grid);
+            else launch_decode_mma<128>(c, p, grid);
+            return;
+        }
         switch (D) {
         case 16: launch_decode<16>(c, p, grid, gb); break;
         case 32: launch_decode<32>(c, p, grid, gb); break;

@@ -181,6 +181,11 @@ typedef struct cu_impl {
     int pdl;    /* programmatic dependent launch between our kernels */
     int prefetch; /* L2 prefetch of the next GEMV's weights in small kernels */
     int split_keys; /* fewest keys per decode-attention split */
+    /* attention kernel switches (cuda_attention.cu): 0 = not set yet (the
+     * env default is read at first use), 1 = on, 2 = off */
+    int attn_sm90;    /* Hopper prefill attention (cuda_attn_sm90.cu) where usable */
+    int attn_sm90_cc; /* 0 = not checked yet, 1 = this device runs the sm_90a kernel, 2 = it does not */
+    int attn_dec_mma; /* decode attention on tensor cores (GQA group as the MMA N dimension) */
     int early_loads; /* decode tapes: small kernels read constants and metadata before the PDL wait */
     bool tape_early; /* run_tape: this tape's norm weights / RoPE frequencies are written by none of its ops */
     uintptr_t *wr;   /* run_tape scratch: written ranges [lo, hi) pairs */
@@ -324,6 +329,28 @@ void cu_launch_kv_copy(cu_impl *c, const ns_kv_layout *l, int dst_page, int src_
 /* attention: out/out_bf [T, H*D], q [T, H*D] */
 void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
                   int n_heads, float scale);
+/* Hopper prefill attention (cuda_attn_sm90.cu): head dim 128, even GQA
+ * ratio, compute capability 9.0. Same semantics as cu_attention's
+ * prefill tiles (set_batch's 64-row tile list). */
+typedef struct cu_sm90_params {
+    const float *q;
+    float *out;
+    bf16 *out_bf;
+    const uint8_t *kv;
+    size_t page_bytes;
+    size_t k_off, v_off; /* bytes from a page's start to (layer, K|V, head 0, slot 0) */
+    size_t head_bytes;   /* P * D * 2 */
+    const int32_t *seq_start, *seq_len, *page_table, *tiles;
+    int pt_stride, P, P_shift, H, G, q_stride;
+    float scale_log2;
+} cu_sm90_params;
+/* Whether the Hopper kernel runs here for this shape (and the switch is
+ * on); the first call checks the device and sets the kernel's smem limit. */
+bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G);
+/* Resolves a tri-state switch (0 = unset: env var `env`, default on). */
+bool cu_attn_switch(int *field, const char *env);
+/* grid (n_tiles, H / 2); returns false on a launch error (recorded). */
+bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles);
 /* GEMV over up to 3 weight matrices sharing the F32 input x [n, k]:
  * out[i][n, m[i]] = x @ w[i]^T. */
 void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w, const int64_t *m, const float *x,

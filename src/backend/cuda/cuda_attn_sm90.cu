@@ -1,0 +1,390 @@
+/* cuda_attn_sm90.cu — prefill attention for Hopper (sm_90a), head dim 128.
+ *
+ * FlashAttention-3 style: one CTA = three warp groups.
+ * - Warp group 0 (producer) gathers K/V tiles of S9_BN keys from the
+ *   paged pool with cp.async into 128-byte-swizzled shared memory (the
+ *   layout wgmma reads without bank conflicts), two stages deep, and
+ *   signals each stage on a "full" mbarrier; it waits on the stage's
+ *   "empty" mbarrier before overwriting it. 16 threads per key row so
+ *   every cp.async instruction of a warp reads two whole 256-byte rows
+ *   (coalesced); one page lookup per (thread, row), shared by K and V.
+ * - Warp groups 1 and 2 (consumers) each own one query head of the same
+ *   KV head (GQA: the two heads share every K/V tile, halving K/V traffic
+ *   per head) for the same 64 query rows (a tile of set_batch's tile
+ *   list). S = Q K^T with wgmma m64n128k16 (Q and K from shared memory),
+ *   online softmax in fp32 registers (exp2 domain), P rounded to bf16 and
+ *   fed from registers to O += P V (wgmma, V transposed from shared
+ *   memory). Causal: key tiles stop at the tile's last row; only tiles
+ *   that cross a row's position are masked.
+ * Registers: setmaxnreg moves the producer to 56 and the consumers to
+ * 224 per thread (S and O accumulators are 64 fp32 each).
+ *
+ * Same semantics as the other prefill kernels (cuda_attention.cu): query
+ * at position p attends keys [0, p]; the chunk's rows start at position
+ * seq_len - n; Q rounded to bf16, softmax and accumulation fp32.
+ *
+ * Failure containment: every mbarrier wait is bounded (S9_SPIN_MAX
+ * polls, each of which may suspend the thread for a while in hardware)
+ * and traps when exceeded, so a broken pipeline fails the launch with an
+ * error instead of hanging the stream.
+ *
+ * Built for sm_90a only (wgmma and setmaxnreg do not exist elsewhere);
+ * cu_attention selects it only on compute capability 9.0.
+ */
+#include "backend/cuda/cuda_internal.cuh"
+
+#define S9_BM 64       /* query rows per consumer warp group */
+#define S9_BN 128      /* keys per K/V tile */
+#define S9_D 128       /* head dim */
+#define S9_STAGES 2
+#define S9_Q_BYTES (2 * S9_BM * 128)  /* one consumer's Q: two 64-column halves */
+#define S9_KV_BYTES (2 * S9_BN * 128) /* one K or V tile */
+#define S9_SMEM (1024 + 2 * S9_Q_BYTES + 2 * S9_STAGES * S9_KV_BYTES + 64)
+#define S9_SPIN_MAX (1u << 22)
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define S9_ENABLED 1
+#else
+#define S9_ENABLED 0
+#endif
+
+#if S9_ENABLED
+/* ------------------------------------------------------------ primitives */
+
+__device__ __forceinline__ uint32_t s9_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void s9_mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void s9_mbar_arrive(uint32_t bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+/* Waits until the phase with the given parity of bar has completed. */
+__device__ __forceinline__ void s9_mbar_wait(uint32_t bar, uint32_t parity) {
+    for (uint32_t i = 0; i < S9_SPIN_MAX; i++) {
+        uint32_t done;
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+        if (done) return;
+    }
+    __trap(); /* pipeline broken: fail the launch rather than hang */
+}
+__device__ __forceinline__ void s9_cp_async16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void s9_fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void s9_named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ uint32_t s9_pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Shared-memory matrix descriptor, 128-byte swizzle. lbo/sbo in bytes. */
+__device__ __forceinline__ uint64_t s9_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
+           ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+/* Byte offset of 16-byte chunk c (0..15) of row r in a [rows][128 bf16]
+ * tile kept as two [rows][64] halves with 128-byte rows, 128-byte swizzle
+ * (chunk index XOR row mod 8), as wgmma's SW128 layouts expect. Buffers
+ * are 1024-byte aligned. */
+__device__ __forceinline__ uint32_t s9_sw(int rows, int r, int c) {
+    return (uint32_t)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+__device__ __forceinline__ void s9_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void s9_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+
+/* D[64x128] (+)= A[64x16] * B[16x128]; A and B K-major in shared memory
+ * (descriptors), fp32 accumulate; scale_d = 0 overwrites D. */
+__device__ __forceinline__ void wgmma_ss_m64n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+/* D[64x128] += A[64x16] * B[16x128]; A in registers (the m16n8k16 A
+ * fragment layout per warp), B MN-major in shared memory (transposed). */
+__device__ __forceinline__ void wgmma_rs_m64n128_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+/* Waits for all of this warp group's wgmma; the accumulator registers are
+ * operands so the compiler cannot move their uses above the wait. */
+__device__ __forceinline__ void wgmma_wait0(float (&d)[64]) {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) :: "memory");
+}
+/* Orders register writes before the next wgmma reads them (accumulators). */
+__device__ __forceinline__ void wgmma_fence_regs(float (&d)[64]) {
+    asm volatile("" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) :: "memory");
+}
+
+/* ---------------------------------------------------------------- kernel */
+
+/* Producer: K/V tiles 0..nt-1 of kv head kvh of sequence s into the two
+ * stages. Tile kt's "full" barrier is arrived by all 128 producer threads
+ * once their own copies of it have landed (cp.async.wait_group) and been
+ * made visible to the async proxy that wgmma reads through. */
+__device__ __forceinline__ void s9_producer(const cu_sm90_params &p, uint8_t *smem, uint32_t bar_full,
+                                            uint32_t bar_empty, int s, int kvh, int n_keys, int nt) {
+    const int tid = threadIdx.x; /* 0..127 */
+    const int c = tid & 15, rb = tid >> 4;
+    const uint32_t kbase = s9_smem_addr(smem + 2 * S9_Q_BYTES), vbase = kbase + S9_STAGES * S9_KV_BYTES;
+    const size_t kv_delta = p.v_off - p.k_off;
+    const size_t row_bytes = (size_t)S9_D * 2;
+    const int32_t *pt = p.page_table + (size_t)s * p.pt_stride;
+    for (int kt = 0; kt < nt; kt++) {
+        const int st = kt & 1;
+        if (kt >= 2) s9_mbar_wait(bar_empty + 8 * st, ((kt >> 1) - 1) & 1);
+        const uint32_t kd = kbase + st * S9_KV_BYTES, vd = vbase + st * S9_KV_BYTES;
+#pragma unroll 4
+        for (int j = 0; j < S9_BN / 8; j++) {
+            const int r = rb + 8 * j, key = kt * S9_BN + r;
+            const bool ok = key < n_keys;
+            const uint8_t *src = p.kv;
+            if (ok) {
+                int pi, slot;
+                if (p.P_shift >= 0) {
+                    pi = key >> p.P_shift;
+                    slot = key & (p.P - 1);
+                } else {
+                    pi = key / p.P;
+                    slot = key - pi * p.P;
+                }
+                src = p.kv + (size_t)pt[pi] * p.page_bytes + p.k_off + (size_t)kvh * p.head_bytes +
+                      (size_t)slot * row_bytes + (size_t)c * 16;
+            }
+            const uint32_t off = s9_sw(S9_BN, r, c);
+            s9_cp_async16(kd + off, src, ok ? 16 : 0);
+            s9_cp_async16(vd + off, ok ? src + kv_delta : src, ok ? 16 : 0);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        if (kt > 0) {
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+            s9_fence_async_smem();
+            s9_mbar_arrive(bar_full + 8 * ((kt - 1) & 1));
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    s9_fence_async_smem();
+    s9_mbar_arrive(bar_full + 8 * ((nt - 1) & 1));
+}
+
+/* Consumer warp group w (0/1): query head h, rows [q0, q0 + rows) of the
+ * sequence's chunk. */
+__device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *smem, uint32_t bar_full,
+                                            uint32_t bar_empty, int w, int h, int t0, int q0, int rows, int pos0,
+                                            int nt) {
+    const int ct = threadIdx.x - 128 * (w + 1); /* 0..127 */
+    const int warp = ct >> 5, lane = ct & 31;
+    uint8_t *qs = smem + w * S9_Q_BYTES;
+    /* Q rows -> bf16, swizzled; rows past the chunk are zeros */
+    {
+        const int c = ct & 15, rb = ct >> 4;
+#pragma unroll 2
+        for (int j = 0; j < S9_BM / 8; j++) {
+            const int r = rb + 8 * j;
+            uint4 u = make_uint4(0, 0, 0, 0);
+            if (r < rows) {
+                const float4 *src =
+                    reinterpret_cast<const float4 *>(p.q + (size_t)(t0 + q0 + r) * p.q_stride + (size_t)h * S9_D + c * 8);
+                const float4 a = src[0], b = src[1];
+                u.x = s9_pack_bf16(a.x, a.y);
+                u.y = s9_pack_bf16(a.z, a.w);
+                u.z = s9_pack_bf16(b.x, b.y);
+                u.w = s9_pack_bf16(b.z, b.w);
+            }
+            *reinterpret_cast<uint4 *>(qs + s9_sw(S9_BM, r, c)) = u;
+        }
+    }
+    s9_fence_async_smem();
+    s9_named_sync(1 + w, 128);
+
+    const uint32_t qaddr = s9_smem_addr(qs);
+    const uint32_t kbase = s9_smem_addr(smem + 2 * S9_Q_BYTES), vbase = kbase + S9_STAGES * S9_KV_BYTES;
+    float o[64], sc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] = sc[i] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const int rl0 = warp * 16 + (lane >> 2);         /* tile rows of o/sc[4i+0,1] and [4i+2,3] */
+    const int rpos0 = pos0 + rl0, rpos1 = rpos0 + 8; /* their positions */
+    const int warp_min_pos = pos0 + warp * 16;
+
+    for (int kt = 0; kt < nt; kt++) {
+        const int st = kt & 1;
+        s9_mbar_wait(bar_full + 8 * st, (kt >> 1) & 1);
+        const uint32_t ka = kbase + st * S9_KV_BYTES, va = vbase + st * S9_KV_BYTES;
+        /* S = Q K^T: 8 k-steps of 16 dims; a step's 32 bytes sit inside
+         * one 128-byte swizzle row (halves of 64 dims are separate) */
+        s9_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < S9_D / 16; kk++) {
+            const uint32_t off = (kk & 3) * 32;
+            const uint64_t da = s9_desc(qaddr + (kk >> 2) * (S9_BM * 128) + off, 16, 1024);
+            const uint64_t db = s9_desc(ka + (kk >> 2) * (S9_BN * 128) + off, 16, 1024);
+            wgmma_ss_m64n128(sc, da, db, kk > 0);
+        }
+        s9_wgmma_commit();
+        wgmma_wait0(sc);
+
+        const int kb = kt * S9_BN;
+        const bool need_mask = kb + S9_BN - 1 > warp_min_pos;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < S9_BN / 8; i++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = sc[4 * i + e] * p.scale_log2;
+                if (need_mask) {
+                    const int key = kb + i * 8 + (lane & 3) * 2 + (e & 1);
+                    if (key > (e < 2 ? rpos0 : rpos1)) v = -INFINITY;
+                }
+                sc[4 * i + e] = v;
+            }
+            mx0 = fmaxf(mx0, fmaxf(sc[4 * i], sc[4 * i + 1]));
+            mx1 = fmaxf(mx1, fmaxf(sc[4 * i + 2], sc[4 * i + 3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        /* tile 0 always holds key 0, which every row sees: m is finite
+         * from then on, so a fully masked row in a later tile gives
+         * exp2(-inf - m) = 0, never NaN */
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float a0 = exp2f(m0 - mn0), a1 = exp2f(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        float rs0 = 0.f, rs1 = 0.f;
+        uint32_t pa[S9_BN / 16][4];
+#pragma unroll
+        for (int i = 0; i < S9_BN / 8; i++) {
+            const float e0 = exp2f(sc[4 * i] - mn0), e1 = exp2f(sc[4 * i + 1] - mn0);
+            const float e2 = exp2f(sc[4 * i + 2] - mn1), e3 = exp2f(sc[4 * i + 3] - mn1);
+            rs0 += e0 + e1;
+            rs1 += e2 + e3;
+            /* the S accumulator layout of n8 block i is the A-fragment
+             * layout of keys [16(i/2), 16(i/2)+16): regs 0/1 from even i,
+             * 2/3 from odd i */
+            pa[i >> 1][(i & 1) * 2 + 0] = s9_pack_bf16(e0, e1);
+            pa[i >> 1][(i & 1) * 2 + 1] = s9_pack_bf16(e2, e3);
+        }
+        l0 = l0 * a0 + rs0;
+        l1 = l1 * a1 + rs1;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            o[4 * i] *= a0;
+            o[4 * i + 1] *= a0;
+            o[4 * i + 2] *= a1;
+            o[4 * i + 3] *= a1;
+        }
+        /* O += P V: 8 k-steps of 16 keys; V is MN-major (dims contiguous):
+         * the two 64-dim halves are LBO apart, 8-key groups 1024 bytes */
+        wgmma_fence_regs(o);
+        s9_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < S9_BN / 16; kk++) {
+            const uint64_t db = s9_desc(va + kk * 16 * 128, S9_BN * 128, 1024);
+            wgmma_rs_m64n128_tb(o, pa[kk], db);
+        }
+        s9_wgmma_commit();
+        wgmma_wait0(o);
+        s9_mbar_arrive(bar_empty + 8 * st);
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float i0 = 1.0f / l0, i1 = 1.0f / l1;
+    const int r0 = rl0, r1 = rl0 + 8;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const int col = h * S9_D + i * 8 + (lane & 3) * 2;
+        if (r0 < rows) {
+            const size_t off = (size_t)(t0 + q0 + r0) * p.q_stride + col;
+            const float2 v = make_float2(o[4 * i] * i0, o[4 * i + 1] * i0);
+            *reinterpret_cast<float2 *>(p.out + off) = v;
+            if (p.out_bf) *reinterpret_cast<uint32_t *>(p.out_bf + off) = s9_pack_bf16(v.x, v.y);
+        }
+        if (r1 < rows) {
+            const size_t off = (size_t)(t0 + q0 + r1) * p.q_stride + col;
+            const float2 v = make_float2(o[4 * i + 2] * i1, o[4 * i + 3] * i1);
+            *reinterpret_cast<float2 *>(p.out + off) = v;
+            if (p.out_bf) *reinterpret_cast<uint32_t *>(p.out_bf + off) = s9_pack_bf16(v.x, v.y);
+        }
+    }
+}
+#endif /* S9_ENABLED */
+
+/* grid (n_tiles, H / 2), 384 threads. CTA (tile, pair): query heads
+ * 2 pair and 2 pair + 1 (same KV head: G is even). */
+__global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) {
+#if S9_ENABLED
+    PDL_ENTRY();
+    extern __shared__ uint8_t s9_raw[];
+    uint8_t *smem = reinterpret_cast<uint8_t *>(((uintptr_t)s9_raw + 1023) & ~(uintptr_t)1023);
+    uint64_t *bars = reinterpret_cast<uint64_t *>(smem + 2 * S9_Q_BYTES + 2 * S9_STAGES * S9_KV_BYTES);
+    const uint32_t bar_full = s9_smem_addr(bars), bar_empty = bar_full + 8 * S9_STAGES;
+
+    const int tile = blockIdx.x, h0 = 2 * blockIdx.y;
+    const int s = p.tiles[2 * tile], q0 = p.tiles[2 * tile + 1];
+    const int t0 = p.seq_start[s], n = p.seq_start[s + 1] - t0, L = p.seq_len[s];
+    const int rows = min(S9_BM, n - q0);
+    const int pos0 = L - n + q0;    /* position of tile row 0 */
+    const int n_keys = pos0 + rows; /* keys [0, last row's position] */
+    const int nt = (n_keys + S9_BN - 1) / S9_BN;
+    const int kvh = h0 / p.G;
+
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < S9_STAGES; i++) {
+            s9_mbar_init(bar_full + 8 * i, 128);  /* every producer thread */
+            s9_mbar_init(bar_empty + 8 * i, 256); /* every consumer thread */
+        }
+    }
+    __syncthreads();
+    const int wg = threadIdx.x >> 7;
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+        s9_producer(p, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+        s9_consumer(p, smem, bar_full, bar_empty, wg - 1, h0 + wg - 1, t0, q0, rows, pos0, nt);
+    }
+#else
+    (void)p;
+    __trap(); /* never selected without sm_90a code (cu_attn_sm90_usable) */
+#endif
+}
+
+/* ---------------------------------------------------------------- host */
+
+bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
+    if (head_dim != S9_D || G < 2 || G % 2 != 0 || !cu_attn_switch(&c->attn_sm90, "NS_CUDA_ATTN_SM90")) return false;
+    if (c->attn_sm90_cc == 0) {
+        int major = 0, minor = 0;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device);
+        /* sm_90a code runs on exactly 9.0 */
+        c->attn_sm90_cc = (major == 9 && minor == 0 && c->smem_optin >= (size_t)S9_SMEM) ? 1 : 2;
+        if (c->attn_sm90_cc == 1 &&
+            cu_check(c, cudaFuncSetAttribute(k_attn_prefill_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize, S9_SMEM),
+                     "attention sm90 smem attribute"))
+            c->attn_sm90_cc = 2;
+    }
+    return c->attn_sm90_cc == 1;
+}
+
+bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
+    cu_launch(c, k_attn_prefill_sm90, dim3((unsigned)n_tiles, (unsigned)(p->H / 2)), dim3(384), (size_t)S9_SMEM, *p);
+    return !CU_LAUNCHED(c, "attention prefill sm90");
+}
