@@ -51,6 +51,8 @@ static const ns_http_route g_routes[] = {
     {"POST", "/v1/messages/count_tokens", b_count_tokens, false, false},
     {"GET", "/v1/models", ns_api_models, false, false},
     {"GET", "/models", ns_api_models, false, false},
+    {"GET", "/v1/models/*", ns_api_model_get, false, false},
+    {"GET", "/models/*", ns_api_model_get, false, false},
     {"GET", "/v1/capacity", ns_api_capacity, false, false},
     {"GET", "/v1/status", ns_api_status, false, false},
     {"GET", "/dashboard", ns_api_dashboard, true, false}, /* static page, no data: see dashboard.c */

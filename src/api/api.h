@@ -137,6 +137,8 @@ void ns_api_submit_error(ns_status st, const ns_capacity *cap, const ns_error *e
 void ns_api_chat_completions(void *ud, const ns_http_request *req, ns_http_response *resp);
 void ns_api_completions(void *ud, const ns_http_request *req, ns_http_response *resp);
 void ns_api_models(void *ud, const ns_http_request *req, ns_http_response *resp);
+/* GET /v1/models/{id} (models.c) */
+void ns_api_model_get(void *ud, const ns_http_request *req, ns_http_response *resp);
 void ns_api_health(void *ud, const ns_http_request *req, ns_http_response *resp);
 void ns_api_tokenize(void *ud, const ns_http_request *req, ns_http_response *resp);
 void ns_api_detokenize(void *ud, const ns_http_request *req, ns_http_response *resp);

@@ -587,6 +587,7 @@ void ns_gen_handle(const ns_gen_endpoint *ep, void *ud, const ns_http_request *r
                               ep->prompt_param, &resp->err))
         goto done;
     if (!ns_gen_start(&j->g, a, j->prompt, (int32_t)j->n_prompt, &go, &req->conn, j->id, &resp->err)) goto done;
+    snprintf(resp->headers, sizeof resp->headers, "%s", j->headers);
     if (j->gp.stream) {
         j->last_emit = ns_clock_now();
         resp->status = 200;

@@ -192,6 +192,7 @@ struct ns_gen_job {
     int32_t sent_lps;         /* logprob records already sent */
     double last_emit;         /* when the last chunk went out (keep-alive) */
     struct ns_record_req *rec; /* serve --record (record/record_gen.h); NULL = off */
+    char headers[512];        /* extra response headers (ns_http_response.headers), set by prepare */
 };
 
 /* The handler body of a completion endpoint. */

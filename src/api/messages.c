@@ -125,6 +125,8 @@ static bool msgs_prepare(ns_gen_job *gj, ns_gen_opts *o, ns_http_error *e) {
     if (j->conv.n_ignored)
         NS_INFO("messages: tools not offered to the model (hosted by Anthropic, they cannot run here): %s",
                 j->conv.ignored_tools);
+    if (j->conv.n_ignored)
+        snprintf(gj->headers, sizeof gj->headers, "X-Nightshift-Ignored-Tools: %s", j->conv.ignored_tools);
     if (!ns_chat_gen_prepare(gj, j->conv.chat, &j->cp, o, e)) return false;
     ns_struct_spec spec = {0};
     if (j->conv.schema && (j->conv.choice == NS_MSGS_CHOICE_ANY || j->conv.choice == NS_MSGS_CHOICE_TOOL)) {

@@ -46,7 +46,7 @@ typedef enum { NS_MSGS_CHOICE_AUTO = 0, NS_MSGS_CHOICE_ANY, NS_MSGS_CHOICE_TOOL,
 
 typedef struct ns_msgs_conv {
     json_t *chat;              /* the chat body (messages, tools, tool_choice, enable_thinking, ...) */
-    char ignored_tools[512];   /* comma-separated names of tools not offered ("" = none) */
+    char ignored_tools[448];   /* comma-separated names of tools not offered ("" = none) */
     int n_ignored;
     bool stream;
     int64_t max_tokens;        /* 0 in count mode */

@@ -186,6 +186,8 @@ static bool resp_prepare(ns_gen_job *gj, ns_gen_opts *o, ns_http_error *e) {
     resp_job *j = (resp_job *)gj;
     if (j->conv.n_ignored)
         NS_INFO("responses: hosted tools not offered to the model (they cannot run here): %s", j->conv.ignored_tools);
+    if (j->conv.n_ignored)
+        snprintf(gj->headers, sizeof gj->headers, "X-Nightshift-Ignored-Tools: %s", j->conv.ignored_tools);
     if (!ns_chat_gen_prepare(gj, j->conv.chat, &j->cp, o, e)) return false;
     if (j->conv.max_calls > 0) o->max_calls = j->conv.max_calls;
     ns_struct_spec spec = {0};

@@ -59,7 +59,7 @@ typedef enum { NS_RESP_CHOICE_AUTO = 0, NS_RESP_CHOICE_NONE, NS_RESP_CHOICE_REQU
 typedef struct ns_resp_conv {
     json_t *chat;             /* the chat body */
     json_t *tool_info;        /* offered name -> {"custom", "namespace"} */
-    char ignored_tools[512];  /* comma-separated hosted tools not offered */
+    char ignored_tools[448];  /* comma-separated hosted tools not offered */
     int n_ignored;
     bool stream;
     int64_t max_tokens;       /* max_output_tokens; 0 = as many as fit */

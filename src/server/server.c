@@ -399,8 +399,37 @@ static void add_common_headers(ns_server *s, struct MHD_Connection *mc, struct M
     }
 }
 
+/* The handler's extra headers ("Name: value" lines; see server.h). A
+ * line that is not printable ASCII or has no ": " is skipped. */
+static void add_extra_headers(struct MHD_Response *resp, const char *h) {
+    while (h && *h) {
+        const char *end = strchr(h, '\n');
+        size_t n = end ? (size_t)(end - h) : strlen(h);
+        char line[1024];
+        if (n < sizeof line) {
+            memcpy(line, h, n);
+            line[n] = 0;
+            bool ok = true;
+            for (size_t i = 0; i < n; i++) ok &= line[i] >= 0x20 && line[i] < 0x7f;
+            char *sep = ok ? strstr(line, ": ") : NULL;
+            if (sep && sep > line) {
+                *sep = 0;
+                MHD_add_response_header(resp, line, sep + 2);
+            }
+        }
+        h = end ? end + 1 : NULL;
+    }
+}
+
+static enum MHD_Result queue_buffer_h(ns_server *s, struct MHD_Connection *mc, int status, const char *ctype,
+                                      char *body, size_t len, int retry_after, const char *headers);
 static enum MHD_Result queue_buffer(ns_server *s, struct MHD_Connection *mc, int status, const char *ctype,
                                     char *body, size_t len, int retry_after) {
+    return queue_buffer_h(s, mc, status, ctype, body, len, retry_after, NULL);
+}
+
+static enum MHD_Result queue_buffer_h(ns_server *s, struct MHD_Connection *mc, int status, const char *ctype,
+                                      char *body, size_t len, int retry_after, const char *headers) {
     struct MHD_Response *resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!resp) {
         free(body);
@@ -408,6 +437,7 @@ static enum MHD_Result queue_buffer(ns_server *s, struct MHD_Connection *mc, int
     }
     if (ctype) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     add_common_headers(s, mc, resp);
+    add_extra_headers(resp, headers);
     if (retry_after > 0) {
         char ra[16];
         snprintf(ra, sizeof ra, "%d", retry_after);
@@ -761,6 +791,7 @@ static enum MHD_Result queue_stream(ns_server *s, struct MHD_Connection *mc, ns_
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     add_common_headers(s, mc, resp);
+    add_extra_headers(resp, r->headers);
     int status = r->status ? r->status : 200;
     count_status(s, status);
     enum MHD_Result ok = MHD_queue_response(mc, (unsigned)status, resp);
@@ -793,8 +824,8 @@ static enum MHD_Result queue_result(ns_server *s, struct MHD_Connection *mc, ns_
     size_t len = r->body ? r->body_len : 0;
     r->body = NULL;
     if (!body) return MHD_NO;
-    return queue_buffer(s, mc, r->status ? r->status : 200, r->content_type ? r->content_type : "application/json",
-                        body, len, r->retry_after_s);
+    return queue_buffer_h(s, mc, r->status ? r->status : 200, r->content_type ? r->content_type : "application/json",
+                          body, len, r->retry_after_s, r->headers);
 }
 
 /* ---------------- the request path ---------------- */
@@ -857,6 +888,15 @@ static enum MHD_Result preflight(ns_server *s, struct MHD_Connection *mc) {
     return r;
 }
 
+/* A route path ending in a slash and a star matches every longer path
+ * under it (/v1/models/{id}); any other matches exactly. */
+static bool route_matches(const char *route, const char *url) {
+    const size_t n = strlen(route);
+    if (n >= 2 && route[n - 1] == '*' && route[n - 2] == '/')
+        return strncmp(route, url, n - 1) == 0 && url[n - 1] != 0;
+    return strcmp(route, url) == 0;
+}
+
 /* Everything that can be decided from the head, before the body is read
  * (see server.h for the order). Returns MHD_YES with rs->checked set to go
  * on; otherwise a response was queued (or the connection fails). */
@@ -900,7 +940,7 @@ static enum MHD_Result check_head(ns_server *s, struct MHD_Connection *mc, const
     const ns_http_route *route = NULL;
     bool path_known = false;
     for (int i = 0; i < s->n_routes; i++) {
-        if (strcmp(s->routes[i].path, url) != 0) continue;
+        if (!route_matches(s->routes[i].path, url)) continue;
         path_known = true;
         if (strcmp(s->routes[i].method, method) == 0) {
             route = &s->routes[i];
@@ -912,7 +952,7 @@ static enum MHD_Result check_head(ns_server *s, struct MHD_Connection *mc, const
          * about which paths exist: 401 before 404/405 (open paths such as
          * /health are public anyway) */
         bool open_path = false;
-        for (int i = 0; i < s->n_routes; i++) open_path |= s->routes[i].open && strcmp(s->routes[i].path, url) == 0;
+        for (int i = 0; i < s->n_routes; i++) open_path |= s->routes[i].open && route_matches(s->routes[i].path, url);
         if (!open_path && s->api_key && !authorized(s->api_key, mc) && !(s->admin_key && authorized(s->admin_key, mc)))
             return queue_simple_error(s, mc, 401, "invalid_api_key", "Incorrect or missing API key.");
         if (path_known)

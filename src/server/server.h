@@ -141,13 +141,17 @@ typedef struct ns_http_response {
     ns_http_stream stream;    /* used when stream.next is set */
     ns_http_error err;        /* used when err.status is set */
     int retry_after_s;        /* > 0: Retry-After header */
+    /* Extra headers of a body or a stream (not of an error): "Name: value"
+     * lines joined by '\n', printable ASCII only (a line that is not is
+     * skipped, so a value can never split the head); "" = none. */
+    char headers[512];
 } ns_http_response;
 
 typedef void (*ns_http_handler)(void *ud, const ns_http_request *req, ns_http_response *resp);
 
 typedef struct ns_http_route {
     const char *method; /* "GET" (runs on the event loop: must not block) / "POST" (own thread) */
-    const char *path;
+    const char *path;   /* exact; or ending in a slash and a star: every longer path under it */
     ns_http_handler fn;
     bool open;          /* reachable without the API key (/health) */
     bool admin;         /* an admin route: needs the admin key if one is set, else the API key */
