@@ -13,6 +13,7 @@
 #include "cli/cli_eval.h"
 #include "cli/cli_generate.h"
 #include "cli/cli_serve.h"
+#include "cli/cli_replay.h"
 #include "cli/cli_tokenize.h"
 #include "util/log.h"
 #include "version.h"
@@ -58,6 +59,7 @@ static const command commands[] = {
     {"serve", ns_cli_serve, "OpenAI-compatible HTTP server"},
     {"generate", ns_cli_generate, "run one prompt, stream the text (or ids) to stdout"},
     {"tokenize", ns_cli_tokenize, "stdin text -> token ids as JSON"},
+    {"replay", ns_cli_replay, "re-send a recording (serve --record) to a server, measure TTFT and cache"},
     {"eval", ns_cli_eval, "one forward pass over token ids -> logits summary as JSON"},
     {"bench-engine", ns_cli_bench_engine, "engine throughput against the measured roofline"},
 };
