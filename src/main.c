@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_bench.h"
 #include "cli/cli_bench_engine.h"
 #include "cli/cli_eval.h"
 #include "cli/cli_generate.h"
@@ -62,6 +63,7 @@ static const command commands[] = {
     {"replay", ns_cli_replay, "re-send a recording (serve --record) to a server, measure TTFT and cache"},
     {"eval", ns_cli_eval, "one forward pass over token ids -> logits summary as JSON"},
     {"bench-engine", ns_cli_bench_engine, "engine throughput against the measured roofline"},
+    {"bench", ns_cli_bench, "compare OpenAI-compatible servers over HTTP: paired blocks, CIs, HTML report"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
