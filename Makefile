@@ -105,7 +105,7 @@ tests: $(BUILD)/nightshift $(TEST_BIN)
 # sample, backend, engine, model, cli bench) instead of the whole tree, so the GPU
 # runs do not depend on the server/tokenizer/template code compiling.
 ifdef CUDA
-CORE_SRC := $(shell find src/util src/sample src/backend src/engine src/model src/kv src/sched -name '*.c' | sort) src/cli/cli_bench_engine.c
+CORE_SRC := $(shell find src/util src/sample src/backend src/engine src/model src/kv src/sched src/grammar -name '*.c' | sort) src/cli/cli_bench_engine.c
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
 GPU_LDLIBS := -lopenblas -ljansson -lxxhash -lsqlite3 -lm -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lstdc++
 GPU_TEST_SRC := $(sort $(wildcard tests/gpu/test_*.c))

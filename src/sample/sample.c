@@ -171,8 +171,19 @@ static int cmp_desc(const void *a, const void *b) {
     return (ia > ib) - (ia < ib);
 }
 
+void ns_sample_apply_mask(float *logits, int32_t n, const uint32_t *allow) {
+    for (int32_t w = 0; w * 32 < n; w++) {
+        uint32_t bits = allow[w];
+        if (bits == UINT32_MAX) continue;
+        int32_t end = w * 32 + 32 < n ? w * 32 + 32 : n;
+        for (int32_t i = w * 32; i < end; i++)
+            if (!((bits >> (i & 31)) & 1u)) logits[i] = -INFINITY;
+    }
+}
+
 int32_t ns_sampler_sample(ns_sampler *s, float *logits) {
     const int32_t n = s->n_vocab;
+    if (s->allow) ns_sample_apply_mask(logits, n, s->allow);
     if (s->counts) apply_penalties(s, logits);
     /* Non-finite rows first: NaN anywhere, or nothing above -Inf, has no
      * answer (-1); a +Inf is a point mass on the first +Inf (its argmax). */

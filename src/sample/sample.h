@@ -1,6 +1,7 @@
 /* sample.h — token sampling: the reference semantics every backend matches.
  *
  * Pipeline per logits row (in this order, as Hugging Face's processors):
+ *   0. a grammar mask (s->allow), when set: disallowed tokens get -Inf;
  *   1. penalties over the sequence's token history (prompt + generated,
  *      or the last penalty_last_n of them): repetition (HF: divide positive
  *      logits, multiply negative ones), then presence and frequency
@@ -60,6 +61,11 @@ typedef struct ns_sampler {
     uint32_t *counts;    /* [n_vocab] occurrences inside the window */
     int32_t *ring;       /* [penalty_last_n] when windowed */
     int64_t n_seen;      /* tokens accepted so far */
+    /* Grammar mask (structured output), borrowed for one step: bit t set
+     * = token t may be drawn; every other logit becomes -Inf before
+     * anything else (step 0 of the pipeline). NULL: no constraint. Set by
+     * the engine right before sampling and cleared after; never owned. */
+    const uint32_t *allow;
     /* scratch for sorting candidates (allocated lazily) */
     int32_t *scratch_ids;
     float *scratch_vals;
@@ -72,6 +78,8 @@ void ns_sampler_accept(ns_sampler *s, int32_t token);
 bool ns_sampler_has_penalties(const ns_sampler *s);
 /* temperature < NS_SAMPLE_MIN_TEMPERATURE (or NaN) */
 bool ns_sampler_is_greedy(const ns_sampler *s);
+/* Sets every logit whose bit in allow is clear to -Inf (n bits). */
+void ns_sample_apply_mask(float *logits, int32_t n, const uint32_t *allow);
 /* Samples from logits (modified in place: penalties/temperature applied).
  * Returns a token id in [0, n_vocab), or -1 when the row has a NaN or no
  * logit above -Inf (see step 2 above; the RNG does not advance then).

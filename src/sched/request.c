@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "grammar/gmatch.h"
 #include "sched/sched_internal.h"
 #include "util/clock.h"
 
@@ -33,6 +34,7 @@ void ns_request_release(ns_request *r) {
     if (atomic_fetch_sub(&r->refs, 1) != 1) return;
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
+    ns_gmatch_free(r->params.grammar);
     free(r->prompt);
     free(r->events);
     free(r);

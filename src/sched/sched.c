@@ -15,6 +15,8 @@
 #include <time.h>
 
 #include "kv/kv_cache.h"
+#include "grammar/gmatch.h"
+#include "sched/sched_grammar.h"
 #include "sched/sched_internal.h"
 #include "sched/sched_status.h"
 #include "util/clock.h"
@@ -75,6 +77,11 @@ struct ns_sched {
     ns_sampler **b_samplers;
     int32_t *b_sampled;
     float *host_logits;
+    /* structured output (sched_grammar.h): each sampled row's request,
+     * rows whose mask failed, the grammar requests to precompute */
+    ns_sched_grammar *grammar;
+    ns_request **b_reqs, **b_greqs;
+    bool *b_gfail;
 
     ns_sched_stats stats;
     ns_sched_status *status; /* GET /v1/status snapshot (sched_status.h) */
@@ -172,10 +179,15 @@ ns_status ns_sched_create(ns_engine *e, const ns_sched_opts *opts, ns_sched **ou
     s->acq_pages = malloc((size_t)s->n_pages * sizeof(int32_t));
     s->b_samplers = malloc(R * sizeof(ns_sampler *));
     s->b_sampled = malloc(R * sizeof(int32_t));
+    s->b_reqs = malloc(R * sizeof(ns_request *));
+    s->b_greqs = malloc(R * sizeof(ns_request *));
+    s->b_gfail = calloc(R, sizeof(bool));
+    s->grammar = ns_sched_grammar_new((int32_t)R);
     s->running = malloc(R * sizeof(ns_seq *));
     s->host_logits = malloc(R * (size_t)e->model->cfg.vocab_size * sizeof(float));
     if (!s->b_tokens || !s->b_pos || !s->b_seq_start || !s->b_seq_len || !s->b_rows || !s->b_chunk || !s->b_seqs || !s->plan_q || !s->plan_order || !s->plan_chunk ||
-        !s->acq_pages || !s->b_samplers || !s->b_sampled || !s->running || !s->host_logits) {
+        !s->acq_pages || !s->b_samplers || !s->b_sampled || !s->running || !s->host_logits || !s->b_reqs ||
+        !s->b_greqs || !s->b_gfail || !s->grammar) {
         rc = ns_fail(err, NS_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -227,6 +239,10 @@ void ns_sched_free(ns_sched *s) {
     free(s->b_samplers);
     free(s->b_sampled);
     free(s->host_logits);
+    ns_sched_grammar_free(s->grammar); /* joins its worker: after the engine thread stopped */
+    free(s->b_reqs);
+    free(s->b_greqs);
+    free(s->b_gfail);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->flush_cv);
@@ -247,6 +263,8 @@ ns_status ns_sched_submit(ns_sched *s, ns_request *r, ns_capacity *cap, ns_error
         if (r->prompt[i] < 0 || r->prompt[i] >= c->vocab_size)
             return ns_fail(err, NS_ERR_INVALID, "prompt token %d is outside the vocabulary (%d)", r->prompt[i],
                            c->vocab_size);
+    if (r->params.grammar && ns_grammar_vocab(ns_gmatch_grammar(r->params.grammar))->n_vocab != c->vocab_size)
+        return ns_fail(err, NS_ERR_INVALID, "the request's grammar was built for another vocabulary");
     if (r->n_prompt >= ctx)
         return ns_fail(err, NS_ERR_RANGE, "the prompt has %d tokens; the model's context is %lld tokens", r->n_prompt,
                        (long long)ctx);
@@ -867,6 +885,20 @@ static void plan_pages(ns_sched *s, int32_t *n_plan) {
 }
 
 /* Plans and runs one step. Returns false when there was nothing to do. */
+/* Advances q's grammar on its sampled token. False (q finished with an
+ * error) when its mask could not be computed this step (failed: the token
+ * was drawn unmasked) or the grammar refuses the token; neither happens
+ * to a token drawn under a mask unless the automaton ran out of memory. */
+static bool grammar_accept(ns_sched *s, ns_seq *q, int32_t tok, bool failed, const char *msg) {
+    ns_error gerr = {0};
+    if (!failed && ns_gmatch_accept(q->req->params.grammar, tok, &gerr) == NS_OK) return true;
+    const char *m = failed ? msg : gerr.msg;
+    NS_WARN("request %llu: %s", (unsigned long long)q->admit_order, m);
+    remove_running_seq(s, q);
+    finish(s, q, NS_FINISH_ERROR, m);
+    return false;
+}
+
 static bool step(ns_sched *s) {
     ns_engine *e = s->e;
     const ns_model_config *c = &e->model->cfg;
@@ -1004,6 +1036,7 @@ static bool step(ns_sched *s) {
     for (int32_t i = 0; i < ns; i++) {
         ns_seq *q = s->b_seqs[i];
         if (q->n_ctx + s->b_chunk[i] == q->n_tokens) {
+            s->b_reqs[li] = q->req;
             s->b_samplers[li++] = &q->sampler;
             want_lp |= q->req->params.logprobs || q->req->params.top_logprobs > 0;
         }
@@ -1013,8 +1046,13 @@ static bool step(ns_sched *s) {
         lv.rows = n_logits;
         rc = e->be->ops->tensor_download(e->be, &lv, s->host_logits, &err);
     }
-    if (rc == NS_OK && n_logits > 0)
+    char gmsg[256] = "";
+    if (rc == NS_OK && n_logits > 0) {
+        ns_sched_grammar_prepare(s->grammar, s->b_reqs, s->b_samplers, n_logits, s->b_gfail, gmsg, sizeof(gmsg));
         rc = e->be->ops->sample(e->be, &e->logits, n_logits, s->b_samplers, s->b_sampled, &err);
+        ns_sched_grammar_clear(s->b_samplers, n_logits);
+    }
+    int32_t n_greqs = 0;
     if (rc == NS_OK && n_logits == 0) rc = e->be->ops->sync(e->be, &err);
     const double t1 = ns_clock_now();
     if (rc != NS_OK) {
@@ -1050,6 +1088,7 @@ static bool step(ns_sched *s) {
             finish(s, q, NS_FINISH_ERROR, "model_output_invalid: the model produced non-finite logits");
             continue;
         }
+        if (r->params.grammar && !grammar_accept(s, q, tok, s->b_gfail[li - 1], gmsg)) continue;
         ns_token_event ev = {.token = tok};
         if (r->params.logprobs || r->params.top_logprobs > 0) {
             ev.logprob = (float)(row[tok] - ns_logsumexp(row, c->vocab_size));
@@ -1080,7 +1119,7 @@ static bool step(ns_sched *s) {
         pthread_mutex_unlock(&r->mu);
         ns_finish why = NS_FINISH_NONE;
         if (ns_request_push(r, &ev) != NS_OK) why = NS_FINISH_ERROR;
-        else if (!r->params.ignore_eos && ns_config_is_eos(c, tok)) why = NS_FINISH_EOS;
+        else if ((!r->params.ignore_eos || r->params.grammar) && ns_config_is_eos(c, tok)) why = NS_FINISH_EOS;
         else if (q->n_generated >= r->params.max_tokens) why = NS_FINISH_LENGTH;
         else if (q->n_tokens >= c->max_position_embeddings) why = NS_FINISH_CONTEXT;
         if (why != NS_FINISH_NONE) {
@@ -1088,8 +1127,12 @@ static bool step(ns_sched *s) {
             finish(s, q, why, why == NS_FINISH_ERROR ? "out of memory" : NULL);
         } else if (r->params.test_pause_every > 0 && q->n_generated % r->params.test_pause_every == 0) {
             pause_seq(s, q, "test_pause_every");
+        } else if (r->params.grammar) {
+            s->b_greqs[n_greqs++] = r;
         }
     }
+    /* the next masks are computed while the next forward pass runs */
+    ns_sched_grammar_kick(s->grammar, s->b_greqs, n_greqs);
     {
         double per = (t1 - t0) / work_units(s, nt, attn_pairs);
         s->sec_per_unit = s->sec_per_unit <= 0 ? per : 0.8 * s->sec_per_unit + 0.2 * per;

@@ -66,12 +66,19 @@ typedef struct ns_request_params {
     bool logprobs;           /* report each token's logprob */
     int32_t top_logprobs;    /* 0..NS_MAX_TOP_LOGPROBS */
     bool ignore_eos;
+    /* Structured output: the grammar matcher (grammar/gmatch.h) whose
+     * mask constrains every sampled token, or NULL. Owned by the request
+     * once ns_request_new succeeds (freed with it); built for this model's
+     * vocabulary (checked at submit). An end-of-sequence token the grammar
+     * allows ends the request even with ignore_eos. */
+    struct ns_gmatch *grammar;
     /* Test-only knob: the engine pauses the sequence after every this many
      * generated tokens (0 = never), to prove a pause/resume is exact. */
     int32_t test_pause_every;
 } ns_request_params;
 
-/* Creates a request owning a copy of the prompt. NULL on OOM.
+/* Creates a request owning a copy of the prompt and taking over
+ * params->grammar (on NULL the caller keeps it). NULL on OOM.
  * params->max_tokens <= 0 means "as many as fit" (context and pool); a
  * larger max_tokens than fits is clamped (finish LENGTH when reached). */
 ns_request *ns_request_new(const int32_t *prompt, int32_t n_prompt, const ns_request_params *params);

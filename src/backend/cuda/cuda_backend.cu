@@ -1377,11 +1377,18 @@ static ns_status ensure_argmax(cu_impl *c, int n, ns_error *err) {
     return NS_OK;
 }
 
-/* Greedy rows without penalties are reduced on the device (argmax, lowest
- * id wins ties, -1 for a row with a NaN or nothing above -Inf, as
- * ns_sampler_sample); the rest copy their row to pinned host memory and
- * run the reference sampler there, which keeps every sampler's RNG stream
- * and penalty state exactly as on the CPU (and returns -1 the same way). */
+/* Greedy rows without penalties and without a grammar mask are reduced on
+ * the device (argmax, lowest id wins ties, -1 for a row with a NaN or
+ * nothing above -Inf, as ns_sampler_sample); the rest copy their row to
+ * pinned host memory and run the reference sampler there, which keeps
+ * every sampler's RNG stream and penalty state exactly as on the CPU (and
+ * returns -1 the same way) and applies the grammar mask (sampler->allow)
+ * as the CPU does: structured-output rows cost one row copy each, the
+ * unconstrained greedy rows stay on the fast path. */
+static bool on_device(const ns_sampler *s) {
+    return ns_sampler_is_greedy(s) && !ns_sampler_has_penalties(s) && !s->allow;
+}
+
 static ns_status cu_sample(ns_backend *be, const ns_tensor *logits, int n_rows, struct ns_sampler *const *samplers,
                            int32_t *out_tokens, ns_error *err) {
     cu_impl *c = IMPL(be);
@@ -1390,7 +1397,7 @@ static ns_status cu_sample(ns_backend *be, const ns_tensor *logits, int n_rows, 
         return ns_fail(err, NS_ERR_INVALID, "sample: logits must be F32 with at least %d rows", n_rows);
     int n_host = 0;
     for (int i = 0; i < n_rows; i++)
-        if (!ns_sampler_is_greedy(samplers[i]) || ns_sampler_has_penalties(samplers[i])) n_host++;
+        if (!on_device(samplers[i])) n_host++;
     ns_status rc = ensure_argmax(c, n_rows, err);
     if (rc != NS_OK) return rc;
     const size_t V = (size_t)logits->cols;
@@ -1420,7 +1427,7 @@ static ns_status cu_sample(ns_backend *be, const ns_tensor *logits, int n_rows, 
                  "sample: tokens");
     int j = 0;
     for (int i = 0; i < n_rows; i++) {
-        if (ns_sampler_is_greedy(samplers[i]) && !ns_sampler_has_penalties(samplers[i])) continue;
+        if (on_device(samplers[i])) continue;
         cu_check(c, cudaMemcpyAsync(c->h_rows + (size_t)j * V, (const float *)logits->data + (size_t)i * V, V * 4,
                                     cudaMemcpyDeviceToHost, c->stream), "sample: row");
         j++;
@@ -1429,7 +1436,7 @@ static ns_status cu_sample(ns_backend *be, const ns_tensor *logits, int n_rows, 
     if (c->err_status != NS_OK) return report(c, err);
     j = 0;
     for (int i = 0; i < n_rows; i++) {
-        if (ns_sampler_is_greedy(samplers[i]) && !ns_sampler_has_penalties(samplers[i])) {
+        if (on_device(samplers[i])) {
             out_tokens[i] = c->h_argmax[i];
         } else {
             out_tokens[i] = ns_sampler_sample(samplers[i], c->h_rows + (size_t)j * V);
