@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "record/record_gen.h"
+#include "api/structured.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokutil.h"
 #include "util/clock.h"
@@ -65,6 +66,7 @@ bool ns_gen_start(ns_gen *g, ns_api *a, const int32_t *prompt, int32_t n_prompt,
         goto fail;
     }
     g->req = ns_request_new(prompt, n_prompt, &o->rp);
+    g->req_made = g->req != NULL;
     if (!g->req) {
         ns_http_error_set(e, 500, NULL, "internal_error", "out of memory creating the request");
         goto fail;
@@ -582,11 +584,18 @@ void ns_gen_handle(const ns_gen_endpoint *ep, void *ud, const ns_http_request *r
         .kind = ep->kind,
         .max_calls = 0,
     };
-    if (!ep->prepare(j, &go, &resp->err)) goto done;
-    if (!ns_api_check_context(a, (int32_t)(j->n_prompt > INT32_MAX ? INT32_MAX : j->n_prompt), j->gp.rp.max_tokens,
-                              ep->prompt_param, &resp->err))
+    /* a grammar prepare attached (structured.h) belongs to go until the
+     * request takes it: every failure before that frees it */
+    if (!ep->prepare(j, &go, &resp->err) ||
+        !ns_api_check_context(a, (int32_t)(j->n_prompt > INT32_MAX ? INT32_MAX : j->n_prompt), j->gp.rp.max_tokens,
+                              ep->prompt_param, &resp->err)) {
+        ns_structured_detach(&go);
         goto done;
-    if (!ns_gen_start(&j->g, a, j->prompt, (int32_t)j->n_prompt, &go, &req->conn, j->id, &resp->err)) goto done;
+    }
+    if (!ns_gen_start(&j->g, a, j->prompt, (int32_t)j->n_prompt, &go, &req->conn, j->id, &resp->err)) {
+        if (!j->g.req_made) ns_structured_detach(&go);
+        goto done;
+    }
     snprintf(resp->headers, sizeof resp->headers, "%s", j->headers);
     if (j->gp.stream) {
         j->last_emit = ns_clock_now();

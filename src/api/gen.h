@@ -88,6 +88,7 @@ typedef struct ns_gen {
     size_t cap_lps;
 
     bool done, stopped, gone;
+    bool req_made;     /* ns_request_new took o->rp.grammar (even if submit failed) */
     ns_request_result res;
     int32_t n_prompt;
     double t0;

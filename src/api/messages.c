@@ -82,7 +82,8 @@ static const char *stop_reason(const ns_gen *g, bool streaming) {
 }
 
 static json_t *usage_json(int32_t n_prompt, int32_t cached, int32_t created, int32_t out) {
-    return json_pack("{s:i,s:i,s:i,s:i}", "input_tokens", n_prompt - cached, "cache_creation_input_tokens", created,
+    /* as Anthropic counts: the three input fields add up to the prompt */
+    return json_pack("{s:i,s:i,s:i,s:i}", "input_tokens", n_prompt - cached - created, "cache_creation_input_tokens", created,
                      "cache_read_input_tokens", cached, "output_tokens", out);
 }
 
@@ -145,12 +146,7 @@ static bool msgs_prepare(ns_gen_job *gj, ns_gen_opts *o, ns_http_error *e) {
         spec.kind = NS_STRUCT_JSON_SCHEMA;
         spec.schema = j->conv.schema;
     }
-    if (spec.kind == NS_STRUCT_NONE) return true;
-    /* STRUCT_PENDING: ns_structured_attach is not linked yet */
-    ns_http_error_set(e, 400, spec.kind == NS_STRUCT_JSON_SCHEMA ? "output_config.format" : "tool_choice",
-                      "invalid_request_error", "enforced output (tool_choice any/tool, output_config.format) is not "
-                      "supported by this build");
-    return false;
+    return ns_structured_attach(gj->a, &spec, o, e);
 }
 
 static void msgs_release(ns_gen_job *gj) {

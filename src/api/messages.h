@@ -14,10 +14,11 @@
  *    (stop_reason, stop_sequence, usage) and message_stop; a failure is an
  *    "error" event. message_start is sent once the prompt is prefilled, so
  *    its usage already says what the prefix cache reused.
- *  - usage: input_tokens = the uncached part of the prompt,
- *    cache_read_input_tokens = the reused prefix, cache_creation_input_tokens
- *    = prompt tokens this request newly committed to the cache (whole
- *    pages), output_tokens.
+ *  - usage: cache_read_input_tokens = the reused prefix,
+ *    cache_creation_input_tokens = prompt tokens this request newly
+ *    committed to the cache (its whole pages past the reused prefix),
+ *    input_tokens = the rest of the prompt (neither read nor committed), so
+ *    the three add up to the prompt as Anthropic counts; output_tokens.
  *  - errors: {"type": "error", "error": {"type": "invalid_request_error" |
  *    "authentication_error" | "permission_error" | "not_found_error" |
  *    "request_too_large" | "rate_limit_error" | "api_error" |

@@ -319,9 +319,12 @@ static bool convert_tools(json_t *body, ns_msgs_conv *c, ns_http_error *e) {
             snprintf(param, sizeof param, "tools[%zu].input_schema", i);
             return bad(e, param, "Field required (an object)");
         }
-        json_t *fn = json_pack("{s:O,s:O}", "name", name, "parameters", schema);
+        /* the key order of OpenAI's tools (name, description, parameters):
+         * templates print them with tojson, so it decides the tokens */
+        json_t *fn = json_pack("{s:O}", "name", name);
         json_t *d = json_object_get(t, "description");
         if (json_is_string(d)) json_object_set(fn, "description", d);
+        json_object_set(fn, "parameters", schema);
         json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function", fn));
     }
     if (json_array_size(out) > 0) json_object_set(c->chat, "tools", out);

@@ -209,11 +209,7 @@ static bool resp_prepare(ns_gen_job *gj, ns_gen_opts *o, ns_http_error *e) {
     } else if (j->conv.json_object) {
         spec.kind = NS_STRUCT_JSON_OBJECT;
     }
-    if (spec.kind == NS_STRUCT_NONE) return true;
-    /* STRUCT_PENDING: ns_structured_attach is not linked yet */
-    ns_http_error_set(e, 400, spec.kind >= NS_STRUCT_TOOL_REQUIRED ? "tool_choice" : "text.format", "unsupported_value",
-                      "enforced output (tool_choice required/named, text.format json) is not supported by this build");
-    return false;
+    return ns_structured_attach(gj->a, &spec, o, e);
 }
 
 static void resp_release(ns_gen_job *gj) {

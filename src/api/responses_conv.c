@@ -257,9 +257,11 @@ static bool offer(ns_resp_conv *c, json_t *t, const char *ns, const char *param,
             return bad(e, param, "invalid_type", "'parameters' must be an object");
         params = json_is_object(params) ? json_incref(params) : json_pack("{s:s,s:{}}", "type", "object", "properties");
     }
-    json_t *fn = json_pack("{s:O,s:o}", "name", name, "parameters", params);
+    /* OpenAI's key order (name, description, parameters): templates print it */
+    json_t *fn = json_pack("{s:O}", "name", name);
     json_t *d = json_object_get(t, "description");
     if (json_is_string(d)) json_object_set(fn, "description", d);
+    json_object_set_new(fn, "parameters", params);
     json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function", fn));
     json_object_set_new(c->tool_info, json_string_value(name),
                         json_pack("{s:b,s:o}", "custom", custom, "namespace", ns ? json_string(ns) : json_null()));
