@@ -11,6 +11,7 @@
 
 #include "cli/cli_bench.h"
 #include "cli/cli_bench_engine.h"
+#include "cli/cli_check_prompts.h"
 #include "cli/cli_eval.h"
 #include "cli/cli_generate.h"
 #include "cli/cli_serve.h"
@@ -61,6 +62,7 @@ static const command commands[] = {
     {"generate", ns_cli_generate, "run one prompt, stream the text (or ids) to stdout"},
     {"tokenize", ns_cli_tokenize, "stdin text -> token ids as JSON"},
     {"replay", ns_cli_replay, "re-send a recording (serve --record) to a server, measure TTFT and cache"},
+    {"check-prompts", ns_cli_check_prompts, "find where a recording's turns broke the prompt prefix, and why"},
     {"eval", ns_cli_eval, "one forward pass over token ids -> logits summary as JSON"},
     {"bench-engine", ns_cli_bench_engine, "engine throughput against the measured roofline"},
     {"bench", ns_cli_bench, "compare OpenAI-compatible servers over HTTP: paired blocks, CIs, HTML report"},

@@ -51,6 +51,39 @@ static void set_time(json_t *o, const struct timespec *w) {
     json_object_set_new(o, "t", json_real((double)w->tv_sec + (double)w->tv_nsec * 1e-9));
 }
 
+/* What the client was sent: content (after tool-call parsing), reasoning
+ * and the generated token ids (what the prefix cache holds after the
+ * prompt; check-prompts compares the next turn against prompt + these).
+ * Redacted: the texts as placeholders, no ids. */
+static json_t *output_obj(ns_api *a, const ns_gen *g) {
+    const ns_buf *c = ns_gen_content(g);
+    json_t *content = json_stringn(c->data ? c->data : "", c->len);
+    json_t *reasoning = json_stringn(g->reasoning.data ? g->reasoning.data : "", g->reasoning.len);
+    json_t *o = json_object();
+    if (!content || !reasoning || !o) {
+        json_decref(content);
+        json_decref(reasoning);
+        json_decref(o);
+        return json_null();
+    }
+    if (a->record_redact) {
+        json_t *rc = ns_redact_body(content, count_tokens, a), *rr = ns_redact_body(reasoning, count_tokens, a);
+        json_decref(content);
+        json_decref(reasoning);
+        content = rc ? rc : json_null();
+        reasoning = rr ? rr : json_null();
+    }
+    json_object_set_new(o, "content", content);
+    json_object_set_new(o, "reasoning", reasoning);
+    if (g->use_tools) json_object_set_new(o, "tool_calls", json_integer(g->tp.n_calls));
+    if (!a->record_redact) {
+        json_t *ids = json_array();
+        for (int32_t i = 0; ids && i < g->n_ids; i++) json_array_append_new(ids, json_integer(g->ids[i]));
+        json_object_set_new(o, "ids", ids ? ids : json_null());
+    }
+    return o;
+}
+
 /* The generation's numbers: only when it was submitted (g->req set). */
 static void set_gen(json_t *o, const ns_record_req *r, const ns_gen_job *j, bool failed) {
     const ns_gen *g = &j->g;
@@ -74,6 +107,7 @@ static void set_gen(json_t *o, const ns_record_req *r, const ns_gen_job *j, bool
     json_object_set_new(o, "finish_reason",
                         g->done && !failed ? json_string(ns_gen_finish_reason(g, j->gp.stream)) : json_null());
     json_object_set_new(o, "client_gone", json_boolean(g->gone));
+    if (g->done && !failed) json_object_set_new(o, "output", output_obj(r->a, g));
 }
 
 static json_t *error_obj(const ns_http_error *e) {

@@ -11,6 +11,9 @@
  *    "ttft_s":S|null (arrival to first generated token), "duration_s":S,
  *    "output_tokens":N, "finish_reason":"stop"|"length"|"tool_calls"|null,
  *    "client_gone":false,
+ *    "output":{"content":"...","reasoning":"...","ids":[...]} (what was
+ *            generated, when it finished; redacted: texts as placeholders
+ *            and no ids; "tool_calls":N with tools),
  *    "error":{"code":"...","message":"..."} (only when it failed; a stream
  *            that failed after its 200 keeps status 200 and says so here),
  *    "request":{ the body as received, or redacted (record/redact.h) }}
