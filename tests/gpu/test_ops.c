@@ -761,10 +761,18 @@ static void check_by_seq(pair *out, const batch_buf *bb, double tol, double row_
 /* One attention step over sequences fin[] (each: context after the step,
  * new tokens), with their history (ctx - n tokens) stored first; pages
  * shuffled over the pool. Checks layer 1 per sequence. */
-typedef void (*gpu_switch_fn)(ns_backend *, int);
+/* A kernel switch of the CUDA backend and the positions to test: the GPU
+ * runs once per position against one CPU reference; the switch is left
+ * at the first position (the default). */
+typedef struct {
+    void (*set)(ns_backend *, int);
+    int n;
+    int pos[3];
+    const char *name[3];
+} gpu_switch;
 
 static void attention_batch(const attn_cfg *cf, const seq_spec *fin, int ns, double tol, double row_tol,
-                            const char *what, gpu_switch_fn sw, const char *on_off[2]) {
+                            const char *what, const gpu_switch *sw) {
     const int layers = 2;
     int32_t max_pages = 1, pages = 0;
     for (int s = 0; s < ns; s++) {
@@ -830,17 +838,16 @@ static void attention_batch(const attn_cfg *cf, const seq_spec *fin, int ns, dou
     }
     const float scale = 1.0f / sqrtf((float)cf->D);
     cpu->ops->attention(cpu, &ab.out.c, &ab.q.c, 1, cf->H, scale);
-    /* the GPU runs once per switch position against the same reference */
-    for (int on = 1; on >= (sw ? 0 : 1); on--) {
-        if (sw) sw(gpu, on);
-        if (on == 0) pair_poison_gpu(&ab.out);
+    for (int i = 0; i < (sw ? sw->n : 1); i++) {
+        if (sw) sw->set(gpu, sw->pos[i]);
+        if (i > 0) pair_poison_gpu(&ab.out);
         gpu->ops->attention(gpu, &ab.out.g, &ab.q.g, 1, cf->H, scale);
         char buf[200];
         snprintf(buf, sizeof buf, "D=%d H=%d KVH=%d P=%d %s%s%s", cf->D, cf->H, cf->KVH, cf->P, what, sw ? " " : "",
-                 sw ? on_off[on] : "");
+                 sw ? sw->name[i] : "");
         check_by_seq(&ab.out, &bb, tol, row_tol, buf);
     }
-    if (sw) sw(gpu, 1);
+    if (sw) sw->set(gpu, sw->pos[0]);
     attn_bufs_free(&ab);
     batch_free(&bb);
     cpu->ops->kv_free(cpu);
@@ -869,13 +876,11 @@ TEST(test_attention_prefill_boundaries) {
     };
     const seq_spec small[] = {{15, 15}, {33, 17}, {130, 64}, {300, 300}, {257, 1}};
     const attn_cfg g4 = {128, 2, 8, 16}, g8 = {128, 1, 8, 16}, g1 = {128, 2, 2, 16};
-    const char *k[2] = {"(mma.sync prefill)", "(hopper prefill where present)"};
-    attention_batch(&g4, mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-2, 3e-2, "prefill boundaries GQA4",
-                    ns_cuda_set_attn_sm90, k);
-    attention_batch(&g8, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA8",
-                    ns_cuda_set_attn_sm90, k);
-    attention_batch(&g1, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA1 (mma.sync)", NULL,
-                    NULL);
+    /* on a device without the Hopper kernel all three run the mma.sync kernel */
+    const gpu_switch k = {ns_cuda_set_attn_sm90, 3, {1, 2, 0}, {"(hopper)", "(hopper, unpipelined)", "(mma.sync)"}};
+    attention_batch(&g4, mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-2, 3e-2, "prefill boundaries GQA4", &k);
+    attention_batch(&g8, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA8", &k);
+    attention_batch(&g1, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA1 (mma.sync)", NULL);
 }
 
 /* A 40000-token prefix: a 17-row prefill chunk and a decode row on top of
@@ -883,7 +888,7 @@ TEST(test_attention_prefill_boundaries) {
 TEST(test_attention_40k_context) {
     const attn_cfg cf = {128, 2, 8, 16};
     const seq_spec sp[] = {{40017, 17}, {40001, 1}, {5, 1}};
-    attention_batch(&cf, sp, 3, 1e-2, 3e-2, "prefix 40000: chunk 17 + decode", NULL, NULL);
+    attention_batch(&cf, sp, 3, 1e-2, 3e-2, "prefix 40000: chunk 17 + decode", NULL);
 }
 
 /* Decode only, mixed lengths (1 ... 33000), GQA 1/4/8, head dims 64 and
@@ -893,11 +898,11 @@ TEST(test_attention_40k_context) {
 TEST(test_attention_decode_mixed) {
     const seq_spec sp[] = {{33000, 1}, {1, 1}, {4097, 1}, {17, 1}, {16, 1}, {129, 1}, {8191, 1}};
     const attn_cfg cfgs[] = {{128, 2, 8, 16}, {128, 1, 8, 16}, {128, 2, 2, 16}, {64, 2, 8, 32}};
-    const char *k[2] = {"(CUDA cores)", "(tensor cores)"};
+    const gpu_switch k = {ns_cuda_set_attn_dec_mma, 2, {1, 0}, {"(tensor cores)", "(CUDA cores)", NULL}};
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         char what[96];
         snprintf(what, sizeof what, "decode mixed lengths GQA%d", cfgs[i].H / cfgs[i].KVH);
-        attention_batch(&cfgs[i], sp, (int)(sizeof sp / sizeof sp[0]), 1e-4, 1e-3, what, ns_cuda_set_attn_dec_mma, k);
+        attention_batch(&cfgs[i], sp, (int)(sizeof sp / sizeof sp[0]), 1e-4, 1e-3, what, &k);
     }
 }
 

@@ -917,11 +917,12 @@ static bool launch_decode(cu_impl *c, const attn_params &p, dim3 grid, int gb) {
 }
 
 bool cu_attn_switch(int *field, const char *env) {
-    if (*field == 0) {
+    if (*field == CU_SW_UNSET) {
         const char *e = getenv(env);
-        *field = (e && atoi(e) == 0) ? 2 : 1;
+        const int v = e ? atoi(e) : 1;
+        *field = v == 0 ? CU_SW_OFF : v == 2 ? CU_SW_ON_ALT : CU_SW_ON;
     }
-    return *field == 1;
+    return *field == CU_SW_ON || *field == CU_SW_ON_ALT;
 }
 
 /* Switch setters (cuda.h). Graphs bake the kernel choice: drop them. A
@@ -930,7 +931,7 @@ bool cu_attn_switch(int *field, const char *env) {
 static void set_attn_switch(ns_backend *be, int cu_impl::*field, int on) {
     cu_impl *c = (cu_impl *)be->impl;
     cu_bump_generation(c);
-    c->*field = on ? 1 : 2;
+    c->*field = on == 0 ? CU_SW_OFF : on == 2 ? CU_SW_ON_ALT : CU_SW_ON;
 }
 extern "C" void ns_cuda_set_attn_sm90(ns_backend *be, int on) { set_attn_switch(be, &cu_impl::attn_sm90, on); }
 extern "C" void ns_cuda_set_attn_dec_mma(ns_backend *be, int on) { set_attn_switch(be, &cu_impl::attn_dec_mma, on); }

@@ -36,7 +36,7 @@
 #define S9_BM 64       /* query rows per consumer warp group */
 #define S9_BN 128      /* keys per K/V tile */
 #define S9_D 128       /* head dim */
-#define S9_STAGES 2
+#define S9_STAGES 3
 #define S9_Q_BYTES (2 * S9_BM * 128)  /* one consumer's Q: two 64-column halves */
 #define S9_KV_BYTES (2 * S9_BN * 128) /* one K or V tile */
 #define S9_SMEM (1024 + 2 * S9_Q_BYTES + 2 * S9_STAGES * S9_KV_BYTES + 64)
@@ -123,6 +123,11 @@ __device__ __forceinline__ void wgmma_rs_m64n128_tb(float (&d)[64], const uint32
 __device__ __forceinline__ void wgmma_wait0(float (&d)[64]) {
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) :: "memory");
 }
+/* Waits until at most one wgmma group of this warp group is pending (the
+ * older group, whose accumulators are d, is complete). */
+__device__ __forceinline__ void wgmma_wait1(float (&d)[64]) {
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) :: "memory");
+}
 /* Orders register writes before the next wgmma reads them (accumulators). */
 __device__ __forceinline__ void wgmma_fence_regs(float (&d)[64]) {
     asm volatile("" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) :: "memory");
@@ -143,8 +148,8 @@ __device__ __forceinline__ void s9_producer(const cu_sm90_params &p, uint8_t *sm
     const size_t row_bytes = (size_t)S9_D * 2;
     const int32_t *pt = p.page_table + (size_t)s * p.pt_stride;
     for (int kt = 0; kt < nt; kt++) {
-        const int st = kt & 1;
-        if (kt >= 2) s9_mbar_wait(bar_empty + 8 * st, ((kt >> 1) - 1) & 1);
+        const int st = kt % S9_STAGES;
+        if (kt >= S9_STAGES) s9_mbar_wait(bar_empty + 8 * st, (kt / S9_STAGES - 1) & 1);
         const uint32_t kd = kbase + st * S9_KV_BYTES, vd = vbase + st * S9_KV_BYTES;
 #pragma unroll 4
         for (int j = 0; j < S9_BN / 8; j++) {
@@ -171,16 +176,118 @@ __device__ __forceinline__ void s9_producer(const cu_sm90_params &p, uint8_t *sm
         if (kt > 0) {
             asm volatile("cp.async.wait_group 1;\n" ::: "memory");
             s9_fence_async_smem();
-            s9_mbar_arrive(bar_full + 8 * ((kt - 1) & 1));
+            s9_mbar_arrive(bar_full + 8 * ((kt - 1) % S9_STAGES));
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     s9_fence_async_smem();
-    s9_mbar_arrive(bar_full + 8 * ((nt - 1) & 1));
+    s9_mbar_arrive(bar_full + 8 * ((nt - 1) % S9_STAGES));
+}
+
+/* Per-thread softmax state of one consumer: rows rl0 and rl0 + 8 of the
+ * warp group's 64 (o/sc[4i+0,1] and [4i+2,3]). */
+struct s9_rows {
+    float m0, m1, l0, l1;
+    int rpos0, rpos1, warp_min_pos, lane;
+};
+
+/* S = Q K^T for the K tile at ka (not waited for): 8 k-steps of 16 dims;
+ * a step's 32 bytes sit inside one 128-byte swizzle row (the halves of 64
+ * dims are separate blocks). */
+__device__ __forceinline__ void s9_issue_s(float (&sc)[64], uint32_t qaddr, uint32_t ka) {
+    s9_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < S9_D / 16; kk++) {
+        const uint32_t off = (kk & 3) * 32;
+        const uint64_t da = s9_desc(qaddr + (kk >> 2) * (S9_BM * 128) + off, 16, 1024);
+        const uint64_t db = s9_desc(ka + (kk >> 2) * (S9_BN * 128) + off, 16, 1024);
+        wgmma_ss_m64n128(sc, da, db, kk > 0);
+    }
+    s9_wgmma_commit();
+}
+
+/* O += P V for the V tile at va (not waited for): 8 k-steps of 16 keys; V
+ * is MN-major (dims contiguous): the two 64-dim halves are LBO apart,
+ * 8-key groups 1024 bytes. */
+__device__ __forceinline__ void s9_issue_pv(float (&o)[64], const uint32_t (&pa)[S9_BN / 16][4], uint32_t va) {
+    wgmma_fence_regs(o);
+    s9_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < S9_BN / 16; kk++) {
+        const uint64_t db = s9_desc(va + kk * 16 * 128, S9_BN * 128, 1024);
+        wgmma_rs_m64n128_tb(o, pa[kk], db);
+    }
+    s9_wgmma_commit();
+}
+
+/* Online softmax of the scores of key tile kt: masks keys past each row's
+ * position, updates m and l, writes P (bf16, the wgmma A-fragment layout)
+ * and returns the factors a0/a1 that the previous O must be scaled by. */
+__device__ __forceinline__ void s9_softmax(float (&sc)[64], uint32_t (&pa)[S9_BN / 16][4], s9_rows &r, int kt,
+                                           float scale_log2, float &a0, float &a1) {
+    const int kb = kt * S9_BN;
+    const bool need_mask = kb + S9_BN - 1 > r.warp_min_pos;
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < S9_BN / 8; i++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float v = sc[4 * i + e] * scale_log2;
+            if (need_mask) {
+                const int key = kb + i * 8 + (r.lane & 3) * 2 + (e & 1);
+                if (key > (e < 2 ? r.rpos0 : r.rpos1)) v = -INFINITY;
+            }
+            sc[4 * i + e] = v;
+        }
+        mx0 = fmaxf(mx0, fmaxf(sc[4 * i], sc[4 * i + 1]));
+        mx1 = fmaxf(mx1, fmaxf(sc[4 * i + 2], sc[4 * i + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    /* tile 0 always holds key 0, which every row sees, and tiles run in
+     * order: m is finite from then on, so a fully masked row in a later
+     * tile gives exp2(-inf - m) = 0, never NaN */
+    const float mn0 = fmaxf(r.m0, mx0), mn1 = fmaxf(r.m1, mx1);
+    a0 = exp2f(r.m0 - mn0);
+    a1 = exp2f(r.m1 - mn1);
+    r.m0 = mn0;
+    r.m1 = mn1;
+    float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < S9_BN / 8; i++) {
+        const float e0 = exp2f(sc[4 * i] - mn0), e1 = exp2f(sc[4 * i + 1] - mn0);
+        const float e2 = exp2f(sc[4 * i + 2] - mn1), e3 = exp2f(sc[4 * i + 3] - mn1);
+        rs0 += e0 + e1;
+        rs1 += e2 + e3;
+        /* the S accumulator layout of n8 block i is the A-fragment layout
+         * of keys [16(i/2), 16(i/2)+16): regs 0/1 from even i, 2/3 from
+         * odd i */
+        pa[i >> 1][(i & 1) * 2 + 0] = s9_pack_bf16(e0, e1);
+        pa[i >> 1][(i & 1) * 2 + 1] = s9_pack_bf16(e2, e3);
+    }
+    r.l0 = r.l0 * a0 + rs0;
+    r.l1 = r.l1 * a1 + rs1;
+}
+
+__device__ __forceinline__ void s9_scale_o(float (&o)[64], float a0, float a1) {
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        o[4 * i] *= a0;
+        o[4 * i + 1] *= a0;
+        o[4 * i + 2] *= a1;
+        o[4 * i + 3] *= a1;
+    }
 }
 
 /* Consumer warp group w (0/1): query head h, rows [q0, q0 + rows) of the
- * sequence's chunk. */
+ * sequence's chunk. PIPE: the S product of tile kt is issued together
+ * with the PV product of tile kt - 1, so the softmax of tile kt runs
+ * while the tensor cores do PV (FA3's intra-warpgroup overlap; P of two
+ * tiles live in registers). Without PIPE each tile runs S, softmax, PV
+ * in order (the two consumer warp groups still overlap each other). */
+template <bool PIPE>
 __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *smem, uint32_t bar_full,
                                             uint32_t bar_empty, int w, int h, int t0, int q0, int rows, int pos0,
                                             int nt) {
@@ -214,93 +321,58 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
     float o[64], sc[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) o[i] = sc[i] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    const int rl0 = warp * 16 + (lane >> 2);         /* tile rows of o/sc[4i+0,1] and [4i+2,3] */
-    const int rpos0 = pos0 + rl0, rpos1 = rpos0 + 8; /* their positions */
-    const int warp_min_pos = pos0 + warp * 16;
+    s9_rows r;
+    r.m0 = r.m1 = -INFINITY;
+    r.l0 = r.l1 = 0.f;
+    const int rl0 = warp * 16 + (lane >> 2);
+    r.rpos0 = pos0 + rl0;
+    r.rpos1 = r.rpos0 + 8;
+    r.warp_min_pos = pos0 + warp * 16;
+    r.lane = lane;
+    float a0, a1;
 
-    for (int kt = 0; kt < nt; kt++) {
-        const int st = kt & 1;
-        s9_mbar_wait(bar_full + 8 * st, (kt >> 1) & 1);
-        const uint32_t ka = kbase + st * S9_KV_BYTES, va = vbase + st * S9_KV_BYTES;
-        /* S = Q K^T: 8 k-steps of 16 dims; a step's 32 bytes sit inside
-         * one 128-byte swizzle row (halves of 64 dims are separate) */
-        s9_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < S9_D / 16; kk++) {
-            const uint32_t off = (kk & 3) * 32;
-            const uint64_t da = s9_desc(qaddr + (kk >> 2) * (S9_BM * 128) + off, 16, 1024);
-            const uint64_t db = s9_desc(ka + (kk >> 2) * (S9_BN * 128) + off, 16, 1024);
-            wgmma_ss_m64n128(sc, da, db, kk > 0);
+    if constexpr (!PIPE) {
+        for (int kt = 0; kt < nt; kt++) {
+            const int st = kt % S9_STAGES;
+            s9_mbar_wait(bar_full + 8 * st, (kt / S9_STAGES) & 1);
+            s9_issue_s(sc, qaddr, kbase + st * S9_KV_BYTES);
+            wgmma_wait0(sc);
+            uint32_t pa[S9_BN / 16][4];
+            s9_softmax(sc, pa, r, kt, p.scale_log2, a0, a1);
+            s9_scale_o(o, a0, a1);
+            s9_issue_pv(o, pa, vbase + st * S9_KV_BYTES);
+            wgmma_wait0(o);
+            s9_mbar_arrive(bar_empty + 8 * st);
         }
-        s9_wgmma_commit();
-        wgmma_wait0(sc);
-
-        const int kb = kt * S9_BN;
-        const bool need_mask = kb + S9_BN - 1 > warp_min_pos;
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int i = 0; i < S9_BN / 8; i++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = sc[4 * i + e] * p.scale_log2;
-                if (need_mask) {
-                    const int key = kb + i * 8 + (lane & 3) * 2 + (e & 1);
-                    if (key > (e < 2 ? rpos0 : rpos1)) v = -INFINITY;
-                }
-                sc[4 * i + e] = v;
-            }
-            mx0 = fmaxf(mx0, fmaxf(sc[4 * i], sc[4 * i + 1]));
-            mx1 = fmaxf(mx1, fmaxf(sc[4 * i + 2], sc[4 * i + 3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        /* tile 0 always holds key 0, which every row sees: m is finite
-         * from then on, so a fully masked row in a later tile gives
-         * exp2(-inf - m) = 0, never NaN */
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float a0 = exp2f(m0 - mn0), a1 = exp2f(m1 - mn1);
-        m0 = mn0;
-        m1 = mn1;
-        float rs0 = 0.f, rs1 = 0.f;
+    } else {
         uint32_t pa[S9_BN / 16][4];
+        s9_mbar_wait(bar_full, 0);
+        s9_issue_s(sc, qaddr, kbase);
+        wgmma_wait0(sc);
+        s9_softmax(sc, pa, r, 0, p.scale_log2, a0, a1); /* O is zero: nothing to scale */
+        for (int kt = 1; kt < nt; kt++) {
+            const int st = kt % S9_STAGES, sp = (kt - 1) % S9_STAGES;
+            s9_mbar_wait(bar_full + 8 * st, (kt / S9_STAGES) & 1);
+            s9_issue_s(sc, qaddr, kbase + st * S9_KV_BYTES);
+            s9_issue_pv(o, pa, vbase + sp * S9_KV_BYTES);
+            wgmma_wait1(sc); /* S of tile kt done; PV of tile kt - 1 may still run */
+            uint32_t pn[S9_BN / 16][4];
+            s9_softmax(sc, pn, r, kt, p.scale_log2, a0, a1);
+            wgmma_wait0(o);
+            s9_mbar_arrive(bar_empty + 8 * sp);
+            s9_scale_o(o, a0, a1);
 #pragma unroll
-        for (int i = 0; i < S9_BN / 8; i++) {
-            const float e0 = exp2f(sc[4 * i] - mn0), e1 = exp2f(sc[4 * i + 1] - mn0);
-            const float e2 = exp2f(sc[4 * i + 2] - mn1), e3 = exp2f(sc[4 * i + 3] - mn1);
-            rs0 += e0 + e1;
-            rs1 += e2 + e3;
-            /* the S accumulator layout of n8 block i is the A-fragment
-             * layout of keys [16(i/2), 16(i/2)+16): regs 0/1 from even i,
-             * 2/3 from odd i */
-            pa[i >> 1][(i & 1) * 2 + 0] = s9_pack_bf16(e0, e1);
-            pa[i >> 1][(i & 1) * 2 + 1] = s9_pack_bf16(e2, e3);
-        }
-        l0 = l0 * a0 + rs0;
-        l1 = l1 * a1 + rs1;
+            for (int i = 0; i < S9_BN / 16; i++)
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            o[4 * i] *= a0;
-            o[4 * i + 1] *= a0;
-            o[4 * i + 2] *= a1;
-            o[4 * i + 3] *= a1;
+                for (int j = 0; j < 4; j++) pa[i][j] = pn[i][j];
         }
-        /* O += P V: 8 k-steps of 16 keys; V is MN-major (dims contiguous):
-         * the two 64-dim halves are LBO apart, 8-key groups 1024 bytes */
-        wgmma_fence_regs(o);
-        s9_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < S9_BN / 16; kk++) {
-            const uint64_t db = s9_desc(va + kk * 16 * 128, S9_BN * 128, 1024);
-            wgmma_rs_m64n128_tb(o, pa[kk], db);
-        }
-        s9_wgmma_commit();
+        const int sl = (nt - 1) % S9_STAGES;
+        s9_issue_pv(o, pa, vbase + sl * S9_KV_BYTES);
         wgmma_wait0(o);
-        s9_mbar_arrive(bar_empty + 8 * st);
+        s9_mbar_arrive(bar_empty + 8 * sl);
     }
 
+    float l0 = r.l0, l1 = r.l1;
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
@@ -328,6 +400,7 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
 
 /* grid (n_tiles, H / 2), 384 threads. CTA (tile, pair): query heads
  * 2 pair and 2 pair + 1 (same KV head: G is even). */
+template <bool PIPE>
 __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) {
 #if S9_ENABLED
     PDL_ENTRY();
@@ -358,7 +431,7 @@ __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) 
         s9_producer(p, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
-        s9_consumer(p, smem, bar_full, bar_empty, wg - 1, h0 + wg - 1, t0, q0, rows, pos0, nt);
+        s9_consumer<PIPE>(p, smem, bar_full, bar_empty, wg - 1, h0 + wg - 1, t0, q0, rows, pos0, nt);
     }
 #else
     (void)p;
@@ -377,14 +450,20 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
         /* sm_90a code runs on exactly 9.0 */
         c->attn_sm90_cc = (major == 9 && minor == 0 && c->smem_optin >= (size_t)S9_SMEM) ? 1 : 2;
         if (c->attn_sm90_cc == 1 &&
-            cu_check(c, cudaFuncSetAttribute(k_attn_prefill_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize, S9_SMEM),
-                     "attention sm90 smem attribute"))
+            (cu_check(c, cudaFuncSetAttribute(k_attn_prefill_sm90<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              S9_SMEM),
+                      "attention sm90 smem attribute") ||
+             cu_check(c, cudaFuncSetAttribute(k_attn_prefill_sm90<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              S9_SMEM),
+                      "attention sm90 smem attribute")))
             c->attn_sm90_cc = 2;
     }
     return c->attn_sm90_cc == 1;
 }
 
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
-    cu_launch(c, k_attn_prefill_sm90, dim3((unsigned)n_tiles, (unsigned)(p->H / 2)), dim3(384), (size_t)S9_SMEM, *p);
+    const dim3 grid((unsigned)n_tiles, (unsigned)(p->H / 2));
+    if (c->attn_sm90 == CU_SW_ON_ALT) cu_launch(c, k_attn_prefill_sm90<false>, grid, dim3(384), (size_t)S9_SMEM, *p);
+    else cu_launch(c, k_attn_prefill_sm90<true>, grid, dim3(384), (size_t)S9_SMEM, *p);
     return !CU_LAUNCHED(c, "attention prefill sm90");
 }
