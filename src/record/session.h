@@ -18,7 +18,8 @@
  *      at least as many items as that turn, is that session's next turn
  *      (an edited history: a changed system prompt, a rewritten message,
  *      stripped reasoning -- the breaks check-prompts reports).
- *   3. Otherwise it starts a new session.
+ *   3. Otherwise it starts a new session (so an edit of the first user
+ *      message itself cannot be told from a new conversation).
  *   Requests are considered in arrival order ("t"); the endpoint must be
  *   the same within a session. Records without a request body (a 400 for
  *   a body that was not JSON) are skipped.
