@@ -286,8 +286,13 @@ __device__ __forceinline__ void s9_scale_o(float (&o)[64], float a0, float a1) {
  * with the PV product of tile kt - 1, so the softmax of tile kt runs
  * while the tensor cores do PV (FA3's intra-warpgroup overlap; P of two
  * tiles live in registers). Without PIPE each tile runs S, softmax, PV
- * in order (the two consumer warp groups still overlap each other). */
-template <bool PIPE>
+ * in order (the two consumer warp groups still overlap each other).
+ * PINGPONG (with PIPE): the two consumer warp groups take turns issuing
+ * their products (named barriers 3 and 4, FA3's warp-scheduler barrier),
+ * so one group's softmax runs while the other's products use the tensor
+ * cores. Each group passes the turn after each of its nt + 1 issue points
+ * except group 1's last, so every barrier phase completes before exit. */
+template <bool PIPE, bool PINGPONG>
 __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *smem, uint32_t bar_full,
                                             uint32_t bar_empty, int w, int h, int t0, int q0, int rows, int pos0,
                                             int nt) {
@@ -345,16 +350,32 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
             s9_mbar_arrive(bar_empty + 8 * st);
         }
     } else {
+        /* turn-taking: wait for my turn, issue, hand the turn over */
+        auto my_turn = [&]() {
+            if constexpr (PINGPONG) asm volatile("bar.sync %0, 256;\n" ::"r"(3 + w) : "memory");
+        };
+        auto pass_turn = [&](bool last) {
+            if constexpr (PINGPONG) {
+                if (!(last && w == 1)) asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - w) : "memory");
+            }
+        };
+        if constexpr (PINGPONG) {
+            if (w == 1) asm volatile("bar.arrive 3, 256;\n" ::: "memory"); /* group 0 goes first */
+        }
         uint32_t pa[S9_BN / 16][4];
         s9_mbar_wait(bar_full, 0);
+        my_turn();
         s9_issue_s(sc, qaddr, kbase);
+        pass_turn(false);
         wgmma_wait0(sc);
         s9_softmax(sc, pa, r, 0, p.scale_log2, a0, a1); /* O is zero: nothing to scale */
         for (int kt = 1; kt < nt; kt++) {
             const int st = kt % S9_STAGES, sp = (kt - 1) % S9_STAGES;
             s9_mbar_wait(bar_full + 8 * st, (kt / S9_STAGES) & 1);
+            my_turn();
             s9_issue_s(sc, qaddr, kbase + st * S9_KV_BYTES);
             s9_issue_pv(o, pa, vbase + sp * S9_KV_BYTES);
+            pass_turn(false);
             wgmma_wait1(sc); /* S of tile kt done; PV of tile kt - 1 may still run */
             uint32_t pn[S9_BN / 16][4];
             s9_softmax(sc, pn, r, kt, p.scale_log2, a0, a1);
@@ -367,7 +388,9 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
                 for (int j = 0; j < 4; j++) pa[i][j] = pn[i][j];
         }
         const int sl = (nt - 1) % S9_STAGES;
+        my_turn();
         s9_issue_pv(o, pa, vbase + sl * S9_KV_BYTES);
+        pass_turn(true);
         wgmma_wait0(o);
         s9_mbar_arrive(bar_empty + 8 * sl);
     }
@@ -400,7 +423,7 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
 
 /* grid (n_tiles, H / 2), 384 threads. CTA (tile, pair): query heads
  * 2 pair and 2 pair + 1 (same KV head: G is even). */
-template <bool PIPE>
+template <bool PIPE, bool PINGPONG>
 __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) {
 #if S9_ENABLED
     PDL_ENTRY();
@@ -431,7 +454,7 @@ __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) 
         s9_producer(p, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
-        s9_consumer<PIPE>(p, smem, bar_full, bar_empty, wg - 1, h0 + wg - 1, t0, q0, rows, pos0, nt);
+        s9_consumer<PIPE, PINGPONG>(p, smem, bar_full, bar_empty, wg - 1, h0 + wg - 1, t0, q0, rows, pos0, nt);
     }
 #else
     (void)p;
@@ -441,6 +464,11 @@ __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) 
 
 /* ---------------------------------------------------------------- host */
 
+static bool s9_set_smem(cu_impl *c, void (*k)(cu_sm90_params)) {
+    return !cu_check(c, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, S9_SMEM),
+                     "attention sm90 smem attribute");
+}
+
 bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
     if (head_dim != S9_D || G < 2 || G % 2 != 0 || !cu_attn_switch(&c->attn_sm90, "NS_CUDA_ATTN_SM90")) return false;
     if (c->attn_sm90_cc == 0) {
@@ -449,21 +477,18 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device);
         /* sm_90a code runs on exactly 9.0 */
         c->attn_sm90_cc = (major == 9 && minor == 0 && c->smem_optin >= (size_t)S9_SMEM) ? 1 : 2;
-        if (c->attn_sm90_cc == 1 &&
-            (cu_check(c, cudaFuncSetAttribute(k_attn_prefill_sm90<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              S9_SMEM),
-                      "attention sm90 smem attribute") ||
-             cu_check(c, cudaFuncSetAttribute(k_attn_prefill_sm90<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              S9_SMEM),
-                      "attention sm90 smem attribute")))
+        if (c->attn_sm90_cc == 1 && !(s9_set_smem(c, k_attn_prefill_sm90<true, false>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<false, false>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<true, true>)))
             c->attn_sm90_cc = 2;
     }
     return c->attn_sm90_cc == 1;
 }
 
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
-    const dim3 grid((unsigned)n_tiles, (unsigned)(p->H / 2));
-    if (c->attn_sm90 == CU_SW_ON_ALT) cu_launch(c, k_attn_prefill_sm90<false>, grid, dim3(384), (size_t)S9_SMEM, *p);
-    else cu_launch(c, k_attn_prefill_sm90<true>, grid, dim3(384), (size_t)S9_SMEM, *p);
+    const dim3 grid((unsigned)n_tiles, (unsigned)(p->H / 2)), block(384);
+    if (c->attn_sm90 == CU_SW_ON_ALT) cu_launch(c, k_attn_prefill_sm90<false, false>, grid, block, (size_t)S9_SMEM, *p);
+    else if (c->attn_sm90 == CU_SW_ON_ALT2) cu_launch(c, k_attn_prefill_sm90<true, true>, grid, block, (size_t)S9_SMEM, *p);
+    else cu_launch(c, k_attn_prefill_sm90<true, false>, grid, block, (size_t)S9_SMEM, *p);
     return !CU_LAUNCHED(c, "attention prefill sm90");
 }

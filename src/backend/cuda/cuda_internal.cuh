@@ -182,9 +182,10 @@ typedef struct cu_impl {
     int prefetch; /* L2 prefetch of the next GEMV's weights in small kernels */
     int split_keys; /* fewest keys per decode-attention split */
     /* attention kernel switches (cuda_attention.cu): CU_SW_UNSET (the env
-     * default is read at first use), CU_SW_ON, CU_SW_OFF, CU_SW_ON_ALT (on,
-     * alternative variant: the Hopper kernel without intra-warpgroup
-     * pipelining) */
+     * default is read at first use), CU_SW_ON, CU_SW_OFF, CU_SW_ON_ALT /
+     * CU_SW_ON_ALT2 (on, alternative variants: the Hopper kernel without
+     * intra-warpgroup pipelining / with ping-pong between its consumer
+     * warp groups) */
     int attn_sm90;    /* Hopper prefill attention (cuda_attn_sm90.cu) where usable */
     int attn_sm90_cc; /* 0 = not checked yet, 1 = this device runs the sm_90a kernel, 2 = it does not */
     int attn_dec_mma; /* decode attention on tensor cores (GQA group as the MMA N dimension) */
@@ -349,9 +350,10 @@ typedef struct cu_sm90_params {
 /* Whether the Hopper kernel runs here for this shape (and the switch is
  * on); the first call checks the device and sets the kernel's smem limit. */
 bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G);
-enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2, CU_SW_ON_ALT = 3 };
-/* Resolves a switch: unset takes env var `env` (0 = off, 2 = on with the
- * alternative variant, anything else or absent = on); true when on. */
+enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2, CU_SW_ON_ALT = 3, CU_SW_ON_ALT2 = 4 };
+/* Resolves a switch: unset takes env var `env` (0 = off, 2 / 3 = on with
+ * the first / second alternative variant, anything else or absent = on);
+ * true when on. */
 bool cu_attn_switch(int *field, const char *env);
 /* grid (n_tiles, H / 2); returns false on a launch error (recorded). */
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles);
