@@ -249,6 +249,28 @@ typedef struct ns_backend_ops {
      * the host does not block (a page being demoted is not overwritten, a
      * promoted page is not read, before its copy is done). */
     void (*compute_after)(ns_backend *be, uint64_t fence);
+
+    /* ---- ops some architectures need (optional; last in the struct, so
+     * backends that initialize the table by position stay valid) ---- */
+    /* out[r, :] += b[0, :] for every row r (b is F32 [1, out->cols]).
+     * Optional: NULL means models with projection biases (Qwen2) cannot
+     * run on this backend, and their load fails saying so. */
+    void (*add_bias)(ns_backend *be, ns_tensor *out, const ns_tensor *b);
+    /* Mixture-of-experts SwiGLU MLP (Qwen3-MoE), added to out:
+     * for each token t (row of in, [T, hidden]): router logits
+     * in[t] @ router^T ([n_experts, hidden]), softmax over the experts in
+     * F32, the top_k largest probabilities (ties: the lower expert index),
+     * divided by their sum when norm_topk; then
+     *   out[t] += sum over the chosen e, ascending e, of
+     *             p_e * down_e(silu(gate_e in[t]) * up_e in[t]).
+     * experts holds 3 * n_experts weight tensors: gate_e at [e], up_e at
+     * [n_experts + e] (both [moe_ff, hidden]), down_e at [2 * n_experts + e]
+     * ([hidden, moe_ff]). An implementation reads only the chosen experts'
+     * weights (tokens grouped by expert in prefill). out must not alias
+     * in. Optional: NULL means MoE models cannot run on this backend (their
+     * load fails saying so). */
+    void (*moe_ffn)(ns_backend *be, ns_tensor *out, const ns_tensor *in, const ns_tensor *router,
+                    const ns_tensor *experts, int n_experts, int top_k, bool norm_topk);
 } ns_backend_ops;
 
 struct ns_backend {

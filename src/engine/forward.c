@@ -18,6 +18,9 @@ ns_status ns_engine_create(ns_model *m, const ns_engine_opts *opts, ns_engine **
     if (opts->page_tokens <= 0 || opts->page_tokens > 4096)
         return ns_fail(err, NS_ERR_INVALID, "engine: page size must be in [1, 4096] tokens");
     if (opts->n_pages <= 0) return ns_fail(err, NS_ERR_INVALID, "engine: KV pool needs at least one page");
+    /* whatever loaded the model: refuse ops the backend lacks before a step can call a NULL op */
+    ns_status crc = ns_model_check_backend(c, m->be, err);
+    if (crc != NS_OK) return crc;
     ns_engine *e = calloc(1, sizeof *e);
     if (!e) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
     e->model = m;
@@ -104,6 +107,11 @@ ns_status ns_engine_forward(ns_engine *e, const ns_batch *b, ns_error *err) {
         o->matmul(be, &q, &xn, &w->wq);
         o->matmul(be, &k, &xn, &w->wk);
         o->matmul(be, &v, &xn, &w->wv);
+        if (c->attn_bias) { /* Qwen2 */
+            o->add_bias(be, &q, &w->bq);
+            o->add_bias(be, &k, &w->bk);
+            o->add_bias(be, &v, &w->bv);
+        }
         if (c->qk_norm) {
             /* Qwen3 normalizes each head of q and k before RoPE */
             ns_tensor qh = view(&q, T * NH, D), kh = view(&k, T * NKV, D);
@@ -117,6 +125,10 @@ ns_status ns_engine_forward(ns_engine *e, const ns_batch *b, ns_error *err) {
         o->matmul(be, &xn, &att, &w->wo);
         o->add(be, &x, &xn);
         o->rmsnorm(be, &xn, &x, &w->ffn_norm, c->rms_norm_eps);
+        if (w->experts) { /* a sparse layer: the experts add straight into the residual */
+            o->moe_ffn(be, &x, &xn, &w->router, w->experts, c->n_experts, c->n_experts_per_tok, c->norm_topk_prob);
+            continue;
+        }
         o->matmul(be, &gate, &xn, &w->w_gate);
         o->matmul(be, &up, &xn, &w->w_up);
         o->swiglu(be, &gate, &gate, &up);

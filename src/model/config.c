@@ -71,28 +71,150 @@ static ns_status read_eos(const json_t *v, ns_model_config *cfg, const char *fil
     return NS_OK;
 }
 
-ns_status ns_config_from_json(const json_t *c, const json_t *gen, ns_model_config *cfg, ns_error *err) {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->bos_token_id = -1;
-    if (!json_is_object(c)) return ns_fail(err, NS_ERR_FORMAT, "config.json: not a JSON object");
+static const struct {
+    const char *cls, *model_type;
+    ns_arch arch;
+} k_archs[] = {
+    {"LlamaForCausalLM", "llama", NS_ARCH_LLAMA},     {"MistralForCausalLM", "mistral", NS_ARCH_MISTRAL},
+    {"Qwen2ForCausalLM", "qwen2", NS_ARCH_QWEN2},     {"Qwen3ForCausalLM", "qwen3", NS_ARCH_QWEN3},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", NS_ARCH_QWEN3_MOE},
+};
+
+/* "architectures"[0], else "model_type" -> cfg->arch and arch_name. */
+static ns_status parse_arch(const json_t *c, ns_model_config *cfg, ns_error *err) {
     const char *arch = NULL;
     json_t *archs = json_object_get(c, "architectures");
     if (json_is_array(archs) && json_array_size(archs) > 0 && json_is_string(json_array_get(archs, 0)))
         arch = json_string_value(json_array_get(archs, 0));
     const char *mtype = json_string_value(json_object_get(c, "model_type"));
-    if (arch && strcmp(arch, "LlamaForCausalLM") == 0) cfg->arch = NS_ARCH_LLAMA;
-    else if (arch && strcmp(arch, "Qwen3ForCausalLM") == 0) cfg->arch = NS_ARCH_QWEN3;
-    else if (!arch && mtype && strcmp(mtype, "llama") == 0) cfg->arch = NS_ARCH_LLAMA;
-    else if (!arch && mtype && strcmp(mtype, "qwen3") == 0) cfg->arch = NS_ARCH_QWEN3;
-    else
-        return ns_fail(err, NS_ERR_UNSUPPORTED,
-                       "config.json: unknown architecture \"%s\" (supported: LlamaForCausalLM, Qwen3ForCausalLM)",
-                       arch ? arch : (mtype ? mtype : "(none)"));
-    snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s",
-             arch ? arch : (cfg->arch == NS_ARCH_LLAMA ? "LlamaForCausalLM" : "Qwen3ForCausalLM"));
-    cfg->qk_norm = cfg->arch == NS_ARCH_QWEN3;
+    for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++) {
+        if (arch ? strcmp(arch, k_archs[i].cls) != 0 : (!mtype || strcmp(mtype, k_archs[i].model_type) != 0))
+            continue;
+        cfg->arch = k_archs[i].arch;
+        snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", k_archs[i].cls);
+        cfg->qk_norm = cfg->arch == NS_ARCH_QWEN3 || cfg->arch == NS_ARCH_QWEN3_MOE;
+        cfg->attn_bias = cfg->arch == NS_ARCH_QWEN2; /* hard-wired in Qwen2's attention */
+        return NS_OK;
+    }
+    return ns_fail(err, NS_ERR_UNSUPPORTED,
+                   "config.json: unknown architecture \"%s\" (supported: LlamaForCausalLM, MistralForCausalLM, "
+                   "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)",
+                   arch ? arch : (mtype ? mtype : "(none)"));
+}
 
+/* Qwen3-MoE's experts. Keys absent or num_experts 0: a dense model. */
+static ns_status parse_moe(const json_t *c, ns_model_config *cfg, ns_error *err) {
     ns_status st;
+#define TRY(x) do { if ((st = (x)) != NS_OK) return st; } while (0)
+    /* transformers 5 writes num_local_experts, earlier versions num_experts */
+    TRY(get_int(c, "num_experts", 0, 1 << 16, false, &cfg->n_experts, err));
+    TRY(get_int(c, "num_local_experts", 0, 1 << 16, false, &cfg->n_experts, err));
+    if (cfg->arch != NS_ARCH_QWEN3_MOE) {
+        if (cfg->n_experts > 0)
+            return ns_fail(err, NS_ERR_UNSUPPORTED, "config.json: experts are only supported for Qwen3MoeForCausalLM");
+        return NS_OK;
+    }
+    if (cfg->n_experts == 0) return NS_OK;
+    TRY(get_int(c, "num_experts_per_tok", 1, cfg->n_experts, true, &cfg->n_experts_per_tok, err));
+    TRY(get_int(c, "moe_intermediate_size", 1, 1 << 20, true, &cfg->moe_intermediate_size, err));
+    cfg->decoder_sparse_step = 1;
+    TRY(get_int(c, "decoder_sparse_step", 1, 1024, false, &cfg->decoder_sparse_step, err));
+    json_t *nt = json_object_get(c, "norm_topk_prob");
+    if (nt && !json_is_boolean(nt)) return ns_fail(err, NS_ERR_FORMAT, "config.json: norm_topk_prob must be a boolean");
+    cfg->norm_topk_prob = nt && json_is_true(nt); /* HF's default is false */
+    json_t *mo = json_object_get(c, "mlp_only_layers");
+    if (mo && !json_is_null(mo)) {
+        if (!json_is_array(mo)) return ns_fail(err, NS_ERR_FORMAT, "config.json: mlp_only_layers must be a list");
+        size_t i;
+        json_t *v;
+        json_array_foreach(mo, i, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= cfg->n_layers)
+                return ns_fail(err, NS_ERR_FORMAT, "config.json: mlp_only_layers entries must be layer indices");
+            json_int_t l = json_integer_value(v);
+            cfg->mlp_only[l / 64] |= 1ull << (l % 64);
+        }
+    }
+#undef TRY
+    return NS_OK;
+}
+
+/* A sliding window is not implemented: within the window, sliding
+ * attention equals full causal attention (HF masks keys more than
+ * window - 1 positions back), so the context is clamped to the window and
+ * outputs stay exact. Mistral applies "sliding_window" when it is set;
+ * the Qwen models only with use_sliding_window (or a "sliding_attention"
+ * entry in layer_types). */
+static ns_status parse_window(const json_t *c, ns_model_config *cfg, ns_error *err) {
+    int32_t w = 0;
+    ns_status st = get_int(c, "sliding_window", 1, 1 << 24, false, &w, err);
+    if (st != NS_OK || w == 0) return st;
+    bool on = cfg->arch == NS_ARCH_MISTRAL || json_is_true(json_object_get(c, "use_sliding_window"));
+    json_t *lt = json_object_get(c, "layer_types");
+    size_t i;
+    json_t *v;
+    if (json_is_array(lt)) {
+        on = false;
+        json_array_foreach(lt, i, v) on = on || (json_is_string(v) && strcmp(json_string_value(v), "sliding_attention") == 0);
+    }
+    if (!on) return NS_OK;
+    cfg->sliding_window = w;
+    if (w < cfg->max_position_embeddings) cfg->max_position_embeddings = w;
+    return NS_OK;
+}
+
+/* RoPE base and scaling -> cfg (rope_theta read already). */
+static ns_status parse_rope(const json_t *c, ns_model_config *cfg, ns_error *err) {
+    ns_status st;
+#define TRY(x) do { if ((st = (x)) != NS_OK) return st; } while (0)
+    /* transformers 5 writes rope_parameters (with rope_theta inside);
+     * earlier versions rope_theta and rope_scaling at the top level */
+    json_t *rs = json_object_get(c, "rope_parameters");
+    if (rs && !json_is_null(rs)) {
+        if (!json_is_object(rs)) return ns_fail(err, NS_ERR_FORMAT, "config.json: rope_parameters must be an object");
+        TRY(get_float(rs, "rope_theta", 1, 1e12, false, &cfg->rope_theta, err));
+    } else {
+        rs = json_object_get(c, "rope_scaling");
+    }
+    cfg->rope_type = NS_ROPE_DEFAULT;
+    if (rs && !json_is_null(rs)) {
+        if (!json_is_object(rs)) return ns_fail(err, NS_ERR_FORMAT, "config.json: rope_scaling must be an object");
+        const char *rt = json_string_value(json_object_get(rs, "rope_type"));
+        if (!rt) rt = json_string_value(json_object_get(rs, "type"));
+        if (!rt) return ns_fail(err, NS_ERR_FORMAT, "config.json: rope_scaling has no rope_type");
+        if (strcmp(rt, "default") == 0) {
+            cfg->rope_type = NS_ROPE_DEFAULT;
+        } else if (strcmp(rt, "llama3") == 0) {
+            cfg->rope_type = NS_ROPE_LLAMA3;
+            TRY(get_float(rs, "factor", 1, 1e6, true, &cfg->rope_factor, err));
+            TRY(get_float(rs, "low_freq_factor", 1e-6, 1e6, true, &cfg->rope_low_freq_factor, err));
+            TRY(get_float(rs, "high_freq_factor", 1e-6, 1e6, true, &cfg->rope_high_freq_factor, err));
+            TRY(get_int(rs, "original_max_position_embeddings", 1, 1 << 24, true, &cfg->rope_original_max_pos, err));
+            if (cfg->rope_high_freq_factor <= cfg->rope_low_freq_factor)
+                return ns_fail(err, NS_ERR_FORMAT, "config.json: rope_scaling high_freq_factor must exceed low_freq_factor");
+        } else if (strcmp(rt, "linear") == 0) {
+            cfg->rope_type = NS_ROPE_LINEAR;
+            TRY(get_float(rs, "factor", 1e-6, 1e6, true, &cfg->rope_factor, err));
+        } else {
+            return ns_fail(err, NS_ERR_UNSUPPORTED, "config.json: rope_scaling type \"%s\" is not supported", rt);
+        }
+    }
+#undef TRY
+    return NS_OK;
+}
+
+bool ns_config_layer_is_moe(const ns_model_config *cfg, int32_t l) {
+    if (cfg->n_experts <= 0 || l < 0 || l >= 1024) return false;
+    if (cfg->mlp_only[l / 64] & (1ull << (l % 64))) return false;
+    return cfg->decoder_sparse_step > 0 && (l + 1) % cfg->decoder_sparse_step == 0;
+}
+
+ns_status ns_config_from_json(const json_t *c, const json_t *gen, ns_model_config *cfg, ns_error *err) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->bos_token_id = -1;
+    if (!json_is_object(c)) return ns_fail(err, NS_ERR_FORMAT, "config.json: not a JSON object");
+    ns_status st = parse_arch(c, cfg, err);
+    if (st != NS_OK) return st;
+
 #define TRY(x) do { if ((st = (x)) != NS_OK) return st; } while (0)
     TRY(get_int(c, "vocab_size", 1, 1 << 24, true, &cfg->vocab_size, err));
     TRY(get_int(c, "hidden_size", 1, 1 << 16, true, &cfg->hidden_size, err));
@@ -123,37 +245,18 @@ ns_status ns_config_from_json(const json_t *c, const json_t *gen, ns_model_confi
     /* HF's PretrainedConfig default is true when the key is absent. */
     cfg->tie_word_embeddings = tie ? json_is_true(tie) : true;
     json_t *ab = json_object_get(c, "attention_bias");
-    if (ab && json_is_true(ab)) return ns_fail(err, NS_ERR_UNSUPPORTED, "config.json: attention_bias=true is not supported");
+    if (ab && json_is_true(ab) && cfg->arch != NS_ARCH_QWEN2) /* these would bias o_proj too */
+        return ns_fail(err, NS_ERR_UNSUPPORTED, "config.json: attention_bias=true is not supported for %s",
+                       cfg->arch_name);
     json_t *mb = json_object_get(c, "mlp_bias");
     if (mb && json_is_true(mb)) return ns_fail(err, NS_ERR_UNSUPPORTED, "config.json: mlp_bias=true is not supported");
     const char *act = json_string_value(json_object_get(c, "hidden_act"));
     if (act && strcmp(act, "silu") != 0)
         return ns_fail(err, NS_ERR_UNSUPPORTED, "config.json: hidden_act \"%s\" is not supported (silu only)", act);
 
-    json_t *rs = json_object_get(c, "rope_scaling");
-    cfg->rope_type = NS_ROPE_DEFAULT;
-    if (rs && !json_is_null(rs)) {
-        if (!json_is_object(rs)) return ns_fail(err, NS_ERR_FORMAT, "config.json: rope_scaling must be an object");
-        const char *rt = json_string_value(json_object_get(rs, "rope_type"));
-        if (!rt) rt = json_string_value(json_object_get(rs, "type"));
-        if (!rt) return ns_fail(err, NS_ERR_FORMAT, "config.json: rope_scaling has no rope_type");
-        if (strcmp(rt, "default") == 0) {
-            cfg->rope_type = NS_ROPE_DEFAULT;
-        } else if (strcmp(rt, "llama3") == 0) {
-            cfg->rope_type = NS_ROPE_LLAMA3;
-            TRY(get_float(rs, "factor", 1, 1e6, true, &cfg->rope_factor, err));
-            TRY(get_float(rs, "low_freq_factor", 1e-6, 1e6, true, &cfg->rope_low_freq_factor, err));
-            TRY(get_float(rs, "high_freq_factor", 1e-6, 1e6, true, &cfg->rope_high_freq_factor, err));
-            TRY(get_int(rs, "original_max_position_embeddings", 1, 1 << 24, true, &cfg->rope_original_max_pos, err));
-            if (cfg->rope_high_freq_factor <= cfg->rope_low_freq_factor)
-                return ns_fail(err, NS_ERR_FORMAT, "config.json: rope_scaling high_freq_factor must exceed low_freq_factor");
-        } else if (strcmp(rt, "linear") == 0) {
-            cfg->rope_type = NS_ROPE_LINEAR;
-            TRY(get_float(rs, "factor", 1e-6, 1e6, true, &cfg->rope_factor, err));
-        } else {
-            return ns_fail(err, NS_ERR_UNSUPPORTED, "config.json: rope_scaling type \"%s\" is not supported", rt);
-        }
-    }
+    TRY(parse_rope(c, cfg, err));
+    TRY(parse_window(c, cfg, err));
+    TRY(parse_moe(c, cfg, err));
     /* bos: an id of the vocabulary, else none (-1) */
     json_t *bos = json_object_get(c, "bos_token_id");
     if (json_is_integer(bos)) cfg->bos_token_id = token_or_none(json_integer_value(bos), cfg->vocab_size);

@@ -245,6 +245,8 @@ static void cpu_destroy(ns_backend *be) {
             ns_pool_free(c->pool);
         }
         free(c->scratch);
+        free(c->moe_f);
+        free(c->moe_i);
         free(c->kv);
         free(c->tokens);
         free(c->positions);
@@ -306,6 +308,8 @@ static const ns_backend_ops cpu_ops = {
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .gather_rows = cpu_gather_rows,
+    .add_bias = cpu_add_bias,
+    .moe_ffn = cpu_moe_ffn,
     .sample = cpu_sample,
     .sync = cpu_sync,
 };

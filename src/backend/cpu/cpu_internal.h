@@ -25,6 +25,11 @@ typedef struct cpu_impl {
     /* per-thread scratch: a dequantized weight row / attention temp */
     float **scratch;
     size_t scratch_len;
+    /* moe_ffn's routing and activations (cpu_moe.c), engine thread only */
+    float *moe_f;
+    size_t moe_f_cap;
+    int32_t *moe_i;
+    size_t moe_i_cap;
 } cpu_impl;
 
 static inline float bf16_to_f32(uint16_t h) {
@@ -162,5 +167,8 @@ void cpu_add(ns_backend *be, ns_tensor *out, const ns_tensor *x);
 void cpu_kv_store(ns_backend *be, int layer, const ns_tensor *k, const ns_tensor *v);
 void cpu_attention(ns_backend *be, ns_tensor *out, const ns_tensor *q, int layer, int n_heads, float scale);
 void cpu_gather_rows(ns_backend *be, ns_tensor *out, const ns_tensor *in);
+void cpu_add_bias(ns_backend *be, ns_tensor *out, const ns_tensor *b);
+void cpu_moe_ffn(ns_backend *be, ns_tensor *out, const ns_tensor *in, const ns_tensor *router,
+                 const ns_tensor *experts, int n_experts, int top_k, bool norm_topk);
 
 #endif
