@@ -361,7 +361,8 @@ static json_t *report(replay *rp, int *failed, int *mismatch) {
         const ns_rec_entry *e = &r->e[i];
         const result *x = &rp->res[i];
         bool fail = x->status < 0 || (x->rec_status >= 0 && x->status != x->rec_status);
-        bool mism = x->rec_cached >= 0 && x->cached != x->rec_cached;
+        /* a failed request (recorded 4xx/5xx) has no usage to compare */
+        bool mism = x->rec_cached >= 0 && x->rec_status >= 200 && x->rec_status < 300 && x->cached != x->rec_cached;
         *failed += fail;
         *mismatch += mism;
         if (x->cached > 0) cached += x->cached;
