@@ -317,7 +317,7 @@ static bool thinking_switch(ns_api *a, json_t *body, json_t *ctx, ns_http_error 
     return true;
 }
 
-static json_t *build_context(ns_api *a, json_t *body, ns_chat_prompt *p, ns_http_error *e) {
+static json_t *build_context(ns_api *a, json_t *body, bool generate, ns_chat_prompt *p, ns_http_error *e) {
     json_t *msgs = json_object_get(body, "messages");
     if (!msgs) {
         ns_http_error_set(e, 400, "messages", "missing_required_parameter", "'messages' is required");
@@ -348,7 +348,9 @@ static json_t *build_context(ns_api *a, json_t *body, ns_chat_prompt *p, ns_http
         json_decref(tools);
         goto fail;
     }
-    if (tools && !ns_chat_template_has_tools(a)) {
+    /* generation refuses tools the model would never see; /apply-template
+     * renders as Hugging Face does (the template leaves them out) */
+    if (tools && generate && !ns_chat_template_has_tools(a)) {
         json_decref(tools);
         ns_http_error_set(e, 400, "tools", "tools_not_supported",
                           "this model's chat template does not support tools; send the request without 'tools'");
@@ -392,7 +394,7 @@ bool ns_chat_prompt_build(ns_api *a, json_t *body, bool tokenize, ns_chat_prompt
                           "this model has no chat template; use /v1/completions with a raw prompt");
         return false;
     }
-    json_t *ctx = build_context(a, body, p, e);
+    json_t *ctx = build_context(a, body, tokenize, p, e);
     if (!ctx) return false;
     ns_error err = {0};
     ns_status rc = ns_template_render(a->tmpl, ctx, 0, &p->text, &p->len, &err);

@@ -10,7 +10,9 @@
  * bos_token/eos_token, the thinking switch (enable_thinking /
  * reasoning_effort, where the template has one), and chat_template_kwargs
  * merged at the top level. Tools for a template that cannot render them
- * are refused (400 tools_not_supported).
+ * are refused (400 tools_not_supported) when the prompt is for a
+ * generation (tokenize=true); /apply-template renders them as Hugging Face
+ * does (the template leaves them out).
  * Then renders the model's template and tokenizes the result without
  * adding special tokens (the template already wrote them).
  */

@@ -191,12 +191,37 @@ test('a named tool_choice forces a function_call item, streamed as argument delt
   assert.equal(call.name, 'read_file');
   assert.equal(typeof JSON.parse(call.arguments).path, 'string');
   const stream = await srv.client.responses.create({ ...body, tool_choice: 'required', stream: true });
-  let args = '', done;
+  const args = {}, done = [];
   for await (const ev of stream) {
-    if (ev.type === 'response.function_call_arguments.delta') args += ev.delta;
-    if (ev.type === 'response.function_call_arguments.done') done = ev;
+    if (ev.type === 'response.function_call_arguments.delta') args[ev.item_id] = (args[ev.item_id] ?? '') + ev.delta;
+    if (ev.type === 'response.function_call_arguments.done') done.push(ev);
   }
-  assert.equal(done.name, 'read_file');
-  assert.equal(args, done.arguments);
-  assert.equal(typeof JSON.parse(args).path, 'string');
+  assert.ok(done.length >= 1, 'at least one call');
+  for (const d of done) {
+    assert.equal(d.name, 'read_file');
+    assert.equal(args[d.item_id], d.arguments, 'the deltas add up to the arguments');
+    assert.equal(typeof JSON.parse(d.arguments).path, 'string');
+  }
+});
+
+test('tools for a template without tool support: 400 tools_not_supported on every API', async () => {
+  const s = await startServer({ model: 'tiny-llama3' }); // its template renders no tools
+  try {
+    const fn = { name: 'f', parameters: { type: 'object', properties: {} } };
+    const chat = await s.post('/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'function', function: fn }], max_tokens: 1 });
+    assert.equal(chat.status, 400);
+    assert.equal(chat.json.error.code, 'tools_not_supported');
+    const resp = await s.post('/v1/responses', { input: 'hi', tools: [{ type: 'function', ...fn }], max_output_tokens: 1 });
+    assert.equal(resp.status, 400);
+    assert.equal(resp.json.error.code, 'tools_not_supported');
+    const msg = await s.post('/v1/messages', { model: 'm', max_tokens: 1, messages: [{ role: 'user', content: 'hi' }], tools: [{ name: 'f', input_schema: fn.parameters }] });
+    assert.equal(msg.status, 400);
+    assert.equal(msg.json.type, 'error');
+    assert.match(msg.json.error.message, /does not support tools/);
+    // without tools it serves
+    const ok = await s.post('/v1/responses', { input: 'hi', max_output_tokens: 1, reasoning: { effort: 'low' } });
+    assert.equal(ok.status, 200);
+  } finally {
+    await s.stop();
+  }
 });
