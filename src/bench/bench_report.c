@@ -42,7 +42,7 @@ static const char *const g_css =
     ".banner{padding:.6em .9em;border-radius:6px;margin:.6em 0}.banner.bad{background:#fde8e7;border:1px solid #f3b4ae}"
     ".banner.ok{background:#e6f6ec;border:1px solid #a8dcb9}.banner.info{background:#eef3fb;border:1px solid #bcd0ee}"
     "svg{background:#fbfcfe;border:1px solid #e3e7ee;margin:.3em 0}svg text{font:11px system-ui,sans-serif;fill:#444}"
-    ".a{stroke:#1f6fd1;fill:#1f6fd1}.b{stroke:#e07a10;fill:#e07a10}.miss{stroke:#b3261e;fill:none}"
+    ".a{stroke:#1f6fd1;fill:#1f6fd1}.b{stroke:#e07a10;fill:#e07a10}.miss{stroke:#b3261e;fill:none}polyline.series{fill:none}"
     "pre{white-space:pre-wrap;background:#f6f7f9;padding:.5em;max-height:16em;overflow:auto}"
     "code{background:#f2f4f8;padding:0 .2em}";
 
@@ -210,7 +210,7 @@ static void metric_chart(ns_buf *b, json_t *root, json_t *metric) {
         if (json_is_number(v)) top = fmax(top, json_number_value(v));
     }
     top = top > 0 ? top * 1.1 : 1;
-    const double W = 520, H = 170, L = 50, B = 24;
+    const double W = 540, H = 170, L = 64, B = 24;
     const double dx = nb > 1 ? (W - L - 20) / (double)(nb - 1) : 0;
     ns_buf_puts(b, "<figure><figcaption>");
     esc(b, name);
@@ -225,7 +225,7 @@ static void metric_chart(ns_buf *b, json_t *root, json_t *metric) {
     ns_buf_printf(b, "\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\">", W, H, W, H);
     ns_buf_printf(b, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#999\"/>", L, H - B, W, H - B);
     ns_buf_printf(b, "<line x1=\"%.0f\" y1=\"6\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#999\"/>", L, L, H - B);
-    ns_buf_printf(b, "<text x=\"%.0f\" y=\"14\" text-anchor=\"end\">%.3g</text>", L - 4, top);
+    ns_buf_printf(b, "<text x=\"%.0f\" y=\"14\" text-anchor=\"end\">%.4g</text>", L - 4, top);
     ns_buf_printf(b, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">0</text>", L - 4, H - B);
     for (size_t k = 0; k < nb; k++)
         ns_buf_printf(b, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%zu</text>", L + 10 + dx * (double)k, H - 6, k);

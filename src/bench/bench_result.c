@@ -216,8 +216,11 @@ json_t *ns_bench_result_build(const ns_bench_result_in *in) {
             gw = gate;
         }
         json_t *cm = json_array();
+        char per[120];
+        snprintf(per, sizeof per, "the identity gate failed (%zu mismatch%s: see identity.reasons)",
+                 json_array_size(reasons), json_array_size(reasons) == 1 ? "" : "es");
         for (int k = 0; k < s->n_metrics; k++)
-            if (s->metrics[k].compare) json_array_append_new(cm, compare_metric(in, k, gw));
+            if (s->metrics[k].compare) json_array_append_new(cm, compare_metric(in, k, gw ? per : NULL));
         json_t *cmp = json_pack("{s:s,s:b,s:o}", "ratio", "B/A", "withheld", gw != NULL, "metrics", cm);
         if (cmp && gw) json_object_set_new(cmp, "withheld_reason", json_string(gw));
         json_object_set_new(root, "comparison", cmp);
