@@ -807,8 +807,8 @@ static ns_status on_xpval(ns_toolparse *p, char c, bool *again) {
     } else {
         rc = ns_buf_putc(&p->val, c);
     }
-    if (rc != NS_OK) { /* a value past the cap: the call cannot be right */
-        *again = !*again;
+    if (rc != NS_OK) { /* a value past the cap: the call cannot be right; c is looked at again as text */
+        *again = true;
         return abandon(p);
     }
     return p->pstream ? param_stream(p) : NS_OK;
