@@ -276,7 +276,9 @@ static bool parse_tool_choice(json_t *body, const ns_chat_prompt *p, bool *none,
     return fail_type(e, "tool_choice", "a string or an object");
 }
 
-bool ns_chat_template_has_tools(const ns_api *a) { return a->tmpl_src && strstr(a->tmpl_src, "tools") != NULL; }
+/* An API without the template's source (an embedder that set only tmpl)
+ * cannot tell: tools are passed on, as before the check existed. */
+bool ns_chat_template_has_tools(const ns_api *a) { return !a->tmpl_src || strstr(a->tmpl_src, "tools") != NULL; }
 
 bool ns_chat_template_has_thinking_switch(const ns_api *a) {
     return a->tmpl_src && strstr(a->tmpl_src, "enable_thinking") != NULL;
