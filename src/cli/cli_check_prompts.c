@@ -39,9 +39,9 @@ static void usage(FILE *f) {
                "  boundary, template re-render difference) and how many prefill tokens the break cost.\n"
                "  Example:\n"
                "    nightshift check-prompts rec/requests.jsonl --model ~/models/Qwen3-8B\n"
-               "  --model DIR   the model directory whose tokenizer and chat template render the prompts\n"
-               "                (required)\n"
-               "  --json OUT    also write the sessions, turns and breaks as JSON to OUT\n"
+               "  --model DIR   (required) the model directory whose tokenizer and chat template render\n"
+               "                the prompts\n"
+               "  --json OUT    also write the sessions, turns and breaks as JSON to OUT (default: none)\n"
                "A redacted recording (serve --record-redact) cannot be checked: its texts are gone.\n");
 }
 

@@ -54,14 +54,14 @@ static void usage(FILE *f) {
             "  Example:\n"
             "    nightshift replay rec/requests.jsonl --url http://127.0.0.1:8080 --json out.json\n"
             "  --url ROOT         the server's root, e.g. http://127.0.0.1:8080 (required)\n"
-            "  --json OUT         also write every result and the summary as JSON to OUT\n"
+            "  --json OUT         also write every result and the summary as JSON to OUT (default: none)\n"
             "  --speed S          recorded (default): the recorded start offsets and think times;\n"
             "                     max: each turn as soon as the previous one ended\n"
-            "  --concurrency N    sessions at once (default: all, at most %d)\n"
-            "  --api-key KEY      sent as 'Authorization: Bearer KEY' and 'x-api-key: KEY'\n"
-            "                     (default: $NIGHTSHIFT_API_KEY)\n"
+            "  --concurrency N    sessions at once (default: all of them, at most %d)\n"
+            "  --api-key KEY      (default: $NIGHTSHIFT_API_KEY) sent as 'Authorization: Bearer KEY'\n"
+            "                     and 'x-api-key: KEY'\n"
             "  --timeout S        per request (default 600)\n"
-            "  --expect-cached    exit 1 when a request's cached tokens differ from the recording\n"
+            "  --expect-cached    exit 1 when a request's cached tokens differ from the recording (default off)\n"
             "A redacted recording (serve --record-redact) cannot be replayed: its texts are gone.\n",
             MAX_CONCURRENCY);
 }

@@ -163,9 +163,9 @@ static void usage(FILE *f) {
             "  --log-prompts            log prompt text at INFO (default off: only at --log-level\n"
             "                           debug), e.g. where a prompt left the cache\n"
             "Recording (for nightshift replay / check-prompts):\n"
-            "  --record DIR             append one JSON line per completion request to DIR/requests.jsonl\n"
-            "                           (body, arrival, prompt/cached tokens, TTFT, status; default off)\n"
-            "  --record-redact          replace message texts by their token count and a hash\n"
+            "  --record DIR             (default off) append one JSON line per completion request to\n"
+            "                           DIR/requests.jsonl: body, arrival, prompt/cached tokens, TTFT, status\n"
+            "  --record-redact          (default off) message texts -> their token count and a hash\n"
             "  --record-max-bytes SIZE  rotate the file past this size (default 256M)\n"
             "  --record-keep N          rotated files kept, requests.jsonl.1 .. .N (default 8)\n",
             d.http.host, d.http.port, d.max_running, d.http.max_body_bytes, d.http.timeout_s,
