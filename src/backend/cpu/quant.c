@@ -175,7 +175,8 @@ static void act_q8_0(const float *x, uint8_t *b, int64_t nb) {
     }
 }
 
-/* Q8_K: the value of largest magnitude maps to -128 (so q spans -128..127). */
+/* Q8_K: the value of largest magnitude maps to -127 (llama.cpp's current
+ * scheme; q spans -127..127), scale d = max / -127. */
 static void act_q8_k(const float *x, uint8_t *b, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += QKK, b += Q8_K_BYTES) {
         float amax = 0, mx = 0;
@@ -190,7 +191,7 @@ static void act_q8_k(const float *x, uint8_t *b, int64_t nb) {
             memset(b, 0, Q8_K_BYTES);
             continue;
         }
-        const float iscale = -128.f / mx;
+        const float iscale = -127.f / mx;
         for (int j = 0; j < QKK; j++) {
             long v = lrintf(iscale * x[j]);
             q[j] = (int8_t)(v > 127 ? 127 : v);
@@ -360,8 +361,8 @@ static float dot_q6_k(const uint8_t *w, const uint8_t *a, int64_t nb) {
         int sumi = 0;
 #ifdef __AVX2__
         /* Unsigned q+32 (0..63) times signed y, then minus 32*Σy per group
-         * from the activation's block sums: y may be -128 (Q8_K), which the
-         * sign trick of dot_i8 cannot negate. */
+         * from the activation's block sums (maddubs needs one unsigned side;
+         * the sign trick of dot_i8 would also do, as y >= -127). */
         int16_t bs[16];
         memcpy(bs, a + 4 + 256, sizeof bs);
         __m256i acc = _mm256_setzero_si256();
