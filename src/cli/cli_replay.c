@@ -193,8 +193,8 @@ static bool on_event(void *ctx, const char *event, const char *data, size_t len,
         s->res->t_last = t;
     }
     find_usage(v, s->kind, s->res);
-    const json_t *e = json_object_get(v, "error");
-    if (e && !s->res->error[0]) {
+    const json_t *e = json_object_get(v, "error"); /* Responses objects carry "error": null */
+    if (json_is_object(e) && !s->res->error[0]) {
         const char *m = json_string_value(json_object_get(e, "message"));
         snprintf(s->res->error, sizeof s->res->error, "stream error: %s", m ? m : "(no message)");
     }
@@ -267,7 +267,7 @@ static void send_one(replay *rp, ns_hc *hc, const ns_rec_entry *e, result *res) 
         json_t *v = json_loadb(hr.body, hr.body_len, 0, NULL);
         find_usage(v, e->kind, res);
         const json_t *je = json_object_get(v, "error");
-        if (je) {
+        if (json_is_object(je)) {
             const char *m = json_string_value(json_object_get(je, "message"));
             snprintf(res->error, sizeof res->error, "%s", m ? m : "error");
         }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_record_replay.sh — serve --record, nightshift replay, redaction and
 # rotation against the real server on 127.0.0.1:
-#  1. a scripted run of three append-only sessions (chat, chat streamed,
-#     completions; greedy) and a 400 is recorded: one line per request,
+#  1. a scripted run of append-only sessions (chat, chat streamed,
+#     completions, Anthropic Messages; greedy), a Responses request and a
+#     400 is recorded: one line per request,
 #     with status, TTFT, prompt/cached/output tokens;
 #  2. replayed one session at a time against a fresh server with the same
 #     flags: every request gets the recorded status and the recorded
@@ -19,7 +20,8 @@ FLAGS=(--no-ssd-cache --ram-cache 0)
 REC="$TMP/rec"
 start_server "${FLAGS[@]}" --record "$REC"
 
-# 1. the scripted run: sessions one after another, so the recorded cached
+# 1. the scripted run (chat, chat streamed, completions, Anthropic Messages,
+# Responses): sessions one after another, so the recorded cached
 # tokens do not depend on which session's first prompt was cached first
 node - "$BASE" <<'EOF' || fail "the scripted run failed"
 const base = process.argv[2];
@@ -51,20 +53,32 @@ async function completions(name) {
     p += JSON.parse(r.text).choices[0].text + ' and then '.repeat(5);
   }
 }
+async function messages(name) { // Anthropic Messages: a whole answer, then a streamed turn
+  const m = [{role: 'user', content: `${name}: ` + 'list the files in this directory. '.repeat(5)}];
+  const sys = `${name} helper. ` + 'Be careful. '.repeat(6);
+  const r = await post('/v1/messages', {model: 'x', max_tokens: 8, temperature: 0, system: sys, messages: m});
+  if (r.status !== 200) throw new Error('messages status ' + r.status + ': ' + r.text);
+  m.push({role: 'assistant', content: JSON.parse(r.text).content[0].text}, {role: 'user', content: 'and the hidden ones'});
+  const s = await post('/v1/messages', {model: 'x', max_tokens: 8, temperature: 0, system: sys, messages: m, stream: true});
+  if (s.status !== 200 || !s.text.includes('message_stop')) throw new Error('messages stream: ' + s.text);
+  const q = await post('/v1/responses', {model: 'x', max_output_tokens: 8, temperature: 0, instructions: 'Be brief.', input: `${name}: hello`});
+  if (q.status !== 200) throw new Error('responses status ' + q.status + ': ' + q.text);
+}
 await session('alpha', false);
 await session('beta', true);
 await completions('gamma');
+await messages('delta');
 const bad = await post('/v1/chat/completions', {model: 'x', messages: [{role: 'user', content: 'bad'}], max_tokens: -1});
 if (bad.status !== 400) throw new Error('want a 400, got ' + bad.status);
 EOF
-# records are written by a thread of their own: wait for the 10th line
-for _ in $(seq 1 250); do [ "$(wc -l <"$REC/requests.jsonl" 2>/dev/null || echo 0)" -ge 10 ] && break; sleep 0.02; done
-[ "$(wc -l <"$REC/requests.jsonl")" = 10 ] || fail "want 10 records, got $(wc -l <"$REC/requests.jsonl")"
+# records are written by a thread of their own: wait for the 13th line
+for _ in $(seq 1 250); do [ "$(wc -l <"$REC/requests.jsonl" 2>/dev/null || echo 0)" -ge 13 ] && break; sleep 0.02; done
+[ "$(wc -l <"$REC/requests.jsonl")" = 13 ] || fail "want 13 records, got $(wc -l <"$REC/requests.jsonl")"
 check=$(node -e '
   const L = require("fs").readFileSync(process.argv[1], "utf8").trim().split("\n").map(JSON.parse);
   const ok = L.filter(r => r.status === 200), bad = L.filter(r => r.status === 400);
   const errs = [];
-  if (ok.length !== 9 || bad.length !== 1) errs.push(`statuses ${L.map(r => r.status)}`);
+  if (ok.length !== 12 || bad.length !== 1) errs.push(`statuses ${L.map(r => r.status)}`);
   for (const r of ok) {
     if (!(r.ttft_s > 0 && r.duration_s >= r.ttft_s)) errs.push("ttft " + r.ttft_s);
     if (!(r.prompt_tokens > 0 && r.output_tokens > 0 && r.finish_reason)) errs.push("tokens " + JSON.stringify(r));
@@ -72,13 +86,14 @@ check=$(node -e '
     if (r.cached_tokens_by_tier.device + r.cached_tokens_by_tier.ram + r.cached_tokens_by_tier.ssd !== r.cached_tokens) errs.push("tiers");
   }
   if (bad[0] && !(bad[0].error && bad[0].error.code === "invalid_value" && bad[0].request.max_tokens === -1)) errs.push("400 record");
-  if (L.filter(r => r.stream).length !== 3) errs.push("stream flags");
-  const reused = ok.filter(r => r.cached_tokens >= 40).length; // the six later turns
-  if (reused < 6) errs.push("later turns reuse little: " + ok.map(r => r.cached_tokens));
+  if (L.filter(r => r.stream).length !== 4) errs.push("stream flags");
+  if (L.filter(r => r.endpoint === "/v1/messages").length !== 2 || L.filter(r => r.endpoint === "/v1/responses").length !== 1) errs.push("endpoints");
+  const reused = ok.filter(r => r.cached_tokens >= 40).length; // the seven later turns
+  if (reused < 7) errs.push("later turns reuse little: " + ok.map(r => r.cached_tokens));
   console.log(errs.length ? errs.join("; ") : "ok");' "$REC/requests.jsonl")
 [ "$check" = ok ] || fail "records: $check"
 metric=$(curl -s "$BASE/metrics" | sed -n 's/^nightshift_record_lines_total \([0-9]*\)$/\1/p')
-[ "$metric" = 10 ] || fail "nightshift_record_lines_total is '$metric', want 10"
+[ "$metric" = 13 ] || fail "nightshift_record_lines_total is '$metric', want 13"
 kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null
 
 # 2. replay one session at a time against a fresh server: same statuses, same cached tokens
@@ -91,7 +106,7 @@ got=$(node -e '
   const r = j.requests, s = j.summary;
   console.log(s.requests, s.sessions, s.failed, s.cached_mismatches, r.every(x => x.cached_matches_recording),
               r.filter(x => x.stream).every(x => x.ttft_s > 0 && x.decode_tok_s > 0), s.ttft_s.n, s.cached_tokens > 0);' "$TMP/replay1.json")
-[ "$got" = "10 4 0 0 true true 3 true" ] || fail "sequential replay: '$got', want '10 4 0 0 true true 3 true'"
+[ "$got" = "13 6 0 0 true true 4 true" ] || fail "sequential replay: '$got', want '13 6 0 0 true true 4 true'"
 kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null
 
 # 3. sessions in parallel at the recorded pace
@@ -103,7 +118,7 @@ got=$(node -e '
   const later = j.requests.filter(x => x.turn > 0), first = j.requests.filter(x => x.turn === 0 && x.status === 200);
   console.log(j.summary.failed, j.concurrency, later.length, later.every(x => x.cached_matches_recording),
               first.every(x => x.cached_tokens <= 8));' "$TMP/replay2.json")
-[ "$got" = "0 4 6 true true" ] || { cat "$TMP/replay2.txt"; fail "parallel replay: '$got', want '0 4 6 true true'"; }
+[ "$got" = "0 6 7 true true" ] || { cat "$TMP/replay2.txt"; fail "parallel replay: '$got', want '0 6 7 true true'"; }
 kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null
 
 # 4. redaction: the texts never reach the file; replay refuses the recording
