@@ -977,7 +977,7 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
         CU_LAUNCHED(c, "attention rows");
         return;
     }
-    if (m->n_tiles > 0 && cu_attn_sm90_usable(c, D, p.G)) {
+    if (m->n_tiles > 0 && m->n_tiles <= 65535 && cu_attn_sm90_usable(c, D, p.G)) { /* tiles are grid.y */
         cu_sm90_params sp;
         sp.q = q;
         sp.out = out;

@@ -421,7 +421,10 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
 }
 #endif /* S9_ENABLED */
 
-/* grid (n_tiles, H / 2), 384 threads. CTA (tile, pair): query heads
+/* grid (H / 2, n_tiles), 384 threads: head pairs vary fastest, so the
+ * pairs of one tile (sharing its Q rows' keys; pairs of one KV head
+ * sharing K/V in L2) run together and the longest tiles (first in the
+ * list) start first. CTA (pair, tile): query heads
  * 2 pair and 2 pair + 1 (same KV head: G is even). */
 template <bool PIPE, bool PINGPONG>
 __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) {
@@ -432,7 +435,7 @@ __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) 
     uint64_t *bars = reinterpret_cast<uint64_t *>(smem + 2 * S9_Q_BYTES + 2 * S9_STAGES * S9_KV_BYTES);
     const uint32_t bar_full = s9_smem_addr(bars), bar_empty = bar_full + 8 * S9_STAGES;
 
-    const int tile = blockIdx.x, h0 = 2 * blockIdx.y;
+    const int tile = blockIdx.y, h0 = 2 * blockIdx.x;
     const int s = p.tiles[2 * tile], q0 = p.tiles[2 * tile + 1];
     const int t0 = p.seq_start[s], n = p.seq_start[s + 1] - t0, L = p.seq_len[s];
     const int rows = min(S9_BM, n - q0);
@@ -486,7 +489,7 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
 }
 
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
-    const dim3 grid((unsigned)n_tiles, (unsigned)(p->H / 2)), block(384);
+    const dim3 grid((unsigned)(p->H / 2), (unsigned)n_tiles), block(384);
     if (c->attn_sm90 == CU_SW_ON_ALT) cu_launch(c, k_attn_prefill_sm90<false, false>, grid, block, (size_t)S9_SMEM, *p);
     else if (c->attn_sm90 == CU_SW_ON_ALT2) cu_launch(c, k_attn_prefill_sm90<true, true>, grid, block, (size_t)S9_SMEM, *p);
     else cu_launch(c, k_attn_prefill_sm90<true, false>, grid, block, (size_t)S9_SMEM, *p);
