@@ -1,0 +1,513 @@
+/* test_api_events.c — the Anthropic Messages and OpenAI Responses streams
+ * and whole responses end to end over a real socket, with the real
+ * tokenizer and chat template of tiny-qwen3 but a scripted engine (the
+ * fixture of test_api_stream.c: a fake ns_sched_submit pushes the tokens of
+ * a chosen model output through the real request channel). A random-weight
+ * model never writes reasoning or tool calls; the script does, so this
+ * checks what the SDK tests cannot: thinking blocks with their signature
+ * delta, text and tool_use blocks in order, input_json_delta fragments that
+ * add up to the input, stop_sequence, usage counters that add up, and the
+ * Responses reasoning / message / function_call / custom_tool_call items
+ * with their delta and done events. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api/api.h"
+#include "sched/sched_internal.h"
+#include "sched/sched_status.h"
+#include "template/template.h"
+#include "test.h"
+#include "tokenizer/tokenizer.h"
+
+/* ---------- scripted engine ---------- */
+
+static int32_t g_script[4096];
+static int g_script_n;
+static ns_finish g_script_finish = NS_FINISH_EOS;
+static ns_request *g_last;          /* last submitted request (a reference) */
+static pthread_t g_threads[64];
+static int g_n_threads;
+static atomic_int g_cancelled_seen;
+
+static void *engine_main(void *arg) {
+    ns_request *r = arg;
+    int n = g_script_n;
+    ns_finish fin = g_script_finish;
+    for (int i = 0; i < n; i++) {
+        if (atomic_load(&r->cancel)) {
+            atomic_fetch_add(&g_cancelled_seen, 1);
+            ns_request_finish(r, NS_FINISH_CANCELLED, NULL);
+            ns_request_release(r);
+            return NULL;
+        }
+        ns_token_event ev = {.token = g_script[i], .logprob = -0.5f};
+        if (r->params.logprobs) {
+            ev.n_top = 1;
+            ev.top_ids[0] = g_script[i];
+            ev.top_logprobs[0] = -0.5f;
+        }
+        ns_request_push(r, &ev);
+        pthread_mutex_lock(&r->mu);
+        r->result.n_generated = i + 1;
+        pthread_mutex_unlock(&r->mu);
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    ns_request_finish(r, fin, NULL);
+    ns_request_release(r);
+    return NULL;
+}
+
+ns_status ns_sched_submit(ns_sched *s, ns_request *r, ns_capacity *cap, ns_error *err) {
+    (void)s;
+    (void)cap;
+    (void)err;
+    atomic_fetch_add(&r->refs, 2); /* the engine's, and the test's g_last */
+    if (g_last) ns_request_release(g_last);
+    g_last = r;
+    pthread_mutex_lock(&r->mu);
+    r->result.n_cached = 3;
+    pthread_mutex_unlock(&r->mu);
+    pthread_create(&g_threads[g_n_threads++], NULL, engine_main, r);
+    return NS_OK;
+}
+
+void ns_sched_get_stats(ns_sched *s, ns_sched_stats *out) {
+    (void)s;
+    memset(out, 0, sizeof *out);
+    out->page_tokens = 16; /* cache_creation_input_tokens counts whole pages */
+}
+
+ns_sched_status *ns_sched_status_of(struct ns_sched *s) {
+    (void)s;
+    return NULL;
+}
+
+/* Every ns_sched_* the API links must be faked here, or the linker pulls
+ * in the real sched.o and the two ns_sched_submit collide. */
+ns_status ns_sched_flush(ns_sched *s, int timeout_ms, ns_kv_ssd_flush_result *out, ns_error *err) {
+    (void)s;
+    (void)timeout_ms;
+    (void)out;
+    return ns_fail(err, NS_ERR_UNSUPPORTED, "no SSD tier in this test");
+}
+
+void ns_sched_get_capacity(ns_sched *s, ns_sched_capacity *out) {
+    (void)s;
+    memset(out, 0, sizeof *out);
+}
+
+static void join_engines(void) {
+    for (int i = 0; i < g_n_threads; i++) pthread_join(g_threads[i], NULL);
+    g_n_threads = 0;
+}
+
+/* ---------- fixture: api + server ---------- */
+
+static ns_api g_api;
+static ns_server *g_srv;
+static int g_port;
+
+static void script_text(const char *text, ns_finish fin) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ns_error err;
+    if (ns_tokenizer_encode(g_api.tok, text, strlen(text), false, &ids, &n, &err) != NS_OK) n = 0;
+    g_script_n = 0;
+    for (size_t i = 0; i < n && g_script_n < 4000; i++) g_script[g_script_n++] = ids[i];
+    if (fin == NS_FINISH_EOS) g_script[g_script_n++] = 151645; /* <|im_end|> */
+    g_script_finish = fin;
+    free(ids);
+}
+
+static uint64_t fixed_seed(void) { return 7; }
+
+static bool setup(void) {
+    const char *dir = test_shared_path("models/tiny-qwen3");
+    char dirc[4096];
+    snprintf(dirc, sizeof dirc, "%s", dir);
+    ns_error err = {0};
+    ns_api_init(&g_api, "tiny-qwen3");
+    ns_tokenizer *tok;
+    if (ns_tokenizer_load(dirc, &tok, &err) != NS_OK) {
+        printf("# tokenizer: %s\n", err.msg);
+        return false;
+    }
+    g_api.tok = tok;
+    const char *src = ns_tokenizer_chat_template(tok, NULL);
+    ns_template *t;
+    if (!src || ns_template_parse(src, strlen(src), &t, &err) != NS_OK) {
+        printf("# template: %s\n", err.msg);
+        return false;
+    }
+    g_api.tmpl = t;
+    g_api.tmpl_src = src;
+    g_api.tmpl_wants_string_args = true;
+    g_api.toolfmt = NS_TOOLFMT_HERMES;
+    g_api.reasoning = true;
+    g_api.sched = (ns_sched *)&g_api; /* never dereferenced by the fake */
+    g_api.random_seed = fixed_seed;
+    snprintf(g_api.fingerprint, sizeof g_api.fingerprint, "fp_test");
+    if (ns_config_load(dirc, &g_api.cfg, &err) != NS_OK) {
+        printf("# config: %s\n", err.msg);
+        return false;
+    }
+    atomic_store(&g_api.state, NS_API_READY);
+    int n;
+    const ns_http_route *routes = ns_api_routes(&n);
+    ns_server_opts o = {.host = "127.0.0.1", .port = 0, .max_body_bytes = 65536, .api_key = NULL};
+    if (ns_server_start(&o, routes, n, &g_api, &g_srv, &err) != NS_OK) {
+        printf("# server: %s\n", err.msg);
+        return false;
+    }
+    g_api.server = g_srv;
+    g_port = ns_server_port(g_srv);
+    return true;
+}
+
+static void teardown(void) {
+    ns_server_stop(g_srv);
+    join_engines();
+    if (g_last) ns_request_release(g_last);
+    g_last = NULL;
+    ns_template_free(g_api.tmpl);
+    ns_tokenizer_free(g_api.tok);
+}
+
+/* ---------- a minimal HTTP/1.0 client ---------- */
+
+static int connect_server(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void send_request(int fd, const char *method, const char *path, const char *body) {
+    char head[512];
+    size_t bl = body ? strlen(body) : 0;
+    int n = snprintf(head, sizeof head,
+                     "%s %s HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n", method,
+                     path, bl);
+    if (write(fd, head, (size_t)n) != n) return;
+    if (bl && write(fd, body, bl) != (ssize_t)bl) return;
+}
+
+/* Sends a request, reads the whole response. Returns the status (or -1);
+ * body gets the response body. */
+static int http(const char *method, const char *path, const char *body, ns_buf *out) {
+    int fd = connect_server();
+    if (fd < 0) return -1;
+    send_request(fd, method, path, body);
+    ns_buf raw;
+    ns_buf_init(&raw, 0);
+    char buf[4096];
+    ssize_t r;
+    while ((r = read(fd, buf, sizeof buf)) > 0) ns_buf_append(&raw, buf, (size_t)r);
+    close(fd);
+    int status = -1;
+    if (raw.data && sscanf(raw.data, "HTTP/1.%*d %d", &status) == 1) {
+        char *b = strstr(raw.data, "\r\n\r\n");
+        if (b) ns_buf_append(out, b + 4, raw.len - (size_t)(b + 4 - raw.data));
+    }
+    ns_buf_free(&raw);
+    return status;
+}
+
+
+/* ---------- named SSE events ---------- */
+
+/* "event: X\ndata: {...}\n\n" blocks -> [{"event": X, "data": {...}}]
+ * (comments skipped); *bad counts blocks that do not parse. */
+static json_t *named_events(const char *body, int *bad) {
+    json_t *arr = json_array();
+    *bad = 0;
+    const char *p = body;
+    while (p && *p) {
+        const char *e = strstr(p, "\n\n");
+        if (!e) break;
+        if (*p != ':') {
+            const char *d = strstr(p, "\ndata: ");
+            json_error_t je;
+            json_t *j = d && d < e && strncmp(p, "event: ", 7) == 0 ? json_loadb(d + 7, (size_t)(e - d - 7), 0, &je) : NULL;
+            if (j) json_array_append_new(arr, json_pack("{s:s%,s:o}", "event", p + 7, (size_t)(d - p - 7), "data", j));
+            else (*bad)++;
+        }
+        p = e + 2;
+    }
+    return arr;
+}
+
+static const char *ev_name(json_t *ev) { return json_string_value(json_object_get(ev, "event")); }
+static json_t *ev_data(json_t *ev) { return json_object_get(ev, "data"); }
+static const char *sget(json_t *o, const char *k) { return json_string_value(json_object_get(o, k)); }
+static long long iget(json_t *o, const char *k) { return (long long)json_integer_value(json_object_get(o, k)); }
+
+static const char *MODEL_OUT =
+    "<think>\nThe user wants main.c.\nI should read it.\n</think>\n\nLet me look.\n<tool_call>\n"
+    "{\"name\": \"read_file\", \"arguments\": {\"path\": \"src/main.c\", \"lines\": [1, 2, 3]}}\n</tool_call>";
+static const char *ARGS = "{\"path\": \"src/main.c\", \"lines\": [1, 2, 3]}";
+static const char *MSG_TOOLS = "\"tools\":[{\"name\":\"read_file\",\"input_schema\":{\"type\":\"object\"}}]";
+
+/* ---------- Anthropic ---------- */
+
+TEST(messages_stream_blocks) {
+    script_text(MODEL_OUT, NS_FINISH_EOS);
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"model\":\"m\",\"max_tokens\":200,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"show "
+             "main.c\"}],%s}",
+             MSG_TOOLS);
+    ns_buf out;
+    ns_buf_init(&out, 0);
+    CHECK_EQ_INT(http("POST", "/v1/messages?beta=true", body, &out), 200);
+    int bad;
+    json_t *evs = named_events(out.data ? out.data : "", &bad);
+    CHECK_EQ_INT(bad, 0);
+    /* the sequence, with deltas folded */
+    char seq[2048] = "";
+    char thinking[512] = "", text[512] = "", args[512] = "", sig[128] = "", name[64] = "";
+    int open = -1, n_args = 0;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(evs, i, ev) {
+        const char *n = ev_name(ev);
+        json_t *d = ev_data(ev);
+        CHECK_EQ_STR(sget(d, "type"), n);
+        if (strcmp(n, "content_block_delta") == 0) {
+            json_t *dl = json_object_get(d, "delta");
+            const char *t = sget(dl, "type");
+            CHECK_EQ_INT(iget(d, "index"), open);
+            if (!strcmp(t, "thinking_delta")) strncat(thinking, sget(dl, "thinking"), sizeof thinking - strlen(thinking) - 1);
+            else if (!strcmp(t, "text_delta")) strncat(text, sget(dl, "text"), sizeof text - strlen(text) - 1);
+            else if (!strcmp(t, "input_json_delta")) {
+                strncat(args, sget(dl, "partial_json"), sizeof args - strlen(args) - 1);
+                n_args++;
+            } else if (!strcmp(t, "signature_delta")) {
+                snprintf(sig, sizeof sig, "%s", sget(dl, "signature"));
+                strncat(seq, "sig,", sizeof seq - strlen(seq) - 1);
+            }
+            continue;
+        }
+        if (strcmp(n, "content_block_start") == 0) {
+            json_t *b = json_object_get(d, "content_block");
+            open = (int)iget(d, "index");
+            strncat(seq, sget(b, "type"), sizeof seq - strlen(seq) - 1);
+            strncat(seq, "(", sizeof seq - strlen(seq) - 1);
+            if (sget(b, "name")) snprintf(name, sizeof name, "%s", sget(b, "name"));
+            if (sget(b, "id")) CHECK(strncmp(sget(b, "id"), "call_", 5) == 0);
+            continue;
+        }
+        if (strcmp(n, "content_block_stop") == 0) {
+            CHECK_EQ_INT(iget(d, "index"), open);
+            strncat(seq, "),", sizeof seq - strlen(seq) - 1);
+            continue;
+        }
+        if (strcmp(n, "message_delta") == 0) {
+            json_t *u = json_object_get(d, "usage");
+            CHECK_EQ_STR(sget(json_object_get(d, "delta"), "stop_reason"), "tool_use");
+            CHECK(json_is_null(json_object_get(json_object_get(d, "delta"), "stop_sequence")));
+            CHECK_EQ_INT(iget(u, "output_tokens"), g_script_n);
+            CHECK_EQ_INT(iget(u, "cache_read_input_tokens"), 3);
+            /* whole pages past the reused 3 tokens are newly committed */
+            long long prompt = iget(u, "input_tokens") + iget(u, "cache_read_input_tokens") +
+                               iget(u, "cache_creation_input_tokens");
+            CHECK_EQ_INT(iget(u, "cache_creation_input_tokens"), prompt / 16 * 16 - 3);
+        }
+        strncat(seq, n, sizeof seq - strlen(seq) - 1);
+        strncat(seq, ",", sizeof seq - strlen(seq) - 1);
+    }
+    CHECK_EQ_STR(seq, "message_start,ping,thinking(sig,),text(),tool_use(),message_delta,message_stop,");
+    CHECK_EQ_STR(thinking, "The user wants main.c.\nI should read it.");
+    CHECK(strncmp(sig, "nightshift-", 11) == 0);
+    CHECK_EQ_STR(text, "Let me look.");
+    CHECK_EQ_STR(name, "read_file");
+    CHECK_EQ_STR(args, ARGS);
+    CHECKF(n_args > 1, "the input should stream in pieces (%d)", n_args);
+    json_decref(evs);
+    ns_buf_free(&out);
+}
+
+TEST(messages_whole_and_stop_sequence) {
+    script_text(MODEL_OUT, NS_FINISH_EOS);
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"model\":\"m\",\"max_tokens\":200,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s}", MSG_TOOLS);
+    ns_buf out;
+    ns_buf_init(&out, 0);
+    CHECK_EQ_INT(http("POST", "/v1/messages", body, &out), 200);
+    json_error_t je;
+    json_t *j = json_loads(out.data ? out.data : "", 0, &je);
+    json_t *c = json_object_get(j, "content");
+    CHECK_EQ_INT(json_array_size(c), 3);
+    CHECK_EQ_STR(sget(json_array_get(c, 0), "type"), "thinking");
+    CHECK_EQ_STR(sget(json_array_get(c, 0), "thinking"), "The user wants main.c.\nI should read it.");
+    CHECK_EQ_STR(sget(json_array_get(c, 1), "text"), "Let me look.");
+    json_t *use = json_array_get(c, 2);
+    CHECK_EQ_STR(sget(use, "type"), "tool_use");
+    CHECK_EQ_STR(sget(use, "name"), "read_file");
+    CHECK_EQ_STR(sget(json_object_get(use, "input"), "path"), "src/main.c");
+    CHECK_EQ_STR(sget(j, "stop_reason"), "tool_use");
+    json_decref(j);
+    ns_buf_reset(&out);
+    /* a stop sequence: the text before it, and which one matched */
+    script_text("alpha beta STOP gamma", NS_FINISH_EOS);
+    CHECK_EQ_INT(http("POST", "/v1/messages",
+                      "{\"model\":\"m\",\"max_tokens\":50,\"stop_sequences\":[\"zzz\",\"STOP\",\"ST\"],\"thinking\":{"
+                      "\"type\":\"disabled\"},\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+                      &out),
+                 200);
+    j = json_loads(out.data ? out.data : "", 0, &je);
+    CHECK_EQ_STR(sget(j, "stop_reason"), "stop_sequence");
+    CHECK_EQ_STR(sget(j, "stop_sequence"), "ST");
+    CHECK_EQ_STR(sget(json_array_get(json_object_get(j, "content"), 0), "text"), "alpha beta ");
+    json_decref(j);
+    ns_buf_free(&out);
+}
+
+TEST(messages_single_call) {
+    script_text("<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\"}}\n</tool_call>\n<tool_call>\n"
+                "{\"name\": \"read_file\", \"arguments\": {\"path\": \"b\"}}\n</tool_call>",
+                NS_FINISH_EOS);
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"model\":\"m\",\"max_tokens\":200,\"tool_choice\":{\"type\":\"auto\",\"disable_parallel_tool_use\":true},"
+             "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s}",
+             MSG_TOOLS);
+    ns_buf out;
+    ns_buf_init(&out, 0);
+    CHECK_EQ_INT(http("POST", "/v1/messages", body, &out), 200);
+    json_error_t je;
+    json_t *j = json_loads(out.data ? out.data : "", 0, &je);
+    json_t *c = json_object_get(j, "content");
+    CHECK_EQ_INT(json_array_size(c), 1);
+    CHECK_EQ_STR(sget(json_object_get(json_array_get(c, 0), "input"), "path"), "a");
+    CHECK_EQ_STR(sget(j, "stop_reason"), "tool_use");
+    CHECK(iget(json_object_get(j, "usage"), "output_tokens") < g_script_n); /* cut after the first call */
+    json_decref(j);
+    ns_buf_free(&out);
+}
+
+/* ---------- Responses ---------- */
+
+static const char *RESP_TOOLS =
+    "\"tools\":[{\"type\":\"function\",\"name\":\"read_file\",\"parameters\":{\"type\":\"object\"}},"
+    "{\"type\":\"namespace\",\"name\":\"mcp\",\"description\":\"d\",\"tools\":[{\"type\":\"custom\",\"name\":\"apply_patch\"}]},"
+    "{\"type\":\"web_search\"}]";
+
+TEST(responses_stream_items) {
+    script_text(MODEL_OUT, NS_FINISH_EOS);
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"input\":\"show main.c\",\"stream\":true,\"include\":[\"reasoning.encrypted_content\"],%s}", RESP_TOOLS);
+    ns_buf out;
+    ns_buf_init(&out, 0);
+    CHECK_EQ_INT(http("POST", "/v1/responses", body, &out), 200);
+    int bad;
+    json_t *evs = named_events(out.data ? out.data : "", &bad);
+    CHECK_EQ_INT(bad, 0);
+    char seq[2048] = "", reasoning[512] = "", text[512] = "", args[512] = "";
+    size_t i;
+    json_t *ev, *final = NULL;
+    json_array_foreach(evs, i, ev) {
+        const char *n = ev_name(ev);
+        json_t *d = ev_data(ev);
+        CHECK_EQ_STR(sget(d, "type"), n);
+        CHECK_EQ_INT(iget(d, "sequence_number"), (long long)i);
+        if (!strcmp(n, "response.reasoning_text.delta")) strncat(reasoning, sget(d, "delta"), sizeof reasoning - strlen(reasoning) - 1);
+        else if (!strcmp(n, "response.output_text.delta")) strncat(text, sget(d, "delta"), sizeof text - strlen(text) - 1);
+        else if (!strcmp(n, "response.function_call_arguments.delta")) strncat(args, sget(d, "delta"), sizeof args - strlen(args) - 1);
+        else {
+            if (!strcmp(n, "response.completed")) final = json_object_get(d, "response");
+            if (!strcmp(n, "response.output_item.added") || !strcmp(n, "response.output_item.done")) {
+                strncat(seq, n + 21, sizeof seq - strlen(seq) - 1); /* "added" / "done" */
+                strncat(seq, ":", sizeof seq - strlen(seq) - 1);
+                strncat(seq, sget(json_object_get(d, "item"), "type"), sizeof seq - strlen(seq) - 1);
+            } else {
+                strncat(seq, n + 9, sizeof seq - strlen(seq) - 1);
+            }
+            strncat(seq, ",", sizeof seq - strlen(seq) - 1);
+        }
+    }
+    CHECK_EQ_STR(seq, "created,in_progress,added:reasoning,reasoning_text.done,done:reasoning,added:message,"
+                      "content_part.added,output_text.done,content_part.done,done:message,added:function_call,"
+                      "function_call_arguments.done,done:function_call,completed,");
+    CHECK_EQ_STR(reasoning, "The user wants main.c.\nI should read it.");
+    CHECK_EQ_STR(text, "Let me look.");
+    CHECK_EQ_STR(args, ARGS);
+    json_t *o = json_object_get(final, "output");
+    CHECK_EQ_INT(json_array_size(o), 3);
+    CHECK_EQ_STR(sget(json_array_get(o, 0), "encrypted_content"), "nightshift-reasoning:The user wants main.c.\nI should read it.");
+    CHECK_EQ_STR(sget(json_array_get(o, 2), "arguments"), ARGS);
+    CHECK(strncmp(sget(json_array_get(o, 2), "call_id"), "call_", 5) == 0);
+    json_t *u = json_object_get(final, "usage");
+    CHECK_EQ_INT(iget(json_object_get(u, "input_tokens_details"), "cached_tokens"), 3);
+    CHECK_EQ_INT(iget(u, "output_tokens"), g_script_n);
+    CHECK(iget(json_object_get(u, "output_tokens_details"), "reasoning_tokens") > 5);
+    json_decref(evs);
+    ns_buf_free(&out);
+}
+
+TEST(responses_custom_tool_call) {
+    script_text("<tool_call>\n{\"name\": \"apply_patch\", \"arguments\": {\"input\": \"*** Begin Patch\\n*** End Patch\"}}\n"
+                "</tool_call>",
+                NS_FINISH_EOS);
+    char body[1024];
+    snprintf(body, sizeof body, "{\"input\":\"patch it\",%s}", RESP_TOOLS);
+    ns_buf out;
+    ns_buf_init(&out, 0);
+    CHECK_EQ_INT(http("POST", "/v1/responses", body, &out), 200);
+    json_error_t je;
+    json_t *j = json_loads(out.data ? out.data : "", 0, &je);
+    json_t *it = json_array_get(json_object_get(j, "output"), 0);
+    CHECK_EQ_STR(sget(it, "type"), "custom_tool_call");
+    CHECK_EQ_STR(sget(it, "name"), "apply_patch");
+    CHECK_EQ_STR(sget(it, "namespace"), "mcp");
+    CHECK_EQ_STR(sget(it, "input"), "*** Begin Patch\n*** End Patch");
+    CHECK_EQ_STR(sget(j, "status"), "completed");
+    json_decref(j);
+    /* streamed: the input arrives whole when the call completes */
+    ns_buf_reset(&out);
+    snprintf(body, sizeof body, "{\"input\":\"patch it\",\"stream\":true,%s}", RESP_TOOLS);
+    CHECK_EQ_INT(http("POST", "/v1/responses", body, &out), 200);
+    int bad;
+    json_t *evs = named_events(out.data ? out.data : "", &bad);
+    bool delta = false, done = false;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(evs, i, ev) {
+        if (!strcmp(ev_name(ev), "response.custom_tool_call_input.delta"))
+            delta = !strcmp(sget(ev_data(ev), "delta"), "*** Begin Patch\n*** End Patch");
+        if (!strcmp(ev_name(ev), "response.custom_tool_call_input.done"))
+            done = !strcmp(sget(ev_data(ev), "input"), "*** Begin Patch\n*** End Patch");
+    }
+    CHECK(delta);
+    CHECK(done);
+    json_decref(evs);
+    ns_buf_free(&out);
+}
+
+int main(void) {
+    if (!setup()) {
+        printf("not ok - setup\n");
+        return 1;
+    }
+    RUN(messages_stream_blocks);
+    RUN(messages_whole_and_stop_sequence);
+    RUN(messages_single_call);
+    RUN(responses_stream_items);
+    RUN(responses_custom_tool_call);
+    teardown();
+    TEST_MAIN_END;
+}
