@@ -1,5 +1,6 @@
-/* gen.h — the one request path of the completion endpoints
- * (/v1/chat/completions and /v1/completions), in two layers.
+/* gen.h — the one request path of the generation endpoints
+ * (/v1/chat/completions, /v1/completions, and through hooks the
+ * event-based /v1/messages and /v1/responses), in two layers.
  *
  * ns_gen — one generation as the HTTP side sees it: submits the request to
  * the scheduler, then turns the token events into text through the
@@ -18,7 +19,12 @@
  * object or as an SSE stream (deltas, a last chunk with finish_reason, an
  * optional usage chunk, [DONE]; keep-alive comments while nothing comes;
  * engine failures as an error event). What differs between the endpoints
- * (the prompt, the output shape, the logprobs shape) is an ns_gen_endpoint.
+ * (the prompt, the output shape, the logprobs shape) is an ns_gen_endpoint;
+ * the event-based APIs also replace the parameter parsing, the end of the
+ * stream and the whole response (their hooks), and everything else —
+ * submit, pipeline, keep-alives, cancellation, the log line — is shared.
+ * A generation may end early on its own terms too: after max_calls
+ * complete tool calls (parallel_tool_calls false), like a stop string.
  *
  * Invariants: text after a matched stop string never enters the state, and
  * the request is cancelled as soon as it matched; tokens the engine still
