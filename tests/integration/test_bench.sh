@@ -30,19 +30,29 @@ done
 J=$TMP/ab.json
 "$NS_BIN" bench --url "$A" --url "$B" --scenario cold-ttft-1k --requests 1 --blocks 5 --seed 7 \
   --json "$J" --html "$TMP/ab.html" >"$TMP/ab.out" 2>&1 || { cat "$TMP/ab.out"; fail "bench A/B failed"; }
-v() { json_get "$(cat "$1")" "$2"; }
-[ "$(v "$J" 'j.identity.verdict')" = pass ] || fail "same model: identity $(v "$J" 'j.identity')"
-[ "$(v "$J" 'j.comparison.withheld')" = false ] || fail "same model: comparison withheld"
-[ "$(v "$J" 'j.comparison.metrics.length')" = 2 ] || fail "two compared metrics expected: $(v "$J" 'j.comparison')"
-ok=$(v "$J" 'j.comparison.metrics.every(m => !m.withheld && m.ci_lo > 0 && m.ci_lo <= m.ratio && m.ratio <= m.ci_hi && m.log_ratios.length === 5 && ["A","B","inconclusive"].includes(m.better))')
-[ "$ok" = true ] || fail "CIs: $(v "$J" 'j.comparison.metrics')"
-[ "$(v "$J" 'j.bootstrap.resamples >= 1000 && j.bootstrap.level === 0.95')" = true ] || fail "bootstrap settings"
-[ "$(v "$J" 'j.block_runs.map(b => b.order).join()')" = "AB,BA,AB,BA,AB" ] || fail "block order: $(v "$J" 'j.block_runs.map(b => b.order)')"
-[ "$(v "$J" 'new Set(j.block_runs.map(b => b.seed)).size')" = 5 ] || fail "block seeds not distinct"
-[ "$(v "$J" 'j.block_runs.every(b => b.runs.A.probe.text === b.runs.B.probe.text && b.runs.A.probe.text.length > 0)')" = true ] ||
-  fail "probe texts differ on the same model"
-[ "$(v "$J" 'j.provenance.servers.length === 2 && j.provenance.machine.cores > 0 && /^nightshift /.test(j.provenance.bench_version) && /commit/.test(j.provenance.bench_version) && j.provenance.servers[0].models.data[0].id.length > 0 && /--scenario cold-ttft-1k/.test(j.provenance.command) && /^20\d\d-/.test(j.provenance.date)')" = true ] ||
-  fail "provenance: $(v "$J" 'j.provenance')"
+# check FILE 'JS condition' 'what' ...: all the checks of one result in one node run
+check() {
+  local f=$1; shift
+  local out
+  out=$(node -e '
+const j = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+const a = process.argv.slice(2);
+for (let i = 0; i < a.length; i += 2) {
+  let ok = false;
+  try { ok = new Function("j", "return (" + a[i] + ")")(j); } catch (e) { ok = false; }
+  if (ok !== true) { console.log(a[i + 1] + ": " + JSON.stringify(j).slice(0, 1500)); process.exit(1); }
+}' "$f" "$@") || fail "$out"
+}
+check "$J" \
+  'j.identity.verdict === "pass"' "same model: identity" \
+  'j.comparison.withheld === false' "same model: comparison withheld" \
+  'j.comparison.metrics.length === 2' "two compared metrics expected" \
+  'j.comparison.metrics.every(m => !m.withheld && m.ci_lo > 0 && m.ci_lo <= m.ratio && m.ratio <= m.ci_hi && m.log_ratios.length === 5 && ["A","B","inconclusive"].includes(m.better))' "CIs" \
+  'j.bootstrap.resamples >= 1000 && j.bootstrap.level === 0.95' "bootstrap settings" \
+  'j.block_runs.map(b => b.order).join() === "AB,BA,AB,BA,AB"' "block order" \
+  'new Set(j.block_runs.map(b => b.seed)).size === 5' "block seeds not distinct" \
+  'j.block_runs.every(b => b.runs.A.probe.text === b.runs.B.probe.text && b.runs.A.probe.text.length > 0)' "probe texts differ on the same model" \
+  'j.provenance.servers.length === 2 && j.provenance.machine.cores > 0 && /^nightshift /.test(j.provenance.bench_version) && /commit/.test(j.provenance.bench_version) && j.provenance.servers[0].models.data[0].id.length > 0 && /--scenario cold-ttft-1k/.test(j.provenance.command) && /^20\d\d-/.test(j.provenance.date)' "provenance"
 grep -q 'identity gate pass' "$TMP/ab.out" || fail "summary line missing"
 # single file, offline: no external reference of any kind
 grep -q '<svg' "$TMP/ab.html" || fail "no SVG chart in the report"
@@ -53,12 +63,11 @@ ext=$(grep -oEi '(src|href)="[^"]*"|<script|@import|url\(' "$TMP/ab.html" | head
 J=$TMP/ac.json
 "$NS_BIN" bench --url "$A" --url "$C" --scenario decode-1 --max-tokens 8 --blocks 5 --seed 7 \
   --json "$J" --html "$TMP/ac.html" >"$TMP/ac.out" 2>&1 || { cat "$TMP/ac.out"; fail "bench A/C failed"; }
-[ "$(v "$J" 'j.identity.verdict')" = fail ] || fail "other weights: identity $(v "$J" 'j.identity')"
-[ "$(v "$J" 'j.identity.reasons.some(r => /greedy outputs differ/.test(r))')" = true ] || fail "reasons: $(v "$J" 'j.identity.reasons')"
-[ "$(v "$J" 'j.comparison.withheld && /identity gate failed/.test(j.comparison.withheld_reason)')" = true ] ||
-  fail "comparison not withheld: $(v "$J" 'j.comparison')"
-[ "$(v "$J" 'j.comparison.metrics.every(m => m.withheld && m.withheld_reason && m.ratio === undefined)')" = true ] ||
-  fail "a ratio was not withheld: $(v "$J" 'j.comparison.metrics')"
+check "$J" \
+  'j.identity.verdict === "fail"' "other weights: identity" \
+  'j.identity.reasons.some(r => /greedy outputs differ/.test(r))' "reasons" \
+  'j.comparison.withheld && /identity gate failed/.test(j.comparison.withheld_reason)' "comparison not withheld" \
+  'j.comparison.metrics.every(m => m.withheld && m.withheld_reason && m.ratio === undefined)' "a ratio was not withheld"
 grep -q 'withheld' "$TMP/ac.out" || fail "summary does not say withheld"
 grep -q 'class="banner bad withheld"' "$TMP/ac.html" || fail "report hides the withheld ratios"
 
@@ -72,14 +81,14 @@ for _ in $(seq 1 100); do [ "$(wc -l <"$TMP/rec/requests.jsonl" 2>/dev/null || e
 J=$TMP/replay.json
 "$NS_BIN" bench --url "$A" --url "$B" --scenario "replay:$TMP/rec/requests.jsonl" --blocks 5 --json "$J" >"$TMP/r.out" 2>&1 ||
   { cat "$TMP/r.out"; fail "bench replay failed"; }
-[ "$(v "$J" 'j.servers.every(s => s.requests === 20 && s.failed === 0) && /^2 sessions/.test(j.replay)')" = true ] ||
-  fail "replay: $(v "$J" '[j.replay, j.servers]')"
-[ "$(v "$J" 'j.comparison.metrics.some(m => m.name === "wall_s" && !m.withheld)')" = true ] || fail "replay wall_s not compared"
+check "$J" \
+  'j.servers.every(s => s.requests === 20 && s.failed === 0) && /^2 sessions/.test(j.replay)' "replay" \
+  'j.comparison.metrics.some(m => m.name === "wall_s" && !m.withheld)' "replay wall_s not compared"
 
 # restart-resume needs a server the bench starts: skipped, with the reason
 J=$TMP/rr.json
 "$NS_BIN" bench --url "$A" --scenario restart-resume --blocks 1 --json "$J" >/dev/null 2>&1 || fail "restart-resume run failed"
-[ "$(v "$J" 'j.skipped && /starts itself/.test(j.skip_reason)')" = true ] || fail "restart-resume: $(cat "$J")"
+check "$J" 'j.skipped && /starts itself/.test(j.skip_reason)' "restart-resume"
 
 # usage errors and an unreachable server
 "$NS_BIN" bench --url "$A" --url "$B" --scenario decode-1 --blocks 3 >/dev/null 2>"$TMP/e1"; rc=$?
