@@ -880,7 +880,7 @@ TEST(test_attention_prefill_boundaries) {
     const gpu_switch k = {ns_cuda_set_attn_sm90,
                           4,
                           {1, 2, 3, 0},
-                          {"(hopper)", "(hopper, unpipelined)", "(hopper, ping-pong)", "(mma.sync)"}};
+                          {"(hopper)", "(hopper, pipelined)", "(hopper, pipelined, ping-pong)", "(mma.sync)"}};
     attention_batch(&g4, mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-2, 3e-2, "prefill boundaries GQA4", &k);
     attention_batch(&g8, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA8", &k);
     attention_batch(&g1, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA1 (mma.sync)", NULL);
@@ -901,7 +901,7 @@ TEST(test_attention_40k_context) {
 TEST(test_attention_decode_mixed) {
     const seq_spec sp[] = {{33000, 1}, {1, 1}, {4097, 1}, {17, 1}, {16, 1}, {129, 1}, {8191, 1}};
     const attn_cfg cfgs[] = {{128, 2, 8, 16}, {128, 1, 8, 16}, {128, 2, 2, 16}, {64, 2, 8, 32}};
-    const gpu_switch k = {ns_cuda_set_attn_dec_mma, 2, {1, 0}, {"(tensor cores)", "(CUDA cores)", NULL, NULL}};
+    const gpu_switch k = {ns_cuda_set_attn_dec_mma, 3, {1, 2, 0}, {"(auto)", "(tensor cores)", "(CUDA cores)", NULL}};
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         char what[96];
         snprintf(what, sizeof what, "decode mixed lengths GQA%d", cfgs[i].H / cfgs[i].KVH);

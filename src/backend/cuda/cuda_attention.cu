@@ -1017,7 +1017,12 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
     if (m->n_dec > 0) {
         const int G = p.G;
         const int gb = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
-        const bool use_mma = (D == 64 || D == 128) && G <= 8 && cu_attn_switch(&c->attn_dec_mma, "NS_CUDA_ATTN_DEC_MMA");
+        /* tensor cores where they measured faster: long contexts (many
+         * splits) and large batches; at 1k batch 1 the CUDA-core kernel
+         * was 2% faster per step (docs/cuda.md v13) */
+        const bool use_mma = (D == 64 || D == 128) && G <= 8 &&
+                             cu_attn_switch(&c->attn_dec_mma, "NS_CUDA_ATTN_DEC_MMA") &&
+                             (c->attn_dec_mma == CU_SW_ON_ALT || m->n_splits >= 32 || m->n_dec >= 16);
         int nsp = use_mma ? decode_mma_splits(m->n_splits) : m->n_splits;
         if (nsp > 1) {
             size_t need = (size_t)m->n_dec * n_heads * nsp * (D + 2);

@@ -220,25 +220,38 @@ __device__ __forceinline__ void s9_issue_pv(float (&o)[64], const uint32_t (&pa)
     s9_wgmma_commit();
 }
 
+/* 2^x on the special function unit, flushing denormals (exp2f adds a
+ * range fix-up of three instructions around it; probabilities below
+ * 2^-126 do not matter next to the row's maximum of 1). */
+__device__ __forceinline__ float s9_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* Online softmax of the scores of key tile kt: masks keys past each row's
- * position, updates m and l, writes P (bf16, the wgmma A-fragment layout)
- * and returns the factors a0/a1 that the previous O must be scaled by. */
+ * position, updates m (kept unscaled: the scale is positive, so the max
+ * commutes with it and each probability is one FFMA + EX2) and l, writes
+ * P (bf16, the wgmma A-fragment layout) and returns the factors a0/a1 that
+ * the previous O must be scaled by. The softmax is a large share of the
+ * instructions per tile next to the wgmma time (one EX2 per score, 16 per
+ * clock per SM), hence the lean form. */
 __device__ __forceinline__ void s9_softmax(float (&sc)[64], uint32_t (&pa)[S9_BN / 16][4], s9_rows &r, int kt,
                                            float scale_log2, float &a0, float &a1) {
     const int kb = kt * S9_BN;
-    const bool need_mask = kb + S9_BN - 1 > r.warp_min_pos;
-    float mx0 = -INFINITY, mx1 = -INFINITY;
+    if (kb + S9_BN - 1 > r.warp_min_pos) {
+#pragma unroll
+        for (int i = 0; i < S9_BN / 8; i++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = kb + i * 8 + (r.lane & 3) * 2 + (e & 1);
+                if (key > (e < 2 ? r.rpos0 : r.rpos1)) sc[4 * i + e] = -INFINITY;
+            }
+        }
+    }
+    float mx0 = r.m0, mx1 = r.m1;
 #pragma unroll
     for (int i = 0; i < S9_BN / 8; i++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float v = sc[4 * i + e] * scale_log2;
-            if (need_mask) {
-                const int key = kb + i * 8 + (r.lane & 3) * 2 + (e & 1);
-                if (key > (e < 2 ? r.rpos0 : r.rpos1)) v = -INFINITY;
-            }
-            sc[4 * i + e] = v;
-        }
         mx0 = fmaxf(mx0, fmaxf(sc[4 * i], sc[4 * i + 1]));
         mx1 = fmaxf(mx1, fmaxf(sc[4 * i + 2], sc[4 * i + 3]));
     }
@@ -248,17 +261,18 @@ __device__ __forceinline__ void s9_softmax(float (&sc)[64], uint32_t (&pa)[S9_BN
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
     /* tile 0 always holds key 0, which every row sees, and tiles run in
      * order: m is finite from then on, so a fully masked row in a later
-     * tile gives exp2(-inf - m) = 0, never NaN */
-    const float mn0 = fmaxf(r.m0, mx0), mn1 = fmaxf(r.m1, mx1);
-    a0 = exp2f(r.m0 - mn0);
-    a1 = exp2f(r.m1 - mn1);
-    r.m0 = mn0;
-    r.m1 = mn1;
+     * tile gives 2^(-inf) = 0, never NaN; the first tile's factor is
+     * 2^(-inf) = 0 against O = 0 */
+    a0 = s9_ex2((r.m0 - mx0) * scale_log2);
+    a1 = s9_ex2((r.m1 - mx1) * scale_log2);
+    r.m0 = mx0;
+    r.m1 = mx1;
+    const float b0 = -mx0 * scale_log2, b1 = -mx1 * scale_log2;
     float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
     for (int i = 0; i < S9_BN / 8; i++) {
-        const float e0 = exp2f(sc[4 * i] - mn0), e1 = exp2f(sc[4 * i + 1] - mn0);
-        const float e2 = exp2f(sc[4 * i + 2] - mn1), e3 = exp2f(sc[4 * i + 3] - mn1);
+        const float e0 = s9_ex2(fmaf(sc[4 * i], scale_log2, b0)), e1 = s9_ex2(fmaf(sc[4 * i + 1], scale_log2, b0));
+        const float e2 = s9_ex2(fmaf(sc[4 * i + 2], scale_log2, b1)), e3 = s9_ex2(fmaf(sc[4 * i + 3], scale_log2, b1));
         rs0 += e0 + e1;
         rs1 += e2 + e3;
         /* the S accumulator layout of n8 block i is the A-fragment layout
@@ -271,7 +285,10 @@ __device__ __forceinline__ void s9_softmax(float (&sc)[64], uint32_t (&pa)[S9_BN
     r.l1 = r.l1 * a1 + rs1;
 }
 
+/* O *= a per row; skipped when no row of the warp changed its maximum
+ * (the common case once the first tiles are done). */
 __device__ __forceinline__ void s9_scale_o(float (&o)[64], float a0, float a1) {
+    if (!__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) return;
 #pragma unroll
     for (int i = 0; i < 16; i++) {
         o[4 * i] *= a0;
@@ -490,8 +507,9 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
 
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
     const dim3 grid((unsigned)(p->H / 2), (unsigned)n_tiles), block(384);
-    if (c->attn_sm90 == CU_SW_ON_ALT) cu_launch(c, k_attn_prefill_sm90<false, false>, grid, block, (size_t)S9_SMEM, *p);
+    /* default: unpipelined (measured fastest, docs/cuda.md v13) */
+    if (c->attn_sm90 == CU_SW_ON_ALT) cu_launch(c, k_attn_prefill_sm90<true, false>, grid, block, (size_t)S9_SMEM, *p);
     else if (c->attn_sm90 == CU_SW_ON_ALT2) cu_launch(c, k_attn_prefill_sm90<true, true>, grid, block, (size_t)S9_SMEM, *p);
-    else cu_launch(c, k_attn_prefill_sm90<true, false>, grid, block, (size_t)S9_SMEM, *p);
+    else cu_launch(c, k_attn_prefill_sm90<false, false>, grid, block, (size_t)S9_SMEM, *p);
     return !CU_LAUNCHED(c, "attention prefill sm90");
 }

@@ -183,9 +183,11 @@ typedef struct cu_impl {
     int split_keys; /* fewest keys per decode-attention split */
     /* attention kernel switches (cuda_attention.cu): CU_SW_UNSET (the env
      * default is read at first use), CU_SW_ON, CU_SW_OFF, CU_SW_ON_ALT /
-     * CU_SW_ON_ALT2 (on, alternative variants: the Hopper kernel without
-     * intra-warpgroup pipelining / with ping-pong between its consumer
-     * warp groups) */
+     * CU_SW_ON_ALT2 (on, alternative variants). Hopper prefill: ON runs S,
+     * softmax, PV in order per tile; ALT pipelines S of tile k with PV of
+     * tile k - 1; ALT2 adds ping-pong between its consumer warp groups.
+     * Tensor-core decode: ON where it measured faster (n_splits >= 32 or
+     * >= 16 decode rows), ALT always. */
     int attn_sm90;    /* Hopper prefill attention (cuda_attn_sm90.cu) where usable */
     int attn_sm90_cc; /* 0 = not checked yet, 1 = this device runs the sm_90a kernel, 2 = it does not */
     int attn_dec_mma; /* decode attention on tensor cores (GQA group as the MMA N dimension) */
