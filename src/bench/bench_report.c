@@ -33,6 +33,23 @@ static void num(ns_buf *b, json_t *v) {
     else ns_buf_puts(b, "–");
 }
 
+/* The one-line provenance printed under every figure, so a chart cut out
+ * of the report still says where it came from. */
+static void figure_provenance(ns_buf *b, json_t *root) {
+    json_t *p = json_object_get(root, "provenance");
+    if (!p) return;
+    json_t *m = json_object_get(p, "machine");
+    ns_buf_puts(b, "<div class=\"prov\">");
+    esc(b, str(p, "date"));
+    ns_buf_puts(b, " · ");
+    esc(b, str(p, "bench_version"));
+    ns_buf_puts(b, " · ");
+    esc(b, str(m, "cpu_model"));
+    ns_buf_printf(b, " (%lld cores) · <code>", (long long)json_integer_value(json_object_get(m, "cores")));
+    esc(b, str(p, "command"));
+    ns_buf_puts(b, "</code></div>");
+}
+
 static const char *const g_css =
     "body{font:14px/1.45 system-ui,sans-serif;margin:1.5em auto;max-width:1100px;color:#1d2330;padding:0 1em}"
     "h1{font-size:22px}h2{font-size:17px;margin-top:1.6em;border-bottom:1px solid #d8dde6;padding-bottom:.2em}"
@@ -44,7 +61,7 @@ static const char *const g_css =
     "svg{background:#fbfcfe;border:1px solid #e3e7ee;margin:.3em 0}svg text{font:11px system-ui,sans-serif;fill:#444}"
     ".a{stroke:#1f6fd1;fill:#1f6fd1}.b{stroke:#e07a10;fill:#e07a10}.miss{stroke:#b3261e;fill:none}polyline.series{fill:none}"
     "pre{white-space:pre-wrap;background:#f6f7f9;padding:.5em;max-height:16em;overflow:auto}"
-    "code{background:#f2f4f8;padding:0 .2em}";
+    "code{background:#f2f4f8;padding:0 .2em}.prov{font-size:11px;color:#666;margin:0 0 1em}";
 
 static void provenance(ns_buf *b, json_t *p) {
     ns_buf_puts(b, "<h2>Provenance</h2><table id=\"provenance\">");
@@ -194,6 +211,7 @@ static void comparison(ns_buf *b, json_t *root) {
     }
     ns_buf_puts(b, "</table>");
     forest(b, ms);
+    figure_provenance(b, root);
 }
 
 /* Per-block values of metric `name` for each server; missing values are
@@ -253,7 +271,9 @@ static void metric_chart(ns_buf *b, json_t *root, json_t *metric) {
     for (size_t k = 0; k < ns; k++)
         ns_buf_printf(b, "<text class=\"%s\" x=\"%.0f\" y=\"14\" stroke=\"none\">● %s</text>", k == 0 ? "a" : "b",
                       W - 90 + 45.0 * (double)k, str(json_array_get(servers, k), "label"));
-    ns_buf_puts(b, "</svg></figure>");
+    ns_buf_puts(b, "</svg>");
+    figure_provenance(b, root);
+    ns_buf_puts(b, "</figure>");
 }
 
 static void failures(ns_buf *b, json_t *root) {

@@ -97,6 +97,13 @@ test('report of two identical servers: charts, intervals, identity pass', async 
   assert.ok(row.includes(g(m.ratio)) && row.includes(g(m.ci_lo)) && row.includes(g(m.ci_hi)), row + ' vs ' + JSON.stringify(m));
   assert.equal(await page.locator('.withheld').count(), 0);
   assert.match(await page.locator('#provenance').innerText(), /commit/);
+  // provenance under every figure: date, this binary's commit, machine, command
+  const provs = await page.locator('figure .prov').allInnerTexts();
+  assert.equal(provs.length, r.json.metrics.length);
+  for (const p of provs) {
+    assert.ok(p.includes(r.json.provenance.date) && /commit/.test(p) && p.includes('--scenario cold-ttft-1k'), p);
+    assert.ok(p.includes(r.json.provenance.machine.cpu_model), p);
+  }
   await screenshot(page, 'bench-report-same.png');
   assert.deepEqual(outside, []);
   await ctx.close();
