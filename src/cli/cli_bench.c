@@ -32,6 +32,7 @@ static void usage(FILE *f) {
             "                      sweep, pressure, replay:FILE (a serve --record file), restart-resume\n"
             "  --blocks N          blocks (default 6; with two servers at least %d)\n"
             "  --seed S            workload and bootstrap seed (default 1)\n"
+            "  --warmup N          unrecorded warm-up blocks on each server first (default 1)\n"
             "  --json FILE         write the result as JSON (default: none)\n"
             "  --html FILE         write the single-file offline HTML report (default: none)\n"
             "  --requests N        requests per block of the TTFT scenarios (default 3)\n"
@@ -48,7 +49,7 @@ typedef struct opts {
     const char *urls[2];
     int n_urls;
     const char *scenario, *json_path, *html_path, *model, *api_key;
-    int blocks, requests, max_tokens, resamples;
+    int blocks, requests, max_tokens, resamples, warmup;
     long long seed;
     double timeout_s, level;
 } opts;
@@ -64,7 +65,7 @@ static int parse_int(const char *v, long long lo, long long hi, long long *out) 
 /* Returns 0, or the usage-error exit code. */
 static int parse(int argc, char **argv, opts *o) {
     memset(o, 0, sizeof *o);
-    o->blocks = 6, o->requests = 3, o->max_tokens = 64, o->resamples = 2000, o->seed = 1;
+    o->blocks = 6, o->requests = 3, o->max_tokens = 64, o->resamples = 2000, o->seed = 1, o->warmup = 1;
     o->timeout_s = 600, o->level = 0.95;
     o->api_key = getenv("NIGHTSHIFT_API_KEY");
     for (int i = 0; i < argc; i++) {
@@ -73,7 +74,7 @@ static int parse(int argc, char **argv, opts *o) {
         if (!strcmp(a, "--url") || !strcmp(a, "--scenario") || !strcmp(a, "--blocks") || !strcmp(a, "--seed") ||
             !strcmp(a, "--json") || !strcmp(a, "--html") || !strcmp(a, "--requests") || !strcmp(a, "--max-tokens") ||
             !strcmp(a, "--model") || !strcmp(a, "--api-key") || !strcmp(a, "--timeout") || !strcmp(a, "--resamples") ||
-            !strcmp(a, "--level")) {
+            !strcmp(a, "--level") || !strcmp(a, "--warmup")) {
             v = ns_cli_flag_value(argc, argv, &i);
             if (!v) return ns_cli_usage_error("bench", usage, "%s needs a value", a);
         }
@@ -100,6 +101,9 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--max-tokens")) {
             if (parse_int(v, 1, 1 << 20, &n)) return ns_cli_usage_error("bench", usage, "--max-tokens must be 1..1048576");
             o->max_tokens = (int)n;
+        } else if (!strcmp(a, "--warmup")) {
+            if (parse_int(v, 0, 100, &n)) return ns_cli_usage_error("bench", usage, "--warmup must be 0..100");
+            o->warmup = (int)n;
         } else if (!strcmp(a, "--resamples")) {
             if (parse_int(v, NS_BENCH_MIN_RESAMPLES, 1000000, &n))
                 return ns_cli_usage_error("bench", usage, "--resamples must be %d..1000000", NS_BENCH_MIN_RESAMPLES);
@@ -289,6 +293,17 @@ static void print_summary(json_t *root) {
 static ns_bench_run *run_blocks(const opts *o, const ns_bench_scenario *sc, const ns_bench_target *t, uint64_t *seeds) {
     ns_bench_run *runs = calloc((size_t)o->blocks * (size_t)o->n_urls, sizeof *runs);
     if (!runs) return NULL;
+    /* warm-up blocks (not recorded): a fresh server's first requests pay
+     * one-time costs (first touch of its KV pool, thread start-up, lazy
+     * initialisation) that would otherwise land in block 0 */
+    for (int w = 0; w < o->warmup && !sc->skipped; w++)
+        for (int i = 0; i < o->n_urls; i++) {
+            ns_bench_run r;
+            ns_bench_run_block(sc, &t[i], ns_bench_mix((uint64_t)o->seed, 0x3a3a, (uint64_t)w), &r);
+            fprintf(stderr, "nightshift bench: warm-up %d/%d server %s: %d requests, %d failed, %.2f s\n", w + 1,
+                    o->warmup, i ? "B" : "A", r.n_requests, r.n_failed, r.wall_s);
+            ns_bench_run_free(&r);
+        }
     for (int b = 0; b < o->blocks; b++) {
         seeds[b] = ns_bench_mix((uint64_t)o->seed, 0xb10c, (uint64_t)b);
         for (int k = 0; k < o->n_urls; k++) {
@@ -344,6 +359,7 @@ int ns_cli_bench(int argc, char **argv) {
                              .resamples = o.resamples, .level = o.level};
     root = ns_bench_result_build(&in);
     if (!root) goto done;
+    json_object_set_new(root, "warmup_blocks", json_integer(sc.skipped ? 0 : o.warmup));
     json_object_set_new(root, "provenance", provenance(&o, argc, argv, servers));
     print_summary(root);
     rc = 0;
