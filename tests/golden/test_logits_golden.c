@@ -58,44 +58,6 @@ static int32_t *int_array(json_t *a, int32_t *n) {
     return v;
 }
 
-/* The RoPE frequencies the reference model used. Goldens written by
- * tests/fixtures/tools/make_arch_models.py before it recorded
- * "rope_inv_freq" were computed from the in-memory model after
- * model.to(bfloat16).float(), which rounds the rotary inv_freq buffer to
- * bf16 (a checkpoint loaded with from_pretrained keeps it in float32, as
- * every other golden here). To compare with such a golden under the same
- * parameters, the model's frequencies are rounded the same way; the
- * comparison is still against transformers' numbers, only its input
- * matches. "rope_inv_freq": "float32" (or a golden of another source)
- * keeps ours as they are. */
-static bool golden_rope_is_bf16(const json_t *g) {
-    const char *rf = json_string_value(json_object_get(g, "rope_inv_freq"));
-    if (rf) return strcmp(rf, "bfloat16") == 0;
-    const char *m = json_string_value(json_object_get(g, "model"));
-    static const char *const from_script[] = {"tiny-qwen2", "tiny-mistral", "tiny-qwen3moe"};
-    for (size_t i = 0; m && i < sizeof from_script / sizeof from_script[0]; i++)
-        if (strcmp(m, from_script[i]) == 0) return true;
-    return false;
-}
-
-static float round_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static void use_bf16_rope(ns_model *m) {
-    int32_t half = m->cfg.head_dim / 2;
-    float *inv = malloc((size_t)half * sizeof *inv);
-    ns_rope_inv_freq(&m->cfg, inv);
-    for (int32_t i = 0; i < half; i++) inv[i] = round_bf16(inv[i]);
-    ns_error err = {0};
-    CHECKF(m->be->ops->tensor_upload(m->be, &m->rope_inv_freq, inv, &err) == NS_OK, "%s", err.msg);
-    free(inv);
-}
-
 static void run_model(const char *name) {
     char path[512];
     snprintf(path, sizeof path, "goldens/logits-%s.json", name);
@@ -111,10 +73,6 @@ static void run_model(const char *name) {
     CHECK(ns_backend_cpu_create(2, &be, &err) == NS_OK);
     CHECKF(ns_model_load(test_shared_path(path), be, &m, &err) == NS_OK, "%s", err.msg);
     if (!m) goto done;
-    if (golden_rope_is_bf16(g)) {
-        printf("# %s: golden made with bf16-rounded RoPE frequencies; rounding ours the same way\n", name);
-        use_bf16_rope(m);
-    }
     /* Page size 16 and 64-token chunks: prompts cross many pages and
      * chunk boundaries. */
     ns_engine_opts eo = {.max_batch_tokens = 64, .max_logits = 64, .page_tokens = 16, .n_pages = 512, .kv_dtype = NS_DT_F32};
