@@ -438,11 +438,14 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
 }
 #endif /* S9_ENABLED */
 
-/* grid (H / 2, n_tiles), 384 threads: head pairs vary fastest, so the
- * pairs of one tile (sharing its Q rows' keys; pairs of one KV head
- * sharing K/V in L2) run together and the longest tiles (first in the
- * list) start first. CTA (pair, tile): query heads
- * 2 pair and 2 pair + 1 (same KV head: G is even). */
+/* grid (G / 2, n_tiles, KVH), 384 threads; CTA (pair, tile, kv head)
+ * takes query heads kvh G + 2 pair and kvh G + 2 pair + 1. Blocks are
+ * started x fastest, then y, then z: the CTAs running at any time belong
+ * to one or two KV heads, so their K/V (16.8 MB per KV head and layer at
+ * 32k) stays in L2 while every tile of that head streams it; head-pair
+ * order (all KV heads at once) keeps 8x that working set, more than L2
+ * at long contexts. Within a KV head the longest tiles (first in the
+ * list) start first. */
 template <bool PIPE, bool PINGPONG>
 __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) {
 #if S9_ENABLED
@@ -452,7 +455,7 @@ __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) 
     uint64_t *bars = reinterpret_cast<uint64_t *>(smem + 2 * S9_Q_BYTES + 2 * S9_STAGES * S9_KV_BYTES);
     const uint32_t bar_full = s9_smem_addr(bars), bar_empty = bar_full + 8 * S9_STAGES;
 
-    const int tile = blockIdx.y, h0 = 2 * blockIdx.x;
+    const int tile = blockIdx.y, h0 = blockIdx.z * p.G + 2 * blockIdx.x;
     const int s = p.tiles[2 * tile], q0 = p.tiles[2 * tile + 1];
     const int t0 = p.seq_start[s], n = p.seq_start[s + 1] - t0, L = p.seq_len[s];
     const int rows = min(S9_BM, n - q0);
@@ -506,7 +509,7 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
 }
 
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
-    const dim3 grid((unsigned)(p->H / 2), (unsigned)n_tiles), block(384);
+    const dim3 grid((unsigned)(p->G / 2), (unsigned)n_tiles, (unsigned)(p->H / p->G)), block(384);
     /* default: unpipelined (measured fastest, docs/cuda.md v13) */
     if (c->attn_sm90 == CU_SW_ON_ALT) cu_launch(c, k_attn_prefill_sm90<true, false>, grid, block, (size_t)S9_SMEM, *p);
     else if (c->attn_sm90 == CU_SW_ON_ALT2) cu_launch(c, k_attn_prefill_sm90<true, true>, grid, block, (size_t)S9_SMEM, *p);

@@ -357,7 +357,7 @@ enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2, CU_SW_ON_ALT = 3, CU_SW_ON_
  * the first / second alternative variant, anything else or absent = on);
  * true when on. */
 bool cu_attn_switch(int *field, const char *env);
-/* grid (H / 2, n_tiles); returns false on a launch error (recorded). */
+/* grid (G / 2, n_tiles, KVH); returns false on a launch error (recorded). */
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles);
 /* GEMV over up to 3 weight matrices sharing the F32 input x [n, k]:
  * out[i][n, m[i]] = x @ w[i]^T. */
