@@ -13,7 +13,9 @@
  *   already in the pool, one token per sequence per step, greedy sampling
  *   on the device, warm-up steps first (graph capture), then timed steps:
  *   tokens/s; roofline = (weight bytes + KV bytes read per step) / copy
- *   bandwidth. Where distinct KV for every sequence does not fit (long
+ *   bandwidth. MoE: FLOPs count the top-k experts per token, and a step's
+ *   weight bytes the experts its tokens are expected to choose (uniform
+ *   routing). Where distinct KV for every sequence does not fit (long
  *   contexts at large batch), sequences share copies of the context
  *   prefix; bytes are still counted per sequence and the line says so
  *   (shared pages can be served partly from L2, so such figures are
@@ -60,8 +62,9 @@ typedef struct bench {
     bool cuda;
     double bw_gbs;     /* measured copy bandwidth, GB/s (read + write) */
     double gemm_tfs;   /* measured bf16 GEMM rate, TFLOP/s */
-    double weight_read_bytes; /* weights read per decode step */
-    double layer_params;      /* matrix params of all layers */
+    double weight_read_bytes; /* weights read per decode step (MoE: less the experts) */
+    double layer_params;      /* matrix params of all layers a token goes through */
+    double expert_bytes;      /* MoE: bytes of one expert in every sparse layer */
     int32_t *tok, *pos, *ss, *sl, *pt, *lr; /* batch arrays */
     size_t cap_tok, cap_pt;
     uint64_t rng;
@@ -305,6 +308,16 @@ static void model_costs(bench *B) {
             bytes += (double)ns_tensor_bytes(ts[i]);
             if (ts[i]->rows > 1) params += (double)ts[i]->rows * (double)ts[i]->cols;
         }
+        if (!w->experts) continue;
+        /* MoE: the router always, each token through top-k experts; a
+         * decode step reads the experts its tokens chose (decode_bytes) */
+        const int32_t E = m->cfg.n_experts;
+        bytes += (double)ns_tensor_bytes(&w->router);
+        params += (double)w->router.rows * (double)w->router.cols;
+        for (int k = 0; k < 3; k++) {
+            B->expert_bytes += (double)ns_tensor_bytes(&w->experts[k * E]);
+            params += (double)m->cfg.n_experts_per_tok * (double)w->experts[k * E].rows * (double)w->experts[k * E].cols;
+        }
     }
     bytes += (double)ns_tensor_bytes(&m->final_norm) + (double)ns_tensor_bytes(&m->lm_head);
     B->weight_read_bytes = bytes;
@@ -454,6 +467,17 @@ typedef struct dec_result {
     bool skipped;
 } dec_result;
 
+/* Weights one decode step of `batch` tokens reads: the dense part, and
+ * for MoE the experts expected to be chosen by at least one token,
+ * n_experts * (1 - (1 - k/n_experts)^batch) per sparse layer (routing
+ * taken as uniform, which random weights give). */
+static double decode_weight_bytes(const bench *B, int32_t batch) {
+    const ns_model_config *c = &B->m->cfg;
+    if (B->expert_bytes == 0 || c->n_experts <= 0) return B->weight_read_bytes;
+    double E = c->n_experts, used = E * (1.0 - pow(1.0 - (double)c->n_experts_per_tok / E, (double)batch));
+    return B->weight_read_bytes + B->expert_bytes * used;
+}
+
 static ns_status run_decode(bench *B, int32_t ctx, int32_t batch, int steps, int warm, dec_result *r, ns_error *err) {
     const int32_t P = B->o.page_tokens;
     const ns_model_config *c = &B->m->cfg;
@@ -518,7 +542,7 @@ static ns_status run_decode(bench *B, int32_t ctx, int32_t batch, int steps, int
     r->step_s = dt / steps;
     r->tok_s = (double)batch * steps / dt;
     double kv_bytes_tok = (double)c->n_layers * 2 * c->n_kv_heads * c->head_dim * ns_dtype_size(B->be->kv.dtype);
-    r->bytes = B->weight_read_bytes + kv_bytes_tok * kv_tokens / steps;
+    r->bytes = decode_weight_bytes(B, batch) + kv_bytes_tok * kv_tokens / steps;
     r->floor_s = r->bytes / (B->bw_gbs * 1e9);
 cleanup:
     if (smp)
@@ -554,7 +578,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
            "decode step)\n",
            B->o.model_dir ? B->o.model_dir : B->o.dummy_cfg, c->n_layers, c->hidden_size, c->intermediate_size,
            c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size, (double)B->m->weight_bytes / 1e9,
-           B->weight_read_bytes / 1e9);
+           decode_weight_bytes(B, 1) / 1e9);
     rc = open_engine(B, err);
     if (rc != NS_OK) return rc;
     rc = fill_kv(B, err);
