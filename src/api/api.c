@@ -374,9 +374,13 @@ bool ns_api_parse_gen_params(ns_api *a, json_t *body, bool chat, ns_api_gen_para
                               "'response_format' must be an object with a string 'type'");
             return false;
         }
-        if (strcmp(json_string_value(t), "text") != 0) {
+        const char *tv = json_string_value(t);
+        /* json_object / json_schema are enforced by a grammar: the endpoint
+         * compiles them (api/structured.h, ns_structured_response_format) */
+        if (strcmp(tv, "text") != 0 && strcmp(tv, "json_object") != 0 && strcmp(tv, "json_schema") != 0) {
             ns_http_error_set(e, 400, "response_format", "unsupported_value",
-                              "response_format type '%.32s' is not supported yet (only 'text')", json_string_value(t));
+                              "response_format type '%.32s' is not supported (text, json_object, json_schema are)",
+                              tv);
             return false;
         }
     }

@@ -106,7 +106,8 @@ typedef struct ns_api_gen_params {
  * n (only 1), max_tokens (chat also max_completion_tokens), stop,
  * stream/stream_options.include_usage, logprobs (chat: a bool plus
  * top_logprobs; completions: an integer count, or a bool), ignore_eos,
- * return_token_ids and response_format (only "text"). Strings point into
+ * return_token_ids and response_format (its type: text, json_object or json_schema;
+ * the endpoint compiles the latter two, api/structured.h). Strings point into
  * body. False with e set (400 naming the field) on a bad value. */
 bool ns_api_parse_gen_params(ns_api *a, json_t *body, bool chat, ns_api_gen_params *p, ns_http_error *e);
 

@@ -14,6 +14,7 @@
 #include "api/api.h"
 #include "api/chat.h"
 #include "api/gen.h"
+#include "api/structured.h"
 
 typedef struct chat_job {
     ns_gen_job base; /* first: the shared path allocates and frees the job */
@@ -43,9 +44,42 @@ bool ns_chat_gen_prepare(ns_gen_job *gj, json_t *chat_body, ns_chat_prompt *cp, 
     return true;
 }
 
+static bool prompt_closes_think(const char *t, size_t n) {
+    while (n > 0 && (t[n - 1] == '\n' || t[n - 1] == ' ' || t[n - 1] == '\r' || t[n - 1] == '\t')) n--;
+    return n >= 8 && !memcmp(t + n - 8, "</think>", 8);
+}
+
+/* Structured output of a chat request: response_format json_object /
+ * json_schema, or a forced tool_choice ("required", a named function),
+ * enforced by a grammar (api/structured.h). Both at once is a 400: the
+ * answer is either a JSON value or tool calls. */
+static bool chat_structured(ns_gen_job *gj, ns_gen_opts *o, ns_http_error *e) {
+    chat_job *j = (chat_job *)gj;
+    ns_struct_spec spec, tc = {0};
+    if (!ns_structured_response_format(gj->body, &spec, e)) return false;
+    if (j->cp.tools_enabled) ns_structured_tool_choice(gj->body, &tc);
+    if (tc.kind != NS_STRUCT_NONE) {
+        if (spec.kind != NS_STRUCT_NONE) {
+            ns_http_error_set(e, 400, "response_format", "invalid_value",
+                              "response_format json_object/json_schema cannot be combined with tool_choice "
+                              "'required' or a named function");
+            return false;
+        }
+        spec = tc;
+    }
+    /* thinking switched off (the prompt ends with a closed <think></think>,
+     * as Qwen3's template renders enable_thinking false): the answer
+     * starts at once, no reasoning block is allowed before it */
+    ns_gen_opts so = *o;
+    if (o->reasoning && !o->in_think && prompt_closes_think(j->cp.text, j->cp.len)) so.reasoning = false;
+    if (!ns_structured_attach(gj->a, &spec, &so, e)) return false;
+    o->rp.grammar = so.rp.grammar;
+    return true;
+}
+
 static bool chat_prepare(ns_gen_job *gj, ns_gen_opts *o, ns_http_error *e) {
     chat_job *j = (chat_job *)gj;
-    return ns_chat_gen_prepare(gj, gj->body, &j->cp, o, e);
+    return ns_chat_gen_prepare(gj, gj->body, &j->cp, o, e) && chat_structured(gj, o, e);
 }
 
 static void chat_release(ns_gen_job *gj) { ns_chat_prompt_free(&((chat_job *)gj)->cp); }

@@ -10,6 +10,7 @@
 
 #include "api/api.h"
 #include "api/gen.h"
+#include "api/structured.h"
 #include "tokenizer/tokenizer.h"
 
 #define MAX_PROMPT_IDS (1 << 24)
@@ -110,7 +111,10 @@ static bool cmpl_prepare(ns_gen_job *gj, ns_gen_opts *o, ns_http_error *e) {
     if (!parse_prompt(gj->a, gj->body, j, e)) return false;
     gj->prompt = j->ids;
     gj->n_prompt = j->n_ids;
-    return true;
+    /* response_format json_object / json_schema: the raw completion text
+     * is constrained (no reasoning block: there is no template) */
+    ns_struct_spec spec;
+    return ns_structured_response_format(gj->body, &spec, e) && ns_structured_attach(gj->a, &spec, o, e);
 }
 
 static void cmpl_release(ns_gen_job *gj) { free(((cmpl_job *)gj)->ids); }

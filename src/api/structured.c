@@ -15,8 +15,9 @@
 #include "grammar/gvocab_tok.h"
 
 /* Forced tool calls: how many calls one "required" answer may hold (a
- * named tool_choice gets exactly one). Bounded so a model that never
- * picks the end-of-sequence token still finishes. */
+ * named tool_choice gets exactly one; parallel_tool_calls false, i.e.
+ * o->max_calls 1, one). Bounded so a model that never picks the
+ * end-of-sequence token still finishes. */
 #define NS_STRUCT_MAX_CALLS 4
 #define GRAMMAR_CACHE 32
 #define KEY_CAP ((size_t)4 << 20) /* a longer spec is compiled uncached */
@@ -152,6 +153,7 @@ static bool build(ns_gnfa *n, const ns_struct_spec *sp, const ns_gen_opts *o, ns
         ok = ns_gschema_emit(n, sp->schema, s, &e, msg, cap);
     } else {
         int max = sp->kind == NS_STRUCT_TOOL_NAMED ? 1 : NS_STRUCT_MAX_CALLS;
+        if (o->max_calls > 0 && o->max_calls < max) max = o->max_calls; /* parallel_tool_calls false */
         ok = emit_any_call(n, sp, fmt, s, &e, msg, cap, param);
         uint32_t done = ns_gnfa_state(n);
         for (int k = 1; ok && k < max; k++) {
@@ -174,7 +176,7 @@ static bool build(ns_gnfa *n, const ns_struct_spec *sp, const ns_gen_opts *o, ns
 
 /* The cache key of a spec: everything the grammar depends on. */
 static char *spec_key(const ns_struct_spec *sp, const ns_gen_opts *o, ns_toolfmt fmt) {
-    json_t *k = json_pack("{s:i,s:i,s:b,s:b,s:O?,s:O?,s:s?}", "kind", (int)sp->kind, "fmt", (int)fmt, "reasoning",
+    json_t *k = json_pack("{s:i,s:i,s:i,s:b,s:b,s:O?,s:O?,s:s?}", "kind", (int)sp->kind, "fmt", (int)fmt, "calls", o->max_calls, "reasoning",
                           o->reasoning, "in_think", o->in_think, "schema", (json_t *)sp->schema, "tools",
                           (json_t *)sp->tools, "name", sp->tool_name);
     char *s = k ? json_dumps(k, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
@@ -318,4 +320,56 @@ bool ns_structured_attach(ns_api *a, const ns_struct_spec *sp, ns_gen_opts *o, n
 void ns_structured_detach(ns_gen_opts *o) {
     ns_gmatch_free(o->rp.grammar);
     o->rp.grammar = NULL;
+}
+
+bool ns_structured_response_format(json_t *body, ns_struct_spec *spec, ns_http_error *e) {
+    memset(spec, 0, sizeof(*spec));
+    json_t *rf = json_object_get(body, "response_format");
+    if (!rf || json_is_null(rf)) return true;
+    const char *t = json_string_value(json_object_get(rf, "type"));
+    if (!t || !strcmp(t, "text")) return true; /* shape checked by ns_api_parse_gen_params */
+    if (!strcmp(t, "json_object")) {
+        spec->kind = NS_STRUCT_JSON_OBJECT;
+        return true;
+    }
+    json_t *js = json_object_get(rf, "json_schema");
+    if (!json_is_object(js)) {
+        ns_http_error_set(e, 400, "response_format.json_schema", "invalid_value",
+                          "response_format type 'json_schema' needs a 'json_schema' object with a 'schema'");
+        return false;
+    }
+    json_t *name = json_object_get(js, "name"), *strict = json_object_get(js, "strict"),
+           *schema = json_object_get(js, "schema");
+    if (name && !json_is_string(name)) {
+        ns_http_error_set(e, 400, "response_format.json_schema.name", "invalid_value", "'name' must be a string");
+        return false;
+    }
+    if (strict && !json_is_boolean(strict) && !json_is_null(strict)) {
+        ns_http_error_set(e, 400, "response_format.json_schema.strict", "invalid_value", "'strict' must be a boolean");
+        return false;
+    }
+    if (!json_is_object(schema) && !json_is_boolean(schema)) {
+        ns_http_error_set(e, 400, "response_format.json_schema.schema", "invalid_value",
+                          "response_format.json_schema needs a 'schema' object");
+        return false;
+    }
+    /* strict false is enforced too: the output always follows the schema */
+    spec->kind = NS_STRUCT_JSON_SCHEMA;
+    spec->schema = schema;
+    return true;
+}
+
+void ns_structured_tool_choice(json_t *body, ns_struct_spec *spec) {
+    json_t *tc = json_object_get(body, "tool_choice");
+    if (json_is_string(tc) && !strcmp(json_string_value(tc), "required")) {
+        spec->kind = NS_STRUCT_TOOL_REQUIRED;
+    } else if (json_is_object(tc)) {
+        const char *n = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
+        if (!n) return;
+        spec->kind = NS_STRUCT_TOOL_NAMED;
+        spec->tool_name = n;
+    } else {
+        return;
+    }
+    spec->tools = json_object_get(body, "tools");
 }

@@ -67,6 +67,18 @@ typedef struct ns_struct_spec {
  * NS_STRUCT_NONE: nothing to do, true. Reads o->toolfmt, o->reasoning and
  * o->in_think, so call it after those are set. False with e set. */
 bool ns_structured_attach(ns_api *a, const ns_struct_spec *spec, ns_gen_opts *o, ns_http_error *e);
+/* Reads body's "response_format" (OpenAI chat / completions) into spec:
+ * absent, null or {"type": "text"} -> NS_STRUCT_NONE; {"type":
+ * "json_object"}; {"type": "json_schema", "json_schema": {"name",
+ * "schema", "strict"}} (schema required). spec borrows from body. False
+ * with e set (400 naming the field) on a malformed value. */
+bool ns_structured_response_format(json_t *body, ns_struct_spec *spec, ns_http_error *e);
+/* The forced tool choice of an OpenAI chat body into spec: "required" ->
+ * NS_STRUCT_TOOL_REQUIRED, {"type": "function", "function": {"name"}} ->
+ * NS_STRUCT_TOOL_NAMED; "auto", "none" or absent leave spec unchanged.
+ * tools = the body's "tools". The body is already validated
+ * (ns_chat_prompt_build). */
+void ns_structured_tool_choice(json_t *body, ns_struct_spec *spec);
 /* Frees a matcher ns_structured_attach stored in o and never handed to a
  * request (o->rp.grammar becomes NULL). Safe when there is none. */
 void ns_structured_detach(ns_gen_opts *o);

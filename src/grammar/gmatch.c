@@ -43,6 +43,7 @@ struct ns_grammar {
     int32_t **set_trans;
     uint32_t **set_mask;
     bool *set_end;
+    int8_t *set_loop; /* loops on every plain string byte: 1 yes, 0 no, -1 not known yet */
     uint32_t n_set, cap_set;
     uint32_t *items;
     size_t n_items, cap_items;
@@ -258,6 +259,8 @@ static int32_t set_intern(ns_grammar *g, size_t n) {
     if (!grow_arr((void **)&g->set_mask, &c, need, sizeof(uint32_t *), &b)) return -1;
     c = g->cap_set;
     if (!grow_arr((void **)&g->set_end, &c, need, sizeof(bool), &b)) return -1;
+    c = g->cap_set;
+    if (!grow_arr((void **)&g->set_loop, &c, need, sizeof(int8_t), &b)) return -1;
     g->cap_set = c;
     g->bytes += b;
     uint32_t s = g->n_set++;
@@ -268,6 +271,7 @@ static int32_t set_intern(ns_grammar *g, size_t n) {
     g->set_trans[s] = NULL;
     g->set_mask[s] = NULL;
     g->set_end[s] = n > 0 && g->out[0] == 0;
+    g->set_loop[s] = -1;
     g->set_ht[h] = s + 1;
     return (int32_t)s;
 }
@@ -450,6 +454,7 @@ void ns_grammar_release(ns_grammar *g) {
     free(g->set_trans);
     free(g->set_mask);
     free(g->set_end);
+    free(g->set_loop);
     free(g->items);
     free(g->set_ht);
     free(g->work);
@@ -477,6 +482,22 @@ void ns_grammar_get_stats(ns_grammar *g, ns_grammar_stats *out) {
 
 /* ---- masks ---- */
 
+/* Whether set s steps to itself on every plain string byte (inside an
+ * unbounded JSON string): then a trie subtree of plain bytes is allowed
+ * whole. 1 / 0, or < 0 on an automaton failure. */
+static int loops_plain(ns_grammar *g, int32_t s) {
+    if (g->set_loop[s] >= 0) return g->set_loop[s];
+    int r = 1;
+    for (int b = 0x20; b <= 0x7F && r == 1; b++) {
+        if (!ns_gvocab_plain_byte((uint8_t)b)) continue;
+        int32_t t = step(g, s, (uint8_t)b);
+        if (t < T_DEAD) return -1;
+        r = t == s;
+    }
+    g->set_loop[s] = (int8_t)r;
+    return r;
+}
+
 /* The mask of set s, computed by walking the vocabulary trie. */
 static ns_status compute_mask(ns_grammar *g, int32_t s, uint32_t *mask, ns_error *err) {
     const ns_gvocab *v = g->v;
@@ -486,6 +507,16 @@ static ns_status compute_mask(ns_grammar *g, int32_t s, uint32_t *mask, ns_error
     const uint32_t nn = v->n_nodes;
     for (uint32_t i = 0; i < nn;) {
         int32_t from = at[v->depth[i] - 1];
+        if (v->plain[i]) {
+            int lp = loops_plain(g, from);
+            if (lp < 0) return ns_fail(err, NS_ERR_NOMEM, "grammar: out of memory");
+            if (lp) { /* every token below stays in this state */
+                for (uint32_t k = v->tok_start[i], e = v->tok_start[v->end[i]]; k < e; k++)
+                    mask[v->sub_toks[k] >> 5] |= 1u << (v->sub_toks[k] & 31);
+                i = v->end[i];
+                continue;
+            }
+        }
         const int32_t *tr = g->set_trans[from];
         int32_t t = tr ? tr[v->byte[i]] : T_UNKNOWN;
         if (t == T_UNKNOWN) {

@@ -24,6 +24,9 @@ void ns_gvocab_free(ns_gvocab *v) {
     free(v->end);
     free(v->tok);
     free(v->dup);
+    free(v->plain);
+    free(v->tok_start);
+    free(v->sub_toks);
     free(v);
 }
 
@@ -31,6 +34,30 @@ bool ns_gvocab_is_eos(const ns_gvocab *v, int32_t tok) {
     for (int i = 0; i < v->n_eos; i++)
         if (v->eos[i] == tok) return true;
     return false;
+}
+
+/* plain[], tok_start[] and sub_toks[] (see gvocab.h); n_tok tokens. */
+static ns_status subtree_tables(ns_gvocab *v, int32_t n_tok) {
+    const uint32_t nn = v->n_nodes;
+    uint32_t *bad = malloc(((size_t)nn + 1) * sizeof(uint32_t)); /* non-plain bytes before node k */
+    v->plain = malloc(nn ? nn : 1);
+    v->tok_start = malloc(((size_t)nn + 1) * sizeof(uint32_t));
+    v->sub_toks = malloc((size_t)(n_tok > 0 ? n_tok : 1) * sizeof(int32_t));
+    if (!bad || !v->plain || !v->tok_start || !v->sub_toks) {
+        free(bad);
+        return NS_ERR_NOMEM;
+    }
+    bad[0] = 0;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < nn; i++) {
+        bad[i + 1] = bad[i] + !ns_gvocab_plain_byte(v->byte[i]);
+        v->tok_start[i] = k;
+        for (int32_t t = v->tok[i]; t >= 0; t = v->dup[t]) v->sub_toks[k++] = t;
+    }
+    v->tok_start[nn] = k;
+    for (uint32_t i = 0; i < nn; i++) v->plain[i] = bad[v->end[i]] == bad[i];
+    free(bad);
+    return NS_OK;
 }
 
 /* The preorder trie from the tokens sorted by bytes: each token adds the
@@ -85,7 +112,7 @@ static ns_status build_trie(ns_gvocab *v, const int32_t *order, int32_t n) {
     while (sp > 0) v->end[path[--sp]] = nn;
     free(path);
     v->n_nodes = nn;
-    return NS_OK;
+    return subtree_tables(v, n);
 }
 
 ns_status ns_gvocab_build(int32_t n_vocab, int32_t n_tokens, const char *const *tok_bytes, const uint32_t *tok_len,

@@ -42,6 +42,14 @@ typedef struct ns_gvocab {
     uint32_t *end;
     int32_t *tok;
     int32_t *dup;      /* [n_vocab] next token with the same bytes, -1 */
+    /* plain[i]: every byte of node i's subtree (i included) is a plain
+     * JSON string byte (0x20-0x7F but '"' and '\\'), so a grammar state
+     * that loops on those bytes allows the whole subtree at once; its
+     * tokens (duplicates included) are sub_toks[tok_start[i] ..
+     * tok_start[end[i]]) */
+    uint8_t *plain;
+    uint32_t *tok_start; /* [n_nodes + 1] */
+    int32_t *sub_toks;
     uint16_t max_depth;
     int32_t eos[NS_GVOCAB_MAX_EOS];
     int n_eos;
@@ -55,5 +63,7 @@ ns_status ns_gvocab_build(int32_t n_vocab, int32_t n_tokens, const char *const *
                           const int32_t *eos, int n_eos, ns_gvocab **out, ns_error *err);
 void ns_gvocab_free(ns_gvocab *v);
 bool ns_gvocab_is_eos(const ns_gvocab *v, int32_t tok);
+/* A plain JSON string byte (see ns_gvocab.plain). */
+static inline bool ns_gvocab_plain_byte(uint8_t b) { return b >= 0x20 && b <= 0x7F && b != '"' && b != '\\'; }
 
 #endif

@@ -82,10 +82,12 @@ void ns_sampler_free(ns_sampler *s) {
     free(s->ring);
     free(s->scratch_ids);
     free(s->scratch_vals);
+    free(s->scratch_sort);
     s->counts = NULL;
     s->ring = NULL;
     s->scratch_ids = NULL;
     s->scratch_vals = NULL;
+    s->scratch_sort = NULL;
 }
 
 ns_status ns_sampler_copy(ns_sampler *dst, const ns_sampler *src) {
@@ -94,6 +96,7 @@ ns_status ns_sampler_copy(ns_sampler *dst, const ns_sampler *src) {
     dst->ring = NULL;
     dst->scratch_ids = NULL;
     dst->scratch_vals = NULL;
+    dst->scratch_sort = NULL;
     if (src->counts) {
         dst->counts = malloc((size_t)src->n_vocab * sizeof *dst->counts);
         if (!dst->counts) goto oom;
@@ -171,6 +174,47 @@ static int cmp_desc(const void *a, const void *b) {
     return (ia > ib) - (ia < ib);
 }
 
+/* Below this many candidates qsort is as fast as four radix passes. */
+#define RADIX_MIN 4096
+
+void ns_sample_order(const float *v, int32_t *ids, int32_t n, uint32_t *keys, uint32_t *sort) {
+    if (n < RADIX_MIN || !keys || !sort) {
+        t_vals = v;
+        qsort(ids, (size_t)n, sizeof(int32_t), cmp_desc);
+        return;
+    }
+    /* key: the float's bits made unsigned-ordered, then inverted so that
+     * ascending keys are descending values; a stable sort of ids that
+     * start ascending keeps equal values in ascending id order, as cmp_desc */
+    for (int32_t i = 0; i < n; i++) {
+        float f = v[ids[i]];
+        uint32_t b;
+        if (f == 0.0f) f = 0.0f; /* -0 == +0 for cmp_desc */
+        memcpy(&b, &f, sizeof b);
+        b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+        keys[i] = ~b;
+    }
+    uint32_t *k0 = keys, *k1 = sort;
+    int32_t *i0 = ids, *i1 = (int32_t *)(void *)(sort + n);
+    for (int shift = 0; shift < 32; shift += 8) {
+        uint32_t cnt[257] = {0};
+        for (int32_t i = 0; i < n; i++) cnt[((k0[i] >> shift) & 0xFF) + 1]++;
+        for (int b = 0; b < 256; b++) cnt[b + 1] += cnt[b];
+        for (int32_t i = 0; i < n; i++) {
+            uint32_t d = cnt[(k0[i] >> shift) & 0xFF]++;
+            k1[d] = k0[i];
+            i1[d] = i0[i];
+        }
+        uint32_t *tk = k0;
+        k0 = k1;
+        k1 = tk;
+        int32_t *ti = i0;
+        i0 = i1;
+        i1 = ti;
+    }
+    /* four passes: the data is back in keys/ids */
+}
+
 void ns_sample_apply_mask(float *logits, int32_t n, const uint32_t *allow) {
     for (int32_t w = 0; w * 32 < n; w++) {
         uint32_t bits = allow[w];
@@ -209,8 +253,9 @@ int32_t ns_sampler_sample(ns_sampler *s, float *logits) {
     int32_t nc = 0;
     for (int32_t i = 0; i < n; i++)
         if (logits[i] >= mx - 27.6f) s->scratch_ids[nc++] = i;
-    t_vals = logits;
-    qsort(s->scratch_ids, (size_t)nc, sizeof(int32_t), cmp_desc);
+    if (!s->scratch_sort && nc >= RADIX_MIN) s->scratch_sort = malloc((size_t)n * 2 * sizeof *s->scratch_sort);
+    /* scratch_vals is free until the probabilities: it holds the keys */
+    ns_sample_order(logits, s->scratch_ids, nc, (uint32_t *)(void *)s->scratch_vals, s->scratch_sort);
     if (s->p.top_k > 0 && s->p.top_k < nc) nc = s->p.top_k;
 
     double sum = 0;

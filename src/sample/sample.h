@@ -69,6 +69,7 @@ typedef struct ns_sampler {
     /* scratch for sorting candidates (allocated lazily) */
     int32_t *scratch_ids;
     float *scratch_vals;
+    uint32_t *scratch_sort; /* [2 * n_vocab]: radix sort buffers (ns_sample_order) */
 } ns_sampler;
 
 ns_status ns_sampler_init(ns_sampler *s, const ns_sampling_params *p, int32_t n_vocab, ns_error *err);
@@ -88,6 +89,13 @@ int32_t ns_sampler_sample(ns_sampler *s, float *logits);
 
 /* Deep copy (for pausing/forking); dst is overwritten. */
 ns_status ns_sampler_copy(ns_sampler *dst, const ns_sampler *src);
+
+/* Sorts ids[0..n) by v[id] descending, ties by ascending id — the
+ * candidate order of step 4. Large n use a stable LSD radix sort on the
+ * float bits (-0 counted as +0; v must hold no NaN) with keys (n words) and
+ * sort (2n words) as scratch; small n, or NULL scratch, use qsort. Both
+ * give the same order. */
+void ns_sample_order(const float *v, int32_t *ids, int32_t n, uint32_t *keys, uint32_t *sort);
 
 /* Log-softmax helpers on raw logits (model distribution, as OpenAI's
  * logprobs report it). */

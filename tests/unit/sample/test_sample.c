@@ -283,6 +283,60 @@ TEST(backend_sample_op_isolates_bad_rows) {
     be->ops->destroy(be);
 }
 
+static const float *g_ref_vals;
+static int ref_cmp(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    float u = g_ref_vals[x], w = g_ref_vals[y];
+    if (u != w) return u > w ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+/* The radix candidate order equals the comparison order (value
+ * descending, ties by ascending id, -0 == +0) on a large row with many
+ * ties, signed zeros and negative values; a mask leaves only allowed ids. */
+TEST(radix_order_matches_comparison_sort_and_mask) {
+    const int32_t n = 50000;
+    float *v = malloc((size_t)n * sizeof(float));
+    int32_t *a = malloc((size_t)n * sizeof(int32_t)), *b = malloc((size_t)n * sizeof(int32_t));
+    uint32_t *keys = malloc((size_t)n * sizeof(uint32_t)), *sort = malloc((size_t)n * 2 * sizeof(uint32_t));
+    uint64_t x = 12345;
+    for (int32_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        int r = (int)((x >> 33) % 1000);
+        v[i] = r < 50 ? (r % 2 ? -0.0f : 0.0f) : (float)(r - 500) / 16.0f;
+        a[i] = b[i] = i;
+    }
+    ns_sample_order(v, a, n, keys, sort);
+    g_ref_vals = v;
+    qsort(b, (size_t)n, sizeof(int32_t), ref_cmp);
+    int32_t diff = 0;
+    for (int32_t i = 0; i < n; i++) diff += a[i] != b[i];
+    CHECK_EQ_INT(diff, 0);
+    /* a mask: only even ids below 1000 may be drawn, at any temperature */
+    uint32_t *allow = calloc((size_t)(n + 31) / 32, sizeof(uint32_t));
+    for (int32_t i = 0; i < 1000; i += 2) allow[i >> 5] |= 1u << (i & 31);
+    ns_sampling_params p = ns_sampling_default();
+    p.temperature = 1.0f;
+    p.seed = 9;
+    ns_sampler s;
+    CHECK(ns_sampler_init(&s, &p, n, NULL) == NS_OK);
+    s.allow = allow;
+    int bad = 0;
+    for (int k = 0; k < 200; k++) {
+        for (int32_t i = 0; i < n; i++) v[i] = (float)((i * 7919 + k * 31) % 997) / 50.0f;
+        int32_t t = ns_sampler_sample(&s, v);
+        bad += !(t >= 0 && t < 1000 && t % 2 == 0);
+    }
+    CHECK_EQ_INT(bad, 0);
+    ns_sampler_free(&s);
+    free(allow);
+    free(v);
+    free(a);
+    free(b);
+    free(keys);
+    free(sort);
+}
+
 int main(void) {
     RUN(greedy_is_argmax);
     RUN(seed_reproducible);
@@ -297,5 +351,6 @@ int main(void) {
     RUN(pos_inf_wins);
     RUN(tiny_temperature_is_greedy);
     RUN(backend_sample_op_isolates_bad_rows);
+    RUN(radix_order_matches_comparison_sort_and_mask);
     TEST_MAIN_END;
 }
