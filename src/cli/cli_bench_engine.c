@@ -310,7 +310,7 @@ static void model_costs(bench *B) {
         }
         if (!w->experts) continue;
         /* MoE: the router always, each token through top-k experts; a
-         * decode step reads the experts its tokens chose (decode_bytes) */
+         * decode step reads the experts its tokens chose (decode_weight_bytes) */
         const int32_t E = m->cfg.n_experts;
         bytes += (double)ns_tensor_bytes(&w->router);
         params += (double)w->router.rows * (double)w->router.cols;
