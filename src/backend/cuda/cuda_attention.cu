@@ -695,21 +695,34 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n_tiles = k1 > k0 ? (k1 - k0 + DM_TK - 1) / DM_TK : 0;
     const int G = p.G, h_first = kvh * G;
-    /* this thread's K row of the first tile */
-    const uint8_t *kr_first = k0 + (tid >> 1) < k1 ? kv_row(p, s, k0 + (tid >> 1), kvh, k_off) : p.kv;
+    /* Copy mapping: CH threads per K/V row, one 16-byte chunk each, so a
+     * warp instruction reads whole rows (2 rows of 256 bytes at D = 128):
+     * every 32-byte sector is fetched once. (Two threads per row, each
+     * with half the row, made each instruction touch half of 32 sectors:
+     * twice the L2-to-SM traffic of the bytes used.) */
+    constexpr int RPP = 128 / CH;       /* rows per pass */
+    constexpr int NPASS = DM_TK / RPP;  /* passes per tile */
+    const int cc = tid % CH, rb = tid / CH;
+    /* this thread's rows of the first tile (read before the PDL wait) */
+    const uint8_t *kr0[NPASS];
+#pragma unroll
+    for (int j = 0; j < NPASS; j++) {
+        const int key = k0 + rb + j * RPP;
+        kr0[j] = key < k1 ? kv_row(p, s, key, kvh, k_off) : p.kv;
+    }
     if (early) PDL_WAIT();
 
     auto issue = [&](int it) {
         const int kb = k0 + it * DM_TK, st = it % DM_ST;
         bf16 *kd = Ks + st * DM_TK * LD, *vd = Vs + st * DM_TK * LD;
-        const int r = tid >> 1, c0 = (tid & 1) * (CH / 2);
-        const bool ok = kb + r < k1;
-        const uint8_t *kr = !ok ? p.kv : it == 0 ? kr_first : kv_row(p, s, kb + r, kvh, k_off);
-        const uint8_t *vr = ok ? kr + (v_off - k_off) : p.kv;
 #pragma unroll
-        for (int ch = c0; ch < c0 + CH / 2; ch++) {
-            cp_async16(kd + r * LD + ch * 8, kr + ch * 16, ok ? 16 : 0);
-            cp_async16(vd + r * LD + ch * 8, vr + ch * 16, ok ? 16 : 0);
+        for (int j = 0; j < NPASS; j++) {
+            const int r = rb + j * RPP;
+            const bool ok = kb + r < k1;
+            const uint8_t *kr = !ok ? p.kv : it == 0 ? kr0[j] : kv_row(p, s, kb + r, kvh, k_off);
+            const uint8_t *vr = ok ? kr + (v_off - k_off) : p.kv;
+            cp_async16(kd + r * LD + cc * 8, kr + cc * 16, ok ? 16 : 0);
+            cp_async16(vd + r * LD + cc * 8, vr + cc * 16, ok ? 16 : 0);
         }
     };
     if (n_tiles > 0) issue(0);
