@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/buf.h"
+
 #define MAX_MESSAGES 100000
 #define MAX_TOOLS 256
 
@@ -145,27 +147,24 @@ static bool user_message(json_t *content, size_t mi, json_t *out, ns_http_error 
     return true;
 }
 
-static bool append_text(json_t **acc, json_t *tx) {
-    if (!*acc) {
-        *acc = json_incref(tx);
-        return true;
-    }
-    size_t a = json_string_length(*acc), b = json_string_length(tx);
-    char *buf = malloc(a + b + 2);
-    if (!buf) return false;
-    memcpy(buf, json_string_value(*acc), a);
-    buf[a] = '\n';
-    memcpy(buf + a + 1, json_string_value(tx), b);
-    json_t *s = json_stringn(buf, a + b + 1);
-    free(buf);
-    json_decref(*acc);
-    *acc = s;
-    return s != NULL;
+/* Appends tx to b, after a newline when b already holds a part (parts are
+ * joined with newlines, as the chat path joins text parts). A buffer, not
+ * string concatenation: many blocks must cost linear time. */
+static bool append_part(ns_buf *b, bool *any, json_t *tx) {
+    if (*any && ns_buf_putc(b, '\n') != NS_OK) return false;
+    *any = true;
+    return ns_buf_append(b, json_string_value(tx), json_string_length(tx)) == NS_OK;
 }
+
+static json_t *buf_string(const ns_buf *b) { return json_stringn(b->data ? b->data : "", b->len); }
 
 static bool assistant_message(json_t *content, size_t mi, json_t *out, ns_http_error *e) {
     char param[128];
-    json_t *text = NULL, *reasoning = NULL, *calls = NULL;
+    ns_buf text, reasoning;
+    ns_buf_init(&text, 0);
+    ns_buf_init(&reasoning, 0);
+    bool any_text = false, any_reasoning = false;
+    json_t *calls = NULL;
     size_t i;
     json_t *b;
     bool ok = true;
@@ -184,8 +183,9 @@ static bool assistant_message(json_t *content, size_t mi, json_t *out, ns_http_e
                 ok = bad(e, param, th ? "a thinking block needs a string 'thinking'" : "a text block needs a string 'text'");
                 break;
             }
-            if (!append_text(th ? &reasoning : &text, tx)) {
-                ok = bad(e, param, "contains a NUL character");
+            if (!append_part(th ? &reasoning : &text, th ? &any_reasoning : &any_text, tx)) {
+                ns_http_error_set(e, 500, NULL, "api_error", "out of memory");
+                ok = false;
                 break;
             }
         } else if (strcmp(ty, "redacted_thinking") == 0) {
@@ -209,13 +209,15 @@ static bool assistant_message(json_t *content, size_t mi, json_t *out, ns_http_e
         }
     }
     if (ok) {
-        json_t *m = json_pack("{s:s,s:o}", "role", "assistant", "content", text ? json_incref(text) : json_string(""));
-        if (reasoning) json_object_set(m, "reasoning_content", reasoning);
+        json_t *m = json_pack("{s:s,s:o}", "role", "assistant", "content", buf_string(&text));
+        if (any_reasoning) json_object_set_new(m, "reasoning_content", buf_string(&reasoning));
         if (calls) json_object_set(m, "tool_calls", calls);
-        json_array_append_new(out, m);
+        ok = m != NULL;
+        if (!ok) bad(e, param, "contains a NUL character");
+        else json_array_append_new(out, m);
     }
-    json_decref(text);
-    json_decref(reasoning);
+    ns_buf_free(&text);
+    ns_buf_free(&reasoning);
     json_decref(calls);
     return ok;
 }

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/buf.h"
+
 #define MAX_ITEMS 100000
 #define MAX_TOOLS 256
 
@@ -39,23 +41,13 @@ static bool check_fields(json_t *body, ns_http_error *e) {
     return true;
 }
 
-/* A growing string: parts joined with newlines (the chat path's rule). */
-static bool join(json_t **acc, const char *s, size_t n) {
-    size_t a = *acc ? json_string_length(*acc) : 0;
-    char *buf = malloc(a + n + 2);
-    if (!buf) return false;
-    size_t k = 0;
-    if (*acc) {
-        memcpy(buf, json_string_value(*acc), a);
-        buf[a] = '\n';
-        k = a + 1;
-    }
-    memcpy(buf + k, s, n);
-    json_t *r = json_stringn(buf, k + n);
-    free(buf);
-    json_decref(*acc);
-    *acc = r;
-    return r != NULL;
+/* Appends a part to b, after a newline when b already holds one (the chat
+ * path joins text parts with newlines). A buffer, not string
+ * concatenation: many parts must cost linear time. */
+static bool join(ns_buf *b, bool *any, const char *s, size_t n) {
+    if (*any && ns_buf_putc(b, '\n') != NS_OK) return false;
+    *any = true;
+    return ns_buf_append(b, s, n) == NS_OK;
 }
 
 /* The text of a message's content (a string or text parts): new string. */
@@ -63,7 +55,9 @@ static json_t *content_text(json_t *c, const char *param, ns_http_error *e) {
     if (!c || json_is_null(c)) return json_string("");
     if (json_is_string(c)) return json_incref(c);
     if (!json_is_array(c)) return bad(e, param, "invalid_type", "must be a string or an array of content parts"), NULL;
-    json_t *acc = NULL;
+    ns_buf acc;
+    ns_buf_init(&acc, 0);
+    bool any = false;
     size_t i;
     json_t *p;
     json_array_foreach(c, i, p) {
@@ -75,7 +69,7 @@ static json_t *content_text(json_t *c, const char *param, ns_http_error *e) {
         char pp[160];
         snprintf(pp, sizeof pp, "%s[%zu]", param, i);
         if (!json_is_string(tx)) {
-            json_decref(acc);
+            ns_buf_free(&acc);
             if (!tx && ty[0])
                 ns_http_error_set(e, 400, pp, "unsupported_content_type",
                                   "'%s': content parts of type '%.40s' are not supported (this model reads text only)", pp,
@@ -84,26 +78,35 @@ static json_t *content_text(json_t *c, const char *param, ns_http_error *e) {
                 bad(e, pp, "invalid_type", "must be a text part with a string 'text'");
             return NULL;
         }
-        if (!join(&acc, json_string_value(tx), json_string_length(tx))) {
-            json_decref(acc);
-            return bad(e, pp, "invalid_value", "contains a NUL character"), NULL;
+        if (!join(&acc, &any, json_string_value(tx), json_string_length(tx))) {
+            ns_buf_free(&acc);
+            ns_http_error_set(e, 500, NULL, "internal_error", "out of memory");
+            return NULL;
         }
     }
-    return acc ? acc : json_string("");
+    json_t *r = json_stringn(acc.data ? acc.data : "", acc.len);
+    ns_buf_free(&acc);
+    if (!r) bad(e, param, "invalid_value", "contains a NUL character");
+    return r;
 }
 
 /* The assistant message being assembled from consecutive items. */
 typedef struct pending {
-    json_t *content, *reasoning, *calls;
+    json_t *content, *calls;
+    ns_buf reasoning;
+    bool any_reasoning;
 } pending;
 
 static void flush(json_t *out, pending *p) {
-    if (!p->content && !p->reasoning && !p->calls) return;
+    if (!p->content && !p->any_reasoning && !p->calls) return;
     json_t *m = json_pack("{s:s,s:o}", "role", "assistant", "content", p->content ? p->content : json_string(""));
-    if (p->reasoning) json_object_set_new(m, "reasoning_content", p->reasoning);
+    if (p->any_reasoning)
+        json_object_set_new(m, "reasoning_content", json_stringn(p->reasoning.data ? p->reasoning.data : "", p->reasoning.len));
     if (p->calls) json_object_set_new(m, "tool_calls", p->calls);
     json_array_append_new(out, m);
-    memset(p, 0, sizeof *p);
+    p->content = p->calls = NULL;
+    ns_buf_reset(&p->reasoning);
+    p->any_reasoning = false;
 }
 
 static bool reasoning_item(json_t *it, const char *param, pending *p, ns_http_error *e) {
@@ -111,16 +114,16 @@ static bool reasoning_item(json_t *it, const char *param, pending *p, ns_http_er
     if (json_is_array(c) && json_array_size(c) > 0) {
         json_t *txt = content_text(c, param, e);
         if (!txt) return false;
-        bool ok = join(&p->reasoning, json_string_value(txt), json_string_length(txt));
+        bool ok = join(&p->reasoning, &p->any_reasoning, json_string_value(txt), json_string_length(txt));
         json_decref(txt);
-        return ok || bad(e, param, "invalid_value", "contains a NUL character");
+        return ok || bad(e, param, "invalid_value", "out of memory");
     }
     json_t *enc = json_object_get(it, "encrypted_content");
     const size_t tl = sizeof NS_RESP_REASONING_TAG - 1;
     if (json_is_string(enc) && json_string_length(enc) >= tl &&
         memcmp(json_string_value(enc), NS_RESP_REASONING_TAG, tl) == 0) {
-        if (!join(&p->reasoning, json_string_value(enc) + tl, json_string_length(enc) - tl))
-            return bad(e, param, "invalid_value", "contains a NUL character");
+        if (!join(&p->reasoning, &p->any_reasoning, json_string_value(enc) + tl, json_string_length(enc) - tl))
+            return bad(e, param, "invalid_value", "out of memory");
     }
     return true; /* content null and no readable text: nothing to render */
 }
@@ -190,6 +193,7 @@ static bool convert_input(json_t *body, json_t *out, ns_http_error *e) {
     if (!json_is_array(in)) return bad(e, "input", "invalid_type", "must be a string or an array of items");
     if (json_array_size(in) > MAX_ITEMS) return bad(e, "input", "invalid_value", "too many items");
     pending p = {0};
+    ns_buf_init(&p.reasoning, 0);
     size_t i;
     json_t *it;
     bool ok = true;
@@ -221,8 +225,8 @@ static bool convert_input(json_t *body, json_t *out, ns_http_error *e) {
     }
     if (ok) flush(out, &p);
     json_decref(p.content);
-    json_decref(p.reasoning);
     json_decref(p.calls);
+    ns_buf_free(&p.reasoning);
     return ok;
 }
 

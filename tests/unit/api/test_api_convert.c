@@ -224,11 +224,40 @@ TEST(resp_refusals) {
     }
 }
 
+/* Many text parts join in linear time (a body of 200k parts: joining by
+ * string concatenation would copy gigabytes) and exactly: n parts of "ab"
+ * joined with newlines are 3n - 1 bytes. */
+TEST(many_parts) {
+    const size_t n = 200000;
+    json_t *blocks = json_array(), *parts = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_array_append_new(blocks, json_pack("{s:s,s:s}", "type", "text", "text", "ab"));
+        json_array_append_new(parts, json_pack("{s:s,s:s}", "type", "input_text", "text", "ab"));
+    }
+    json_t *mb = json_pack("{s:s,s:i,s:[{s:s,s:s},{s:s,s:o}]}", "model", "m", "max_tokens", 1, "messages", "role", "user",
+                           "content", "x", "role", "assistant", "content", blocks);
+    ns_msgs_conv c;
+    ns_http_error e = {0};
+    CHECK(ns_msgs_convert(mb, false, &c, &e));
+    json_t *m = json_array_get(json_object_get(c.chat, "messages"), 1);
+    CHECK_EQ_INT(json_string_length(json_object_get(m, "content")), 3 * n - 1);
+    ns_msgs_conv_free(&c);
+    json_t *rb = json_pack("{s:[{s:s,s:o}]}", "input", "role", "user", "content", parts);
+    ns_resp_conv r;
+    CHECK(ns_resp_convert(rb, &r, &e));
+    m = json_array_get(json_object_get(r.chat, "messages"), 0);
+    CHECK_EQ_INT(json_string_length(json_object_get(m, "content")), 3 * n - 1);
+    ns_resp_conv_free(&r);
+    json_decref(mb);
+    json_decref(rb);
+}
+
 int main(void) {
     RUN(msgs_conversation);
     RUN(msgs_choices_and_thinking);
     RUN(msgs_refusals);
     RUN(resp_items);
     RUN(resp_refusals);
+    RUN(many_parts);
     TEST_MAIN_END;
 }
