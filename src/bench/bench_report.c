@@ -87,6 +87,11 @@ static void provenance(ns_buf *b, json_t *p) {
         ns_buf_puts(b, "</code> model <code>");
         esc(b, str(s, "model"));
         ns_buf_puts(b, "</code>");
+        if (*str(s, "command")) {
+            ns_buf_puts(b, "<br>started by the bench: <code>");
+            esc(b, str(s, "command"));
+            ns_buf_puts(b, "</code>");
+        }
         const char *extra[] = {"models", "version", "props"};
         for (size_t k = 0; k < 3; k++) {
             json_t *v = json_object_get(s, extra[k]);

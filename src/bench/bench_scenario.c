@@ -10,6 +10,7 @@
 
 #include "bench/bench_prompt.h"
 #include "bench/bench_req.h"
+#include "bench/bench_server.h"
 #include "bench/bench_stats.h"
 #include "util/clock.h"
 
@@ -198,16 +199,17 @@ ns_status ns_bench_scenario_parse(const char *name, int requests, int max_tokens
         metric(s, "ttft_p50_s", "s", false, true);
         metric(s, "cached_tokens", "tok", true, false);
         return replay_load(s, name + 7, err);
-    } else if (strcmp(name, "restart-resume") == 0) {
+    } else if (strcmp(name, "restart-resume") == 0 || strcmp(name, "restart-resume-1k") == 0) {
         s->kind = NS_BENCH_RESTART;
-        s->skipped = true;
-        snprintf(s->skip_reason, sizeof s->skip_reason,
-                 "restart-resume kills and restarts the server, so it needs a server the bench starts itself; "
-                 "bench only drives the servers given by --url");
+        s->prompt_words = name[14] ? 1000 : 8000;
+        metric(s, "cold_ttft_s", "s", false, true);
+        metric(s, "restart_s", "s", false, true);
+        metric(s, "ttft_after_restart_s", "s", false, true);
+        metric(s, "cached_frac_after", "", true, false);
     } else {
         return ns_fail(err, NS_ERR_INVALID,
                        "unknown scenario \"%s\" (cold-ttft-1k|8k|32k, warm-ttft-1k|8k|32k, decode-1|8|64, sweep, "
-                       "pressure, replay:FILE, restart-resume)",
+                       "pressure, replay:FILE, restart-resume[-1k])",
                        name);
     }
     return NS_OK;
@@ -476,6 +478,66 @@ done:
     free(ttft);
 }
 
+/* One streamed request of prompt on its own connection; counted in out. */
+static bool one_request(const ns_bench_scenario *s, const ns_bench_target *t, const char *prompt, uint64_t seed,
+                        ns_bench_run *out, ns_bench_req_result *res) {
+    ns_error err = {0};
+    ns_hc *hc = ns_hc_new(&err);
+    job j = {.t = t, .path = "/v1/completions", .timeout_s = s->timeout_s};
+    j.body = completion_body(t, prompt, 2, seed, false, true);
+    if (hc) job_exec(hc, &j);
+    else snprintf(j.res.error, sizeof j.res.error, "http client: %.200s", err.msg);
+    ns_hc_free(hc);
+    free(j.body);
+    tally(out, &j.res);
+    *res = j.res;
+    return res->ok;
+}
+
+/* Cold prompt, graceful restart, the same prompt again (see the header). */
+static void run_restart(const ns_bench_scenario *s, const ns_bench_target *t, uint64_t seed, ns_bench_run *out) {
+    ns_bench_server *srv = t->server;
+    ns_error err = {0};
+    if (!srv) {
+        out->n_failed++;
+        snprintf(out->first_error, sizeof out->first_error, "this server was not started by the bench");
+        return;
+    }
+    /* a restart that failed in an earlier block: try again first */
+    if (srv->pid <= 0 && ns_bench_server_start(srv, 300, &err) != NS_OK) {
+        out->n_failed++;
+        snprintf(out->first_error, sizeof out->first_error, "start: %.300s", err.msg);
+        return;
+    }
+    const double t0 = ns_clock_now();
+    char *prompt = ns_bench_prompt(ns_bench_mix(seed, 5, 0), s->prompt_words);
+    ns_bench_req_result a, b;
+    if (!prompt || !one_request(s, t, prompt, seed, out, &a)) {
+        if (prompt) ns_bench_req_result_free(&a);
+        free(prompt);
+        return;
+    }
+    set(out, 0, a.ttft_s);
+    ns_bench_req_result_free(&a);
+    const double r0 = ns_clock_now();
+    ns_bench_server_stop(srv, 60);
+    if (ns_bench_server_start(srv, 300, &err) != NS_OK) {
+        out->n_failed++;
+        if (!out->first_error[0]) snprintf(out->first_error, sizeof out->first_error, "restart: %.300s", err.msg);
+        free(prompt);
+        out->wall_s = ns_clock_now() - t0;
+        return;
+    }
+    set(out, 1, ns_clock_now() - r0);
+    if (one_request(s, t, prompt, seed, out, &b)) {
+        set(out, 2, b.ttft_s);
+        if (b.prompt_tokens > 0 && b.cached_tokens >= 0) set(out, 3, (double)b.cached_tokens / (double)b.prompt_tokens);
+    }
+    ns_bench_req_result_free(&b);
+    free(prompt);
+    out->wall_s = ns_clock_now() - t0;
+}
+
 /* The identity probe: one greedy, seeded, non-streamed request. */
 static void run_probe(const ns_bench_scenario *s, const ns_bench_target *t, uint64_t seed, ns_bench_run *out) {
     ns_error err = {0};
@@ -527,7 +589,7 @@ void ns_bench_run_block(const ns_bench_scenario *s, const ns_bench_target *t, ui
         set(out, 2, st.ok);
         break;
     case NS_BENCH_REPLAY: run_replay(s, t, out); break;
-    case NS_BENCH_RESTART: return;
+    case NS_BENCH_RESTART: run_restart(s, t, seed, out); break;
     }
     run_probe(s, t, seed, out);
 }

@@ -22,9 +22,14 @@
  *                        sessions (same first two messages) in parallel,
  *                        turns in order, as fast as possible: wall_s,
  *                        ttft_p50_s, cached tokens as reported
- *   restart-resume       needs a server the bench starts and restarts
- *                        itself; bench drives --url servers only, so it is
- *                        reported as skipped, with that reason
+ *   restart-resume[-1k]  needs servers the bench starts itself
+ *                        (--server-cmd, bench_server.h): per block a ~8k
+ *                        (or 1k) prompt cold, then a graceful restart
+ *                        (SIGTERM, start, ready), then the same prompt
+ *                        again: cold_ttft_s, restart_s,
+ *                        ttft_after_restart_s, cached_frac_after (as
+ *                        reported); skipped, with the reason, when a
+ *                        server was not started by the bench
  * Each block's workload comes from its seed (ns_bench_mix of --seed and
  * the block): the same prompts for both servers of a pair, different
  * ones in every block.
@@ -82,8 +87,11 @@ typedef struct ns_bench_scenario {
     char replay_note[256];
 } ns_bench_scenario;
 
+struct ns_bench_server;
+
 typedef struct ns_bench_target {
     char root[512];           /* "http://host:port", no trailing slash */
+    struct ns_bench_server *server; /* started by the bench (restartable), or NULL */
     char model[256];          /* the "model" field sent */
     const char *const *headers; /* auth headers (borrowed), NULL-terminated */
 } ns_bench_target;

@@ -12,6 +12,7 @@
 #include "bench/bench_report.h"
 #include "bench/bench_result.h"
 #include "bench/bench_scenario.h"
+#include "bench/bench_server.h"
 #include "bench/bench_stats.h"
 #include "cli/cli_common.h"
 #include "client/http_client.h"
@@ -38,6 +39,10 @@ static void usage(FILE *f) {
             "  --requests N        requests per block of the TTFT scenarios (default 3)\n"
             "  --max-tokens N      tokens per stream of decode/sweep/pressure (default 64)\n"
             "  --model NAME        the \"model\" sent (default: each server's first /v1/models id)\n"
+            "  --server-cmd CMD    start this server (sh -c CMD) for the matching --url, in order, wait\n"
+            "                      until it is ready, stop it at the end; needed by restart-resume\n"
+            "                      (default: none, the server is already running); its output goes to\n"
+            "                      bench-server-A.log / -B.log next to --json (or here)\n"
             "  --api-key KEY       sent as 'Authorization: Bearer KEY' (default: $NIGHTSHIFT_API_KEY, else none)\n"
             "  --timeout S         per-request limit in seconds (default 600)\n"
             "  --resamples N       bootstrap resamples (default 2000, at least %d)\n"
@@ -48,6 +53,8 @@ static void usage(FILE *f) {
 typedef struct opts {
     const char *urls[2];
     int n_urls;
+    const char *server_cmds[2]; /* the k-th starts the k-th --url's server */
+    int n_cmds;
     const char *scenario, *json_path, *html_path, *model, *api_key;
     int blocks, requests, max_tokens, resamples, warmup;
     long long seed;
@@ -74,7 +81,8 @@ static int parse(int argc, char **argv, opts *o) {
         if (!strcmp(a, "--url") || !strcmp(a, "--scenario") || !strcmp(a, "--blocks") || !strcmp(a, "--seed") ||
             !strcmp(a, "--json") || !strcmp(a, "--html") || !strcmp(a, "--requests") || !strcmp(a, "--max-tokens") ||
             !strcmp(a, "--model") || !strcmp(a, "--api-key") || !strcmp(a, "--timeout") || !strcmp(a, "--resamples") ||
-            !strcmp(a, "--level") || !strcmp(a, "--warmup")) {
+            !strcmp(a, "--level") || !strcmp(a, "--warmup") ||
+            !strcmp(a, "--server-cmd")) {
             v = ns_cli_flag_value(argc, argv, &i);
             if (!v) return ns_cli_usage_error("bench", usage, "%s needs a value", a);
         }
@@ -84,6 +92,9 @@ static int parse(int argc, char **argv, opts *o) {
                 return ns_cli_usage_error("bench", usage, "--url must start with http:// or https:// (got \"%s\")", v);
             if (strlen(v) > 400) return ns_cli_usage_error("bench", usage, "--url is too long");
             o->urls[o->n_urls++] = v;
+        } else if (!strcmp(a, "--server-cmd")) {
+            if (o->n_cmds == 2) return ns_cli_usage_error("bench", usage, "at most two --server-cmd");
+            o->server_cmds[o->n_cmds++] = v;
         } else if (!strcmp(a, "--scenario")) o->scenario = v;
         else if (!strcmp(a, "--json")) o->json_path = v;
         else if (!strcmp(a, "--html")) o->html_path = v;
@@ -122,6 +133,8 @@ static int parse(int argc, char **argv, opts *o) {
     }
     if (!o->n_urls) return ns_cli_usage_error("bench", usage, "give --url (once, or twice to compare)");
     if (!o->scenario) return ns_cli_usage_error("bench", usage, "give --scenario");
+    if (o->n_cmds > o->n_urls)
+        return ns_cli_usage_error("bench", usage, "--server-cmd %d has no --url to answer on", o->n_cmds);
     if (o->n_urls == 2 && o->blocks < MIN_PAIRED_BLOCKS)
         return ns_cli_usage_error("bench", usage,
                                   "comparing two servers needs --blocks %d or more (paired AB/BA blocks are the unit "
@@ -186,6 +199,8 @@ static json_t *machine(void) {
     return json_pack("{s:s,s:I,s:s}", "cpu_model", model, "cores", (json_int_t)sysconf(_SC_NPROCESSORS_ONLN), "os", os);
 }
 
+static void redact_into(const char *cmd, char *out, size_t cap);
+
 static json_t *provenance(const opts *o, int argc, char **argv, json_t *servers) {
     char date[64], ver[512];
     time_t now = time(NULL);
@@ -198,11 +213,45 @@ static json_t *provenance(const opts *o, int argc, char **argv, json_t *servers)
     for (int i = 0; i < argc && off > 0 && (size_t)off < sizeof cmd; i++) {
         /* the key is never written to a report */
         const bool secret = i > 0 && !strcmp(argv[i - 1], "--api-key");
-        off += snprintf(cmd + off, sizeof cmd - (size_t)off, " %s", secret ? "<redacted>" : argv[i]);
+        char red[4096];
+        if (i > 0 && !strcmp(argv[i - 1], "--server-cmd")) redact_into(argv[i], red, sizeof red);
+        off += snprintf(cmd + off, sizeof cmd - (size_t)off, " %s",
+                        secret ? "<redacted>" : i > 0 && !strcmp(argv[i - 1], "--server-cmd") ? red : argv[i]);
     }
     (void)o;
     return json_pack("{s:s,s:s,s:s,s:o,s:O}", "date", date, "command", cmd, "bench_version", ver, "machine", machine(),
                      "servers", servers);
+}
+
+/* A --server-cmd for the report, with the value after --api-key /
+ * --admin-key replaced: keys never reach a report. */
+static void redact_into(const char *cmd, char *out, size_t cap) {
+    size_t o = 0;
+    const char *p = cmd;
+    while (*p && o + 16 < cap) {
+        if (!strncmp(p, "--api-key", 9) || !strncmp(p, "--admin-key", 11)) {
+            const size_t k = p[2] == 'a' && p[3] == 'p' ? 9 : 11;
+            memcpy(out + o, p, k);
+            o += k;
+            p += k;
+            if (*p == '=' || *p == ' ') {
+                out[o++] = *p++;
+                while (*p == ' ') p++;
+                while (*p && *p != ' ') p++;
+                memcpy(out + o, "<redacted>", 10);
+                o += 10;
+            }
+            continue;
+        }
+        out[o++] = *p++;
+    }
+    out[o] = 0;
+}
+
+static json_t *redacted_cmd(const char *cmd) {
+    char out[4096];
+    redact_into(cmd, out, sizeof out);
+    return json_string(out);
 }
 
 /* Finds each server's model and provenance; 0 or 1 (unreachable). */
@@ -235,6 +284,7 @@ static int discover(const opts *o, ns_bench_target *t, const char *const *header
         json_t *s = json_pack("{s:s,s:s,s:s,s:o}", "label", i ? "B" : "A", "url", t[i].root, "model", t[i].model,
                               "models", models ? models : json_null());
         /* optional: vLLM answers /version, llama.cpp /props */
+        if (i < o->n_cmds) json_object_set_new(s, "command", redacted_cmd(o->server_cmds[i]));
         json_t *v = get_json(hc, t[i].root, "/version", headers, w2, sizeof w2);
         if (v) json_object_set_new(s, "version", v);
         json_t *p = get_json(hc, t[i].root, "/props", headers, w2, sizeof w2);
@@ -289,6 +339,33 @@ static void print_summary(json_t *root) {
     }
 }
 
+/* Starts the --server-cmd servers (t[i].server set); 0, or 1 with a
+ * message. Each logs next to --json (or in the working directory). */
+static int start_servers(const opts *o, ns_bench_server *srv, ns_bench_target *t) {
+    char dir[3000] = ".";
+    if (o->json_path && strrchr(o->json_path, '/')) {
+        snprintf(dir, sizeof dir, "%s", o->json_path);
+        *strrchr(dir, '/') = 0;
+        if (!dir[0]) snprintf(dir, sizeof dir, "/");
+    }
+    for (int i = 0; i < o->n_cmds; i++) {
+        char root[512], log[3100];
+        snprintf(root, sizeof root, "%s", o->urls[i]);
+        size_t n = strlen(root);
+        while (n > 0 && root[n - 1] == '/') root[--n] = 0;
+        snprintf(log, sizeof log, "%s/bench-server-%c.log", dir, i ? 'B' : 'A');
+        ns_error err = {0};
+        if (ns_bench_server_init(&srv[i], o->server_cmds[i], root, log, &err) != NS_OK ||
+            ns_bench_server_start(&srv[i], 300, &err) != NS_OK) {
+            fprintf(stderr, "nightshift bench: server %c: %s\n", i ? 'B' : 'A', err.msg);
+            return 1;
+        }
+        fprintf(stderr, "nightshift bench: started server %c (pid %d, log %s)\n", i ? 'B' : 'A', (int)srv[i].pid, log);
+        t[i].server = &srv[i];
+    }
+    return 0;
+}
+
 /* Runs every block in AB/BA order; returns the runs ([blocks][n]). */
 static ns_bench_run *run_blocks(const opts *o, const ns_bench_scenario *sc, const ns_bench_target *t, uint64_t *seeds) {
     ns_bench_run *runs = calloc((size_t)o->blocks * (size_t)o->n_urls, sizeof *runs);
@@ -305,7 +382,7 @@ static ns_bench_run *run_blocks(const opts *o, const ns_bench_scenario *sc, cons
             ns_bench_run_free(&r);
         }
     for (int b = 0; b < o->blocks; b++) {
-        seeds[b] = ns_bench_mix((uint64_t)o->seed, 0xb10c, (uint64_t)b);
+        seeds[b] = ns_bench_mix((uint64_t)o->seed, 0xb10c, (uint64_t)b) >> 1; /* fits a JSON integer */
         for (int k = 0; k < o->n_urls; k++) {
             const int i = o->n_urls == 1 || ns_bench_a_first(b) ? k : 1 - k;
             ns_bench_run *r = &runs[b * o->n_urls + i];
@@ -350,8 +427,17 @@ int ns_cli_bench(int argc, char **argv) {
     uint64_t *seeds = calloc((size_t)o.blocks, sizeof *seeds);
     ns_bench_run *runs = NULL;
     json_t *root = NULL;
+    ns_bench_server srv[2];
+    memset(srv, 0, sizeof srv);
     rc = 1;
     if (!servers || !seeds) goto done;
+    if (start_servers(&o, srv, t) != 0) goto done;
+    if (sc.kind == NS_BENCH_RESTART && o.n_cmds < o.n_urls) {
+        sc.skipped = true;
+        snprintf(sc.skip_reason, sizeof sc.skip_reason,
+                 "restart-resume stops and restarts the server, so it needs servers the bench starts itself: give "
+                 "a --server-cmd for every --url");
+    }
     if (discover(&o, t, hdrs, servers) != 0) goto done;
     if (!(runs = run_blocks(&o, &sc, t, seeds))) goto done;
     ns_bench_result_in in = {.scenario = &sc, .n_servers = o.n_urls, .labels = {"A", "B"}, .urls = {t[0].root, t[1].root},
@@ -376,5 +462,6 @@ done:
     json_decref(root);
     json_decref(servers);
     ns_bench_scenario_free(&sc);
+    for (int i = 0; i < 2; i++) ns_bench_server_free(&srv[i]);
     return rc;
 }

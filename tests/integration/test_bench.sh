@@ -90,6 +90,21 @@ J=$TMP/rr.json
 "$NS_BIN" bench --url "$A" --scenario restart-resume --blocks 1 --json "$J" >/dev/null 2>&1 || fail "restart-resume run failed"
 check "$J" 'j.skipped && /starts itself/.test(j.skip_reason)' "restart-resume"
 
+# restart-resume with a server the bench starts: the prompt is served from
+# the SSD tier after the restart; the server is gone when bench returns
+RP=$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
+mkdir -p "$TMP/rr"
+J=$TMP/rr/rr.json
+"$NS_BIN" bench --url "http://127.0.0.1:$RP" --scenario restart-resume-1k --blocks 2 --warmup 0 --json "$J" \
+  --server-cmd "'$NS_BIN' serve --host 127.0.0.1 --port $RP --threads 2 --model '$MODEL' --ssd-cache '$TMP/rr/ssd'" \
+  >"$TMP/rr.out" 2>&1 || { cat "$TMP/rr.out"; fail "restart-resume with --server-cmd failed"; }
+check "$J" \
+  '!j.skipped && j.servers[0].failed === 0' "restart-resume failed" \
+  'j.block_runs.every(b => b.runs.A.values.restart_s > 0 && b.runs.A.values.cached_frac_after > 0.9)' "not resumed from the cache after the restart" \
+  '/--ssd-cache/.test(j.provenance.servers[0].command)' "the server command is not in the provenance"
+grep -q "listening on" "$TMP/rr/bench-server-A.log" || fail "no server log next to the JSON"
+[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$RP/health")" = 000 ] || fail "the bench left its server running"
+
 # usage errors and an unreachable server
 "$NS_BIN" bench --url "$A" --url "$B" --scenario decode-1 --blocks 3 >/dev/null 2>"$TMP/e1"; rc=$?
 [ $rc = 2 ] && grep -q 'blocks 5 or more' "$TMP/e1" || fail "--blocks 3 with two servers: rc $rc $(cat "$TMP/e1")"

@@ -1,0 +1,138 @@
+/* bench_server.c — a server started by the bench (see bench_server.h). */
+#include "bench/bench_server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/http_client.h"
+#include "util/clock.h"
+
+ns_status ns_bench_server_init(ns_bench_server *s, const char *cmd, const char *root, const char *log_path,
+                               ns_error *err) {
+    memset(s, 0, sizeof *s);
+    s->cmd = strdup(cmd);
+    s->root = strdup(root);
+    s->log_path = strdup(log_path);
+    if (!s->cmd || !s->root || !s->log_path) {
+        ns_bench_server_free(s);
+        return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+    }
+    return NS_OK;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* True when the child has exited (reaped). */
+static bool exited(ns_bench_server *s, int *status) {
+    pid_t r = waitpid(s->pid, status, WNOHANG);
+    return r == s->pid || (r < 0 && errno == ECHILD);
+}
+
+static bool ready(ns_hc *hc, const char *root) {
+    static const char *const paths[] = {"/health", "/v1/models"};
+    for (int i = 0; i < 2; i++) {
+        char url[1100];
+        snprintf(url, sizeof url, "%s%s", root, paths[i]);
+        ns_hc_opts o = {.timeout_s = 2, .connect_timeout_s = 1, .max_response_bytes = 1 << 20};
+        ns_hc_response r;
+        ns_error err = {0};
+        ns_status st = ns_hc_get(hc, url, NULL, &o, &r, &err);
+        long status = r.status;
+        ns_hc_response_free(&r);
+        if (st != NS_OK) return false; /* not listening yet */
+        /* a server with /health says itself whether it is ready (503 while
+         * loading, when /v1/models may already answer); only one without
+         * it is asked for /v1/models */
+        if (i == 0 && status != 404) return status == 200;
+        if (i == 1) return status == 200;
+    }
+    return false;
+}
+
+ns_status ns_bench_server_start(ns_bench_server *s, double timeout_s, ns_error *err) {
+    if (s->pid > 0) return NS_OK;
+    int fd = open(s->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return ns_fail(err, NS_ERR_IO, "cannot open the server log %s", s->log_path);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fd);
+        return ns_fail(err, NS_ERR_IO, "fork failed");
+    }
+    if (pid == 0) {
+        /* the child: its own process group, output to the log, default signals */
+        setpgid(0, 0);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        int nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0) dup2(nul, STDIN_FILENO);
+        execl("/bin/sh", "sh", "-c", s->cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(fd);
+    setpgid(pid, pid); /* also here: no race with the first kill */
+    s->pid = pid;
+    ns_error e2 = {0};
+    ns_hc *hc = ns_hc_new(&e2);
+    if (!hc) {
+        ns_bench_server_stop(s, 1);
+        return ns_fail(err, NS_ERR_IO, "http client: %.200s", e2.msg);
+    }
+    const double deadline = ns_clock_now() + timeout_s;
+    ns_status rc = NS_OK;
+    int status = 0;
+    for (;;) {
+        if (ready(hc, s->root)) break;
+        if (exited(s, &status)) {
+            s->pid = 0;
+            rc = ns_fail(err, NS_ERR_IO, "the server command exited (status %d) before %s was ready; see %s",
+                         WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), s->root, s->log_path);
+            break;
+        }
+        if (ns_clock_now() > deadline) {
+            ns_bench_server_stop(s, 2);
+            rc = ns_fail(err, NS_ERR_IO, "the server was not ready at %s within %.0f s; see %s", s->root, timeout_s,
+                         s->log_path);
+            break;
+        }
+        sleep_ms(50);
+    }
+    ns_hc_free(hc);
+    return rc;
+}
+
+void ns_bench_server_stop(ns_bench_server *s, double grace_s) {
+    if (s->pid <= 0) return;
+    int status;
+    kill(-s->pid, SIGTERM);
+    const double deadline = ns_clock_now() + grace_s;
+    while (!exited(s, &status) && ns_clock_now() < deadline) sleep_ms(20);
+    if (!exited(s, &status)) {
+        kill(-s->pid, SIGKILL);
+        waitpid(s->pid, &status, 0);
+    }
+    /* whatever else the group started */
+    kill(-s->pid, SIGKILL);
+    s->pid = 0;
+}
+
+void ns_bench_server_free(ns_bench_server *s) {
+    if (!s) return;
+    ns_bench_server_stop(s, 10);
+    free(s->cmd);
+    free(s->root);
+    free(s->log_path);
+    memset(s, 0, sizeof *s);
+}
