@@ -49,7 +49,9 @@ ns_status ns_gvocab_from_tokenizer(const struct ns_tokenizer *t, int32_t n_vocab
                                    ns_gvocab **out, ns_error *err) {
     int32_t n_tok = ns_tokenizer_n_vocab(t);
     if (n_tok > n_vocab) n_tok = n_vocab;
-    bool bytelevel = ns_tokenizer_token_id(t, "<0x0A>") < 0;
+    /* GPT-2's byte table spells a space as U+0120: byte-level vocabularies
+     * (Qwen, Llama 3) always hold that piece; SentencePiece ones never do */
+    bool bytelevel = ns_tokenizer_token_id(t, "\xc4\xa0") >= 0;
     char **bytes = calloc((size_t)(n_tok > 0 ? n_tok : 1), sizeof(char *));
     uint32_t *lens = calloc((size_t)(n_tok > 0 ? n_tok : 1), sizeof(uint32_t));
     ns_buf b;

@@ -98,7 +98,15 @@ void ns_sched_grammar_prepare(ns_sched_grammar *h, ns_request *const *reqs, ns_s
             snprintf(msg, cap, "structured output: %s", err.msg);
             continue;
         }
-        samplers[i]->allow = ns_gmatch_mask(m);
+        const uint32_t *mask = ns_gmatch_mask(m);
+        uint32_t w = 0, nw = (uint32_t)(((int64_t)samplers[i]->n_vocab + 31) / 32);
+        while (w < nw && !mask[w]) w++;
+        if (w == nw) { /* e.g. a schema needing a character the vocabulary cannot spell */
+            failed[i] = true;
+            snprintf(msg, cap, "structured output: no token of this model's vocabulary can continue the grammar here");
+            continue;
+        }
+        samplers[i]->allow = mask;
     }
 }
 

@@ -370,6 +370,23 @@ TEST(masks_match_token_by_token_check_on_qwen3_vocab) {
     ns_tokenizer_free(tok);
 }
 
+/* SentencePiece-style pieces spell a space as U+2581 */
+TEST(sentencepiece_vocab_bytes) {
+    ns_tokenizer *tok = NULL;
+    ns_error err = {0};
+    if (ns_tokenizer_load(test_shared_path("models/tinystories-656k"), &tok, &err) != NS_OK) {
+        CHECKF(0, "tokenizer: %s", err.msg);
+        return;
+    }
+    int32_t eos = 2;
+    ns_gvocab *v = NULL;
+    CHECK(ns_gvocab_from_tokenizer(tok, ns_tokenizer_n_vocab(tok), &eos, 1, &v, &err) == NS_OK);
+    int32_t id = ns_tokenizer_token_id(tok, "\xe2\x96\x81" "a"); /* "▁a" */
+    CHECK(v && id >= 0 && v->len[id] == 2 && !memcmp(v->bytes + v->off[id], " a", 2));
+    ns_gvocab_free(v);
+    ns_tokenizer_free(tok);
+}
+
 int main(void) {
     g_bytes = byte_vocab();
     if (!g_bytes) {
@@ -382,6 +399,7 @@ int main(void) {
     RUN(unsupported_keywords_are_named);
     RUN(integer_ranges_match_brute_force);
     RUN(masks_match_token_by_token_check_on_qwen3_vocab);
+    RUN(sentencepiece_vocab_bytes);
     ns_gvocab_free(g_bytes);
     TEST_MAIN_END;
 }
