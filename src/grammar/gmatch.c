@@ -44,6 +44,7 @@ struct ns_grammar {
     uint32_t **set_mask;
     bool *set_end;
     int8_t *set_loop; /* loops on every plain string byte: 1 yes, 0 no, -1 not known yet */
+    int8_t *set_uloop; /* ... and on every whole UTF-8 character (same encoding) */
     uint32_t n_set, cap_set;
     uint32_t *items;
     size_t n_items, cap_items;
@@ -261,6 +262,8 @@ static int32_t set_intern(ns_grammar *g, size_t n) {
     if (!grow_arr((void **)&g->set_end, &c, need, sizeof(bool), &b)) return -1;
     c = g->cap_set;
     if (!grow_arr((void **)&g->set_loop, &c, need, sizeof(int8_t), &b)) return -1;
+    c = g->cap_set;
+    if (!grow_arr((void **)&g->set_uloop, &c, need, sizeof(int8_t), &b)) return -1;
     g->cap_set = c;
     g->bytes += b;
     uint32_t s = g->n_set++;
@@ -272,6 +275,7 @@ static int32_t set_intern(ns_grammar *g, size_t n) {
     g->set_mask[s] = NULL;
     g->set_end[s] = n > 0 && g->out[0] == 0;
     g->set_loop[s] = -1;
+    g->set_uloop[s] = -1;
     g->set_ht[h] = s + 1;
     return (int32_t)s;
 }
@@ -455,6 +459,7 @@ void ns_grammar_release(ns_grammar *g) {
     free(g->set_mask);
     free(g->set_end);
     free(g->set_loop);
+    free(g->set_uloop);
     free(g->items);
     free(g->set_ht);
     free(g->work);
@@ -498,6 +503,49 @@ static int loops_plain(ns_grammar *g, int32_t s) {
     return r;
 }
 
+/* step() for checks: the target, or -9 for dead / failure (never a set). */
+static int32_t st(ns_grammar *g, int32_t s, int b) {
+    if (s < 0) return -9;
+    int32_t t = step(g, s, (uint8_t)b);
+    return t < 0 ? -9 : t;
+}
+
+/* All of step(from, lo..hi) equal want (a live set). */
+static bool all_to(ns_grammar *g, int32_t from, int lo, int hi, int32_t want) {
+    if (from < 0 || want < 0) return false;
+    for (int b = lo; b <= hi; b++)
+        if (st(g, from, b) != want) return false;
+    return true;
+}
+
+/* Whether set s returns to itself after every plain byte and every
+ * well-formed UTF-8 character, each continuation state being shared by
+ * all characters of its shape (checked exhaustively per byte range, RFC
+ * 3629 table), so any string-safe trie subtree (gvocab.h sok) is allowed
+ * whole. 1 / 0. */
+static int loops_utf8(ns_grammar *g, int32_t s) {
+    if (g->set_uloop[s] >= 0) return g->set_uloop[s];
+    int r = loops_plain(g, s) == 1;
+    if (r) { /* two bytes: C2..DF -> T -> S */
+        int32_t T = st(g, s, 0xC2);
+        r = all_to(g, s, 0xC2, 0xDF, T) && all_to(g, T, 0x80, 0xBF, s);
+    }
+    if (r) { /* three: E1..EC, EE..EF -> U -> U2 -> S; E0 A0..BF, ED 80..9F -> U2 */
+        int32_t U = st(g, s, 0xE1), U2 = st(g, U, 0x80);
+        r = all_to(g, s, 0xE1, 0xEC, U) && all_to(g, s, 0xEE, 0xEF, U) && all_to(g, U, 0x80, 0xBF, U2) &&
+            all_to(g, U2, 0x80, 0xBF, s) && all_to(g, st(g, s, 0xE0), 0xA0, 0xBF, U2) &&
+            all_to(g, st(g, s, 0xED), 0x80, 0x9F, U2);
+    }
+    if (r) { /* four: F1..F3 -> V -> V2 -> V3 -> S; F0 90..BF, F4 80..8F -> V2 */
+        int32_t V = st(g, s, 0xF1), V2 = st(g, V, 0x80), V3 = st(g, V2, 0x80);
+        r = all_to(g, s, 0xF1, 0xF3, V) && all_to(g, V, 0x80, 0xBF, V2) && all_to(g, V2, 0x80, 0xBF, V3) &&
+            all_to(g, V3, 0x80, 0xBF, s) && all_to(g, st(g, s, 0xF0), 0x90, 0xBF, V2) &&
+            all_to(g, st(g, s, 0xF4), 0x80, 0x8F, V2);
+    }
+    g->set_uloop[s] = (int8_t)r;
+    return r;
+}
+
 /* The mask of set s, computed by walking the vocabulary trie. */
 static ns_status compute_mask(ns_grammar *g, int32_t s, uint32_t *mask, ns_error *err) {
     const ns_gvocab *v = g->v;
@@ -507,10 +555,10 @@ static ns_status compute_mask(ns_grammar *g, int32_t s, uint32_t *mask, ns_error
     const uint32_t nn = v->n_nodes;
     for (uint32_t i = 0; i < nn;) {
         int32_t from = at[v->depth[i] - 1];
-        if (v->plain[i]) {
-            int lp = loops_plain(g, from);
+        if (v->sok[i]) {
+            int lp = v->plain[i] ? loops_plain(g, from) : loops_utf8(g, from);
             if (lp < 0) return ns_fail(err, NS_ERR_NOMEM, "grammar: out of memory");
-            if (lp) { /* every token below stays in this state */
+            if (lp) { /* every token below stays in this state (or inside a character) */
                 for (uint32_t k = v->tok_start[i], e = v->tok_start[v->end[i]]; k < e; k++)
                     mask[v->sub_toks[k] >> 5] |= 1u << (v->sub_toks[k] & 31);
                 i = v->end[i];

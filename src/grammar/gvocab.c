@@ -25,6 +25,7 @@ void ns_gvocab_free(ns_gvocab *v) {
     free(v->tok);
     free(v->dup);
     free(v->plain);
+    free(v->sok);
     free(v->tok_start);
     free(v->sub_toks);
     free(v);
@@ -36,7 +37,33 @@ bool ns_gvocab_is_eos(const ns_gvocab *v, int32_t tok) {
     return false;
 }
 
-/* plain[], tok_start[] and sub_toks[] (see gvocab.h); n_tok tokens. */
+/* Whether b[p..n) is plain bytes and well-formed UTF-8 characters other
+ * than controls, the last one possibly cut short (RFC 3629 table). */
+static bool suffix_ok(const uint8_t *b, uint32_t p, uint32_t n) {
+    while (p < n) {
+        uint8_t c = b[p];
+        if (c < 0x80) {
+            if (!ns_gvocab_plain_byte(c)) return false;
+            p++;
+            continue;
+        }
+        uint8_t lo = 0x80, hi = 0xBF;
+        int more;
+        if (c >= 0xC2 && c <= 0xDF) more = 1;
+        else if (c >= 0xE0 && c <= 0xEF) more = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+        else if (c >= 0xF0 && c <= 0xF4) more = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+        else return false;
+        p++;
+        for (int k = 0; k < more && p < n; k++, p++) {
+            if (b[p] < lo || b[p] > hi) return false;
+            lo = 0x80;
+            hi = 0xBF;
+        }
+    }
+    return true;
+}
+
+/* plain[], sok[], tok_start[] and sub_toks[] (see gvocab.h); n_tok tokens. */
 static ns_status subtree_tables(ns_gvocab *v, int32_t n_tok) {
     const uint32_t nn = v->n_nodes;
     uint32_t *bad = malloc(((size_t)nn + 1) * sizeof(uint32_t)); /* non-plain bytes before node k */
@@ -57,6 +84,22 @@ static ns_status subtree_tables(ns_gvocab *v, int32_t n_tok) {
     v->tok_start[nn] = k;
     for (uint32_t i = 0; i < nn; i++) v->plain[i] = bad[v->end[i]] == bad[i];
     free(bad);
+    /* sok: each token clears the flag of the nodes on its path whose
+     * suffix from there is not string-safe */
+    v->sok = malloc(nn ? nn : 1);
+    if (!v->sok) return NS_ERR_NOMEM;
+    memset(v->sok, 1, nn ? nn : 1);
+    uint32_t *path = malloc(((size_t)v->max_depth + 1) * sizeof(uint32_t));
+    if (!path) return NS_ERR_NOMEM;
+    for (uint32_t i = 0; i < nn; i++) {
+        path[v->depth[i] - 1] = i;
+        for (int32_t t = v->tok[i]; t >= 0; t = v->dup[t]) {
+            const uint8_t *b = v->bytes + v->off[t];
+            for (uint32_t d = 0; d < v->len[t]; d++)
+                if (v->sok[path[d]] && !suffix_ok(b, d, v->len[t])) v->sok[path[d]] = 0;
+        }
+    }
+    free(path);
     return NS_OK;
 }
 

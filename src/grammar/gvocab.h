@@ -48,6 +48,11 @@ typedef struct ns_gvocab {
      * tokens (duplicates included) are sub_toks[tok_start[i] ..
      * tok_start[end[i]]) */
     uint8_t *plain;
+    /* sok[i]: likewise with well-formed UTF-8 too: from node i's byte on,
+     * every token below is plain bytes and whole UTF-8 characters (the
+     * last one possibly cut at the token's end), so a state that returns
+     * to itself after any such character allows the subtree whole */
+    uint8_t *sok;
     uint32_t *tok_start; /* [n_nodes + 1] */
     int32_t *sub_toks;
     uint16_t max_depth;
