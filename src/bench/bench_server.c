@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -71,6 +72,13 @@ ns_status ns_bench_server_start(ns_bench_server *s, double timeout_s, ns_error *
     if (pid == 0) {
         /* the child: its own process group, output to the log, default signals */
         setpgid(0, 0);
+        /* its own group does not get the terminal's Ctrl-C: if the bench
+         * dies without stopping it, the kernel sends it SIGTERM (sh -c
+         * execs a simple command, so this reaches the server itself) */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() == 1) _exit(127); /* the bench already died */
+        /* sh may fork the command instead of exec'ing it, and the death
+         * signal reaches only sh: its trap passes SIGTERM on to the group */
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
@@ -78,7 +86,8 @@ ns_status ns_bench_server_start(ns_bench_server *s, double timeout_s, ns_error *
         dup2(fd, STDERR_FILENO);
         int nul = open("/dev/null", O_RDONLY);
         if (nul >= 0) dup2(nul, STDIN_FILENO);
-        execl("/bin/sh", "sh", "-c", s->cmd, (char *)NULL);
+        execl("/bin/sh", "sh", "-c", "trap 'trap - TERM; kill -TERM 0' TERM; eval \"$1\" & wait $!", "sh", s->cmd,
+              (char *)NULL);
         _exit(127);
     }
     close(fd);

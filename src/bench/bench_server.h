@@ -8,7 +8,9 @@
  * GET root/health answers 200 (or, for servers without /health, GET
  * root/v1/models does). Stopping sends SIGTERM to the group (a graceful
  * shutdown: this server then makes its SSD tier durable), waits up to
- * grace seconds, then SIGKILL.
+ * grace seconds, then SIGKILL. If the bench dies first (Ctrl-C reaches
+ * only its own process group), the server gets SIGTERM from the kernel
+ * (PR_SET_PDEATHSIG), so it is never left running.
  *
  * Ownership: ns_bench_server owns its command and log path copies; the
  * caller stops and frees it (ns_bench_server_free stops it first). Not
