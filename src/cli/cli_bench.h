@@ -6,7 +6,9 @@
  * bootstrap CIs of the per-block log-ratios (bench/bench_stats.h), and
  * writes a JSON result and a single-file offline HTML report
  * (bench/bench_report.h), both with provenance (date, command, this
- * binary's --version, machine, each server's /v1/models).
+ * binary's --version, machine, each server's /v1/models). With
+ * --server-cmd it starts the servers itself (bench/bench_server.h), which
+ * restart-resume needs, and stops them before it returns.
  *
  * argv holds the options only. Returns 0 when the run completed and its
  * outputs were written (failed requests and withheld ratios are results,
