@@ -319,6 +319,52 @@ static bool thinking_switch(ns_api *a, json_t *body, json_t *ctx, ns_http_error 
     return true;
 }
 
+/* continue_final_message (HF / vLLM; the Anthropic API's prefill): the
+ * last message is an assistant turn the model continues. It needs a
+ * non-empty string content, which the rendered prompt is cut after. */
+static bool continue_final(json_t *msgs, bool agp_given_true, ns_chat_prompt *p, ns_http_error *e) {
+    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+    const char *role = json_string_value(json_object_get(last, "role"));
+    json_t *c = json_object_get(last, "content");
+    if (agp_given_true) {
+        ns_http_error_set(e, 400, "continue_final_message", "invalid_value",
+                          "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+        return false;
+    }
+    if (!role || strcmp(role, "assistant") != 0 || !json_is_string(c) || json_string_length(c) == 0 ||
+        json_object_get(last, "tool_calls")) {
+        ns_http_error_set(e, 400, "continue_final_message", "invalid_value",
+                          "'continue_final_message' needs a last assistant message with text content and no tool calls");
+        return false;
+    }
+    p->final_content = json_incref(c);
+    return true;
+}
+
+/* Cuts the rendered prompt right after the final message's content (its
+ * last occurrence), dropping the end-of-turn the template wrote, as HF's
+ * continue_final_message does. */
+static bool cut_after_final(ns_chat_prompt *p, ns_http_error *e) {
+    const char *fin = json_string_value(p->final_content);
+    const size_t fl = json_string_length(p->final_content);
+    const char *hit = NULL;
+    for (const char *q = p->text; q && (size_t)(q - p->text) + fl <= p->len;) {
+        const char *f = memmem(q, p->len - (size_t)(q - p->text), fin, fl);
+        if (!f) break;
+        hit = f;
+        q = f + 1;
+    }
+    if (!hit) {
+        ns_http_error_set(e, 400, "continue_final_message", "invalid_value",
+                          "the chat template does not print the final message's content verbatim, so it cannot be "
+                          "continued");
+        return false;
+    }
+    p->len = (size_t)(hit - p->text) + fl;
+    p->text[p->len] = 0;
+    return true;
+}
+
 static json_t *build_context(ns_api *a, json_t *body, bool generate, ns_chat_prompt *p, ns_http_error *e) {
     json_t *msgs = json_object_get(body, "messages");
     if (!msgs) {
@@ -364,8 +410,12 @@ static json_t *build_context(ns_api *a, json_t *body, bool generate, ns_chat_pro
     if (!ns_api_get_bool(body, "parallel_tool_calls", &parallel, e)) goto fail;
     p->single_call = !parallel;
     if (!thinking_switch(a, body, ctx, e)) goto fail;
-    bool agp = true;
+    bool agp = true, cont = false;
+    json_t *agp_v = json_object_get(body, "add_generation_prompt");
     if (!ns_api_get_bool(body, "add_generation_prompt", &agp, e)) goto fail;
+    if (!ns_api_get_bool(body, "continue_final_message", &cont, e)) goto fail;
+    if (cont && !continue_final(out_msgs, json_is_true(agp_v), p, e)) goto fail;
+    if (cont) agp = false;
     json_object_set_new(ctx, "add_generation_prompt", json_boolean(agp));
     const char *bos = ns_tokenizer_bos_token(a->tok), *eos = ns_tokenizer_eos_token(a->tok);
     if (bos) json_object_set_new(ctx, "bos_token", json_string(bos));
@@ -397,7 +447,10 @@ bool ns_chat_prompt_build(ns_api *a, json_t *body, bool tokenize, ns_chat_prompt
         return false;
     }
     json_t *ctx = build_context(a, body, tokenize, p, e);
-    if (!ctx) return false;
+    if (!ctx) {
+        ns_chat_prompt_free(p); /* p needs no free after a failure */
+        return false;
+    }
     ns_error err = {0};
     ns_status rc = ns_template_render(a->tmpl, ctx, 0, &p->text, &p->len, &err);
     json_decref(ctx);
@@ -405,6 +458,11 @@ bool ns_chat_prompt_build(ns_api *a, json_t *body, bool tokenize, ns_chat_prompt
         int status = rc == NS_ERR_UNSUPPORTED || rc == NS_ERR_INTERNAL ? 500 : 400;
         ns_http_error_set(e, status, "messages", "template_error", "the chat template failed: %s", err.msg);
         p->text = NULL;
+        ns_chat_prompt_free(p);
+        return false;
+    }
+    if (p->final_content && !cut_after_final(p, e)) {
+        ns_chat_prompt_free(p);
         return false;
     }
     if (tokenize) {
@@ -412,9 +470,8 @@ bool ns_chat_prompt_build(ns_api *a, json_t *body, bool tokenize, ns_chat_prompt
                                        &p->too_long, &err);
         if (rc != NS_OK) {
             ns_http_error_from_status(e, rc, "messages", err.msg);
-            free(p->text);
-            p->text = NULL;
             p->ids = NULL;
+            ns_chat_prompt_free(p);
             return false;
         }
     }
@@ -424,5 +481,6 @@ bool ns_chat_prompt_build(ns_api *a, json_t *body, bool tokenize, ns_chat_prompt
 void ns_chat_prompt_free(ns_chat_prompt *p) {
     free(p->text);
     free(p->ids);
+    json_decref(p->final_content);
     memset(p, 0, sizeof *p);
 }

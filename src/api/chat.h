@@ -9,7 +9,9 @@
  * a string — tool messages, reasoning_content), tools, add_generation_prompt,
  * bos_token/eos_token, the thinking switch (enable_thinking /
  * reasoning_effort, where the template has one), and chat_template_kwargs
- * merged at the top level. Tools for a template that cannot render them
+ * merged at the top level. continue_final_message (HF, vLLM; Anthropic's
+ * prefill) renders without a generation prompt and cuts the prompt after
+ * the last assistant message's content, so the model continues it. Tools for a template that cannot render them
  * are refused (400 tools_not_supported) when the prompt is for a
  * generation (tokenize=true); /apply-template renders them as Hugging Face
  * does (the template leaves them out).
@@ -37,6 +39,7 @@ typedef struct ns_chat_prompt {
     int n_tools;
     bool tools_enabled;       /* tools given and tool_choice != "none" */
     bool single_call;         /* parallel_tool_calls: false */
+    json_t *final_content;    /* continue_final_message: the content the prompt ends with (a reference) */
 } ns_chat_prompt;
 
 /* Validates body and renders the prompt; tokenize=false skips the

@@ -482,6 +482,19 @@ bool ns_msgs_convert(json_t *body, bool count_only, ns_msgs_conv *c, ns_http_err
         ns_msgs_conv_free(c);
         return false;
     }
+    /* a final assistant message is a prefill: the reply continues it */
+    json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+    if (last && strcmp(json_string_value(json_object_get(last, "role")), "assistant") == 0) {
+        const bool calls = json_object_get(last, "tool_calls") != NULL;
+        if (calls || json_string_length(json_object_get(last, "content")) == 0) {
+            ns_msgs_conv_free(c);
+            return bad(e, "messages", calls ? "tool_use blocks must be followed by a user message with their tool_result "
+                                              "blocks"
+                                            : "the final assistant message (a prefill) must hold text");
+        }
+        c->prefill = true;
+        json_object_set_new(c->chat, "continue_final_message", json_true());
+    }
     return true;
 }
 

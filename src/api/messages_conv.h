@@ -23,7 +23,9 @@
  *    (any and tool are enforced by a grammar, c->struct_kind);
  *    disable_parallel_tool_use -> parallel_tool_calls false;
  *  - thinking {type: enabled|adaptive|disabled} -> enable_thinking;
- *  - output_config.format {type: json_schema, schema} -> a grammar.
+ *  - output_config.format {type: json_schema, schema} -> a grammar;
+ *  - a final assistant message (a prefill) -> continue_final_message: the
+ *    prompt ends inside that turn and the reply continues it.
  * Fields that only steer Anthropic's hosted service (metadata,
  * context_management, service_tier, output_config.effort, cache_control on
  * blocks) are accepted and ignored by design; a field the API does not
@@ -59,6 +61,7 @@ typedef struct ns_msgs_conv {
     const char *choice_name;   /* NS_MSGS_CHOICE_TOOL */
     bool single_call;          /* disable_parallel_tool_use */
     json_t *schema;            /* output_config.format json_schema (borrowed), or NULL */
+    bool prefill;              /* the last message is the assistant's: continue_final_message */
 } ns_msgs_conv;
 
 /* Validates body and builds c. count_only: /v1/messages/count_tokens

@@ -271,3 +271,24 @@ test('tool_choice any/tool force a valid call, streamed as input_json_delta', as
     assert.deepEqual(JSON.parse(frags[i]), b.input, 'the streamed fragments are the input');
   }
 });
+
+test('a final assistant message is a prefill the reply continues', async () => {
+  const messages = [
+    { role: 'user', content: 'hi' },
+    { role: 'assistant', content: 'The answer is' },
+  ];
+  const { input_tokens } = await client.messages.countTokens({ model: 'tiny-qwen3', messages });
+  const post = (p, body) =>
+    fetch(srv.base + p, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
+      body: JSON.stringify(body),
+    }).then((r) => r.json());
+  const t = await post('/apply-template', { messages, continue_final_message: true });
+  assert.ok(t.prompt.endsWith('<|im_start|>assistant\n<think>\n\n</think>\n\nThe answer is'), JSON.stringify(t.prompt));
+  const chat = await post('/v1/chat/completions', { messages, continue_final_message: true, max_tokens: 1 });
+  assert.equal(input_tokens, chat.usage.prompt_tokens, 'the same prompt as chat with continue_final_message');
+  const m = await client.messages.create({ model: 'tiny-qwen3', max_tokens: 3, messages });
+  assert.equal(m.usage.output_tokens, 3);
+  assert.equal(m.usage.input_tokens + m.usage.cache_read_input_tokens + m.usage.cache_creation_input_tokens, input_tokens);
+});

@@ -101,6 +101,20 @@ TEST(msgs_choices_and_thinking) {
     json_decref(b);
 }
 
+/* A final assistant message is a prefill the reply continues. */
+TEST(msgs_prefill) {
+    json_t *b = J("{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":"
+                  "\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"The answer is\"}]}]}");
+    ns_msgs_conv c;
+    ns_http_error e = {0};
+    CHECK(ns_msgs_convert(b, false, &c, &e));
+    CHECK(c.prefill);
+    CHECK(same(c.chat, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":"
+                       "\"The answer is\"}],\"continue_final_message\":true}"));
+    ns_msgs_conv_free(&c);
+    json_decref(b);
+}
+
 /* Each body must be refused with a 400 whose param names the field. */
 TEST(msgs_refusals) {
     static const char *const cases[][2] = {
@@ -124,6 +138,9 @@ TEST(msgs_refusals) {
         {"{\"model\":\"m\",\"max_tokens\":1,\"output_config\":{\"effort\":\"low\",\"zap\":1},\"messages\":[{\"role\":"
          "\"user\",\"content\":\"x\"}]}",
          "output_config.zap"},
+        {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":"
+         "\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"a\",\"name\":\"f\",\"input\":{}}]}]}",
+         "messages"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         json_t *b = J(cases[i][0]);
@@ -255,6 +272,7 @@ TEST(many_parts) {
 int main(void) {
     RUN(msgs_conversation);
     RUN(msgs_choices_and_thinking);
+    RUN(msgs_prefill);
     RUN(msgs_refusals);
     RUN(resp_items);
     RUN(resp_refusals);
