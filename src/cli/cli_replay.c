@@ -22,7 +22,7 @@
 
 typedef struct replay_opts {
     const char *file, *url, *json_out, *api_key;
-    bool speed_max, expect_cached;
+    bool speed_max, expect_cached, force_stream;
     int concurrency;  /* 0 = every session at once (up to MAX_CONCURRENCY) */
     double timeout_s; /* per request */
 } replay_opts;
@@ -48,7 +48,7 @@ typedef struct replay {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: nightshift replay FILE --url ROOT [--json OUT] [--speed recorded|max] [--concurrency N]\n"
-            "                         [--api-key KEY] [--timeout S] [--expect-cached]\n"
+            "                         [--api-key KEY] [--timeout S] [--expect-cached] [--stream]\n"
             "  Re-sends a recording (serve --record DIR: DIR/requests.jsonl) to the server at ROOT,\n"
             "  sessions in parallel, turns in order, and reports TTFT, decode rate and cached tokens.\n"
             "  Example:\n"
@@ -62,6 +62,8 @@ static void usage(FILE *f) {
             "                     and 'x-api-key: KEY'\n"
             "  --timeout S        per request (default 600)\n"
             "  --expect-cached    exit 1 when a request's cached tokens differ from the recording (default off)\n"
+            "  --stream           (default off: as recorded) stream every request, so TTFT and decode rate\n"
+            "                     are measured for the requests recorded without streaming too\n"
             "A redacted recording (serve --record-redact) cannot be replayed: its texts are gone.\n",
             MAX_CONCURRENCY);
 }
@@ -75,6 +77,10 @@ static int parse_args(int argc, char **argv, replay_opts *o) {
         }
         if (strcmp(a, "--expect-cached") == 0) {
             o->expect_cached = true;
+            continue;
+        }
+        if (strcmp(a, "--stream") == 0) {
+            o->force_stream = true;
             continue;
         }
         if (a[0] != '-' || a[1] == 0) {
@@ -223,6 +229,7 @@ static void send_one(replay *rp, ns_hc *hc, const ns_rec_entry *e, result *res) 
         snprintf(res->error, sizeof res->error, "out of memory");
         return;
     }
+    if (rp->o->force_stream) json_object_set_new(body, "stream", json_true());
     res->stream = json_is_true(json_object_get(body, "stream"));
     if (res->stream && (e->kind == NS_REC_CHAT || e->kind == NS_REC_COMPLETIONS)) {
         json_t *so = json_object_get(body, "stream_options");

@@ -13,7 +13,9 @@
  * (/v1/chat/completions, /v1/completions, /v1/messages, /v1/responses),
  * with one change: a streamed chat/completions request gets
  * stream_options.include_usage = true, so the server reports the usage
- * (cached tokens) of a stream. Per request it prints and writes (--json):
+ * (cached tokens) of a stream; with --stream every request is sent
+ * streamed, so TTFT is measured for all of them. Per request it prints
+ * and writes (--json):
  * status, TTFT (streams only: to the first event with generated content),
  * decode rate ((output tokens - 1) / (last content event - first); streams
  * only), latency, prompt/cached/output tokens as the server reported them,

@@ -8,10 +8,11 @@
 #  2. replayed one session at a time against a fresh server with the same
 #     flags: every request gets the recorded status and the recorded
 #     cached tokens (--expect-cached);
-#  3. replayed with sessions in parallel at the recorded pace against
-#     another fresh server: turns after the first reuse exactly what was
-#     recorded (a first turn may share the template's first tokens with
-#     another session's, depending on which ran first);
+#  3. replayed with sessions in parallel at the recorded pace, every
+#     request streamed (--stream: TTFT for all), against another fresh
+#     server: turns after the first reuse exactly what was recorded (a
+#     first turn may share the template's first tokens with another
+#     session's, depending on which ran first);
 #  4. --record-redact: no message text reaches the file, replay refuses it;
 #  5. --record-max-bytes/--record-keep rotate, keeping N files.
 source "$(dirname "$0")/common.bash"
@@ -111,14 +112,15 @@ kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null
 
 # 3. sessions in parallel at the recorded pace
 start_server "${FLAGS[@]}"
-"$NS_BIN" replay "$REC/requests.jsonl" --url "$BASE" --json "$TMP/replay2.json" >"$TMP/replay2.txt" 2>&1 ||
+"$NS_BIN" replay "$REC/requests.jsonl" --url "$BASE" --stream --json "$TMP/replay2.json" >"$TMP/replay2.txt" 2>&1 ||
   { cat "$TMP/replay2.txt"; fail "replay (parallel) failed"; }
 got=$(node -e '
   const j = JSON.parse(require("fs").readFileSync(process.argv[1]));
   const later = j.requests.filter(x => x.turn > 0), first = j.requests.filter(x => x.turn === 0 && x.status === 200);
   console.log(j.summary.failed, j.concurrency, later.length, later.every(x => x.cached_matches_recording),
-              first.every(x => x.cached_tokens <= 8));' "$TMP/replay2.json")
-[ "$got" = "0 6 7 true true" ] || { cat "$TMP/replay2.txt"; fail "parallel replay: '$got', want '0 6 7 true true'"; }
+              first.every(x => x.cached_tokens <= 8),
+              j.requests.filter(x => x.status === 200).every(x => x.stream && x.ttft_s > 0 && x.output_tokens > 0));' "$TMP/replay2.json")
+[ "$got" = "0 6 7 true true true" ] || { cat "$TMP/replay2.txt"; fail "parallel replay: '$got', want '0 6 7 true true true'"; }
 kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null
 
 # 4. redaction: the texts never reach the file; replay refuses the recording
