@@ -42,12 +42,22 @@ static bool shard_suffix(const char *name, int *no, int *count) {
     return true;
 }
 
+/* A file named otherwise is still GGUF when it starts with the magic. */
+static bool has_magic(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    char m[4] = {0};
+    bool ok = fread(m, 1, 4, f) == 4 && memcmp(m, "GGUF", 4) == 0;
+    fclose(f);
+    return ok;
+}
+
 bool ns_gguf_model_path(const char *path, char **gguf_path, ns_error *err) {
     *gguf_path = NULL;
     struct stat sb;
     if (stat(path, &sb) != 0) return false;
     if (S_ISREG(sb.st_mode)) {
-        if (!ends_with(path, ".gguf")) return false;
+        if (!ends_with(path, ".gguf") && !has_magic(path)) return false;
         *gguf_path = strdup(path);
         if (!*gguf_path) ns_fail(err, NS_ERR_NOMEM, "out of memory");
         return *gguf_path != NULL;

@@ -1,7 +1,7 @@
 /* gguf_model.h — a model from GGUF file(s): hyper-parameters from the
  * metadata, tensors bound by GGUF names onto ns_model.
  *
- * Accepted paths: a .gguf file; the first shard of a split model
+ * Accepted paths: a .gguf file (or any file starting with the GGUF magic); the first shard of a split model
  * (NAME-00001-of-0000N.gguf, the other shards beside it); or a directory
  * without config.json that holds exactly one model (one .gguf, or the
  * shards of one). Architectures: llama and qwen3 (general.architecture).

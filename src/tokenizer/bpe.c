@@ -235,7 +235,7 @@ static ns_status load_merges(ns_bpe *b, const char *txt, size_t n, const char *w
             if (s1 == NS_OK && ns_jscan_eat(&j, ',')) {
                 double r = -1;
                 s1 = ns_jscan_number(&j, &r);
-                if (s1 == NS_OK && !(r >= 0 && r <= (double)i && r == (double)(uint32_t)r)) s1 = NS_ERR_FORMAT;
+                if (s1 == NS_OK && !(r >= 0 && r < (double)est && r == (double)(uint32_t)r)) s1 = NS_ERR_FORMAT;
                 if (s1 == NS_OK) rank = (uint32_t)r;
             }
             if (s1 == NS_OK && !ns_jscan_eat(&j, ']')) s1 = NS_ERR_FORMAT;

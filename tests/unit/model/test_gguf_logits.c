@@ -299,6 +299,46 @@ static void story(const char *file) {
     json_decref(j);
 }
 
+/* The embedded SentencePiece tokenizers against llama.cpp's on text with
+ * odd spacing, newlines, special-token text and (stories260K) characters
+ * that only byte tokens cover. */
+static void tokens(const char *file) {
+    char path[1024], ref[1100];
+    snprintf(path, sizeof path, "%s", test_shared_path("gguf"));
+    snprintf(ref, sizeof ref, "%s/%s.tokens.jsonl", path, file);
+    snprintf(path + strlen(path), sizeof path - strlen(path), "/%s.gguf", file);
+    FILE *fp = fopen(ref, "r");
+    CHECKF(fp != NULL, "%s: missing", ref);
+    if (!fp) return;
+    ns_tokenizer *tok = NULL;
+    ns_error err = {0};
+    CHECKF(ns_tokenizer_load(path, &tok, &err) == NS_OK, "%s", err.msg);
+    char line[1 << 16];
+    int n_lines = 0;
+    while (tok && fgets(line, sizeof line, fp)) {
+        json_error_t je;
+        json_t *j = json_loads(line, 0, &je);
+        CHECKF(j != NULL, "%s: %s", ref, je.text);
+        if (!j) continue;
+        const char *text = json_string_value(json_object_get(j, "text"));
+        int32_t n, *want = ints(json_object_get(j, "ids"), &n), *got = NULL;
+        size_t ng = 0;
+        CHECK(ns_tokenizer_encode(tok, text, strlen(text), true, &got, &ng, &err) == NS_OK);
+        bool same = ng == (size_t)n && memcmp(got, want, (size_t)n * sizeof *got) == 0;
+        CHECKF(same, "%s: \"%s\": %zu ids, llama.cpp %d", file, text, ng, n);
+        free(got);
+        free(want);
+        json_decref(j);
+        n_lines++;
+    }
+    CHECK(n_lines >= 10);
+    ns_tokenizer_free(tok);
+    fclose(fp);
+}
+
+TEST(gguf_tokenizer_stories260K) { tokens("stories260K-F32"); }
+TEST(gguf_tokenizer_tinystories_656k) { tokens("tinystories-656k-Q8_0"); }
+
 TEST(gguf_story_stories260K) { story("stories260K-F32"); }
 TEST(gguf_story_tinystories_656k_q8_0) { story("tinystories-656k-Q8_0"); }
 
@@ -312,6 +352,8 @@ int main(void) {
     RUN(gguf_q5_k);
     RUN(gguf_q6_k);
     RUN(gguf_f32_matches_safetensors);
+    RUN(gguf_tokenizer_stories260K);
+    RUN(gguf_tokenizer_tinystories_656k);
     RUN(gguf_story_stories260K);
     RUN(gguf_story_tinystories_656k_q8_0);
     TEST_MAIN_END;
