@@ -397,10 +397,18 @@ static ns_status resp_delta(ns_gen_job *gj, ns_buf *out) {
 static ns_status resp_end(ns_gen_job *gj, ns_buf *out, ns_http_error *err) {
     resp_job *j = (resp_job *)gj;
     if (err) {
+        /* as OpenAI ends a stream whose generation failed: response.failed
+         * with the error in the response (clients such as Codex act on it;
+         * what was generated before is in output) */
         NS_WARN("responses %s: the stream ends with an error: %s", gj->id, err->message);
-        return event(j, out, "error",
-                     json_pack("{s:s,s:s,s:n}", "code", err->code[0] ? err->code : "server_error", "message",
-                               err->message, "param"));
+        ns_status rc = close_item(j, out);
+        json_t *r = response_object(j, "failed", j->items ? json_incref(j->items) : json_array(), NULL);
+        if (r)
+            json_object_set_new(r, "error", json_pack("{s:s,s:s}", "code", err->code[0] ? err->code : "server_error",
+                                                      "message", err->message));
+        if (rc == NS_OK) rc = event(j, out, "response.failed", json_pack("{s:o}", "response", r));
+        else json_decref(r);
+        return rc;
     }
     ns_status rc = close_item(j, out);
     const char *status = final_status(&gj->g, true);

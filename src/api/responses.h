@@ -18,7 +18,8 @@
  *    response.function_call_arguments.delta, response.custom_tool_call_input
  *    .delta) and their .done events, response.output_item.done; then
  *    response.completed (or response.incomplete) with the whole response.
- *    Every event has a sequence_number. A failure is an "error" event.
+ *    Every event has a sequence_number. A generation that fails ends the
+ *    stream with response.failed (status "failed", error {code, message}).
  *  - usage: input_tokens, input_tokens_details.cached_tokens (the prefix
  *    cache's reuse), output_tokens, output_tokens_details.reasoning_tokens
  *    (the reasoning text's tokens), total_tokens.

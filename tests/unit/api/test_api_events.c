@@ -498,6 +498,41 @@ TEST(responses_custom_tool_call) {
     ns_buf_free(&out);
 }
 
+/* An engine failure mid-stream: Anthropic's error event after what was
+ * sent; Responses' response.failed with the items finished so far. */
+TEST(stream_failures) {
+    script_text("partial answer", NS_FINISH_ERROR);
+    ns_buf out;
+    ns_buf_init(&out, 0);
+    CHECK_EQ_INT(http("POST", "/v1/messages",
+                      "{\"model\":\"m\",\"max_tokens\":50,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":"
+                      "\"x\"}]}",
+                      &out),
+                 200);
+    int bad;
+    json_t *evs = named_events(out.data ? out.data : "", &bad);
+    CHECK_EQ_INT(bad, 0);
+    json_t *last = json_array_get(evs, json_array_size(evs) - 1);
+    CHECK_EQ_STR(ev_name(last), "error");
+    CHECK_EQ_STR(sget(json_object_get(ev_data(last), "error"), "type"), "api_error");
+    CHECK_EQ_STR(ev_name(json_array_get(evs, 0)), "message_start");
+    json_decref(evs);
+    ns_buf_reset(&out);
+    script_text("partial answer", NS_FINISH_ERROR);
+    CHECK_EQ_INT(http("POST", "/v1/responses", "{\"input\":\"x\",\"stream\":true}", &out), 200);
+    evs = named_events(out.data ? out.data : "", &bad);
+    CHECK_EQ_INT(bad, 0);
+    last = json_array_get(evs, json_array_size(evs) - 1);
+    CHECK_EQ_STR(ev_name(last), "response.failed");
+    json_t *r = json_object_get(ev_data(last), "response");
+    CHECK_EQ_STR(sget(r, "status"), "failed");
+    CHECK_EQ_STR(sget(json_object_get(r, "error"), "code"), "engine_error");
+    json_t *msg = json_array_get(json_object_get(r, "output"), 0);
+    CHECK_EQ_STR(sget(json_array_get(json_object_get(msg, "content"), 0), "text"), "partial answer");
+    json_decref(evs);
+    ns_buf_free(&out);
+}
+
 int main(void) {
     if (!setup()) {
         printf("not ok - setup\n");
@@ -508,6 +543,7 @@ int main(void) {
     RUN(messages_single_call);
     RUN(responses_stream_items);
     RUN(responses_custom_tool_call);
+    RUN(stream_failures);
     teardown();
     TEST_MAIN_END;
 }
