@@ -215,9 +215,13 @@ static size_t check_turn(const ns_recording *rec, const rendered *rd, const ns_r
         if (!res.append_only) {
             ++*n_breaks;
             cost = res.prefill_tokens;
+            char rec_cached[64] = "";
+            if (json_is_integer(rc))
+                snprintf(rec_cached, sizeof rec_cached, "; the server reported %lld cached",
+                         (long long)json_integer_value(rc));
             printf("  turn %d (record %d): BREAK at token %zu of %zu: %zu prompt tokens prefilled again (%zu cached "
-                   "tokens lost)\n",
-                   k, ce->line, res.diverge_at, cr->n_ids, res.prefill_tokens, res.lost_tokens);
+                   "tokens lost%s)\n",
+                   k, ce->line, res.diverge_at, cr->n_ids, res.prefill_tokens, res.lost_tokens, rec_cached);
         }
         for (int i = 0; i < res.n_reasons; i++) {
             const ns_pdiff_reason *r = &res.reasons[i];

@@ -5,6 +5,8 @@
 #     completions, Anthropic Messages; greedy), a Responses request and a
 #     400 is recorded: one line per request,
 #     with status, TTFT, prompt/cached/output tokens;
+#     check-prompts on that recording puts each later turn's divergence
+#     exactly at the cached tokens the server reported;
 #  2. replayed one session at a time against a fresh server with the same
 #     flags: every request gets the recorded status and the recorded
 #     cached tokens (--expect-cached);
@@ -96,6 +98,18 @@ check=$(node -e '
 metric=$(curl -s "$BASE/metrics" | sed -n 's/^nightshift_record_lines_total \([0-9]*\)$/\1/p')
 [ "$metric" = 13 ] || fail "nightshift_record_lines_total is '$metric', want 13"
 kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null
+
+# check-prompts on the real run: where it says each later turn diverges from
+# what the previous turn left in the cache (its prompt and generated ids) is
+# exactly the cached tokens the server reported for that turn
+"$NS_BIN" check-prompts "$REC/requests.jsonl" --model "$MODEL" --json "$TMP/cp.json" >"$TMP/cp.txt" 2>&1 ||
+  { cat "$TMP/cp.txt"; fail "check-prompts on the recording failed"; }
+got=$(node -e '
+  const j = JSON.parse(require("fs").readFileSync(process.argv[1]));
+  const later = j.sessions.flatMap(s => s.turn_results.slice(1));
+  const bad = later.filter(t => t.diverge_at !== t.recorded_cached_tokens);
+  console.log(later.length, bad.length ? JSON.stringify(bad) : "agree");' "$TMP/cp.json")
+[ "$got" = "7 agree" ] || { cat "$TMP/cp.txt"; fail "check-prompts vs the server's cached tokens: $got"; }
 
 # 2. replay one session at a time against a fresh server: same statuses, same cached tokens
 start_server "${FLAGS[@]}"
