@@ -306,6 +306,95 @@ TEST(mistral_malformed) {
     check_tc(NS_TOOLFMT_MISTRAL, TOOLS, 3, "[TOOL_CALLS] [{\"name\": \"run_shell\"}, oops", "oops", 1, c4);
 }
 
+/* Random outputs: well-formed calls of every format, cut short, with
+ * pieces of tags and JSON inserted, between bits of text. Whatever the
+ * input, the final state does not depend on the fragmentation, the stream
+ * is monotone, and every call marked valid has a JSON object as
+ * arguments. */
+static const char *const CALLS[] = {
+    "<tool_call>\n<function=read_file>\n<parameter=path>\nsrc/a.c\n</parameter>\n<parameter=offset>\n3\n</parameter>\n"
+    "</function>\n</tool_call>",
+    "<function=run_shell>\n<parameter=command>\nls \"x\"\n</parameter>\n</function>",
+    "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\"}}\n</tool_call>",
+    "[TOOL_CALLS]read_file[ARGS]{\"path\": \"a\", \"n\": [1, {\"b\": \"}\"}]}",
+    "[TOOL_CALLS] [{\"name\": \"run_shell\", \"arguments\": {\"command\": \"pwd\"}, \"id\": \"abcdefghi\"}]",
+    "[TOOL_CALLS]run_shell[CALL_ID]abc123XYZ[ARGS]{}",
+    "{\"name\": \"run_shell\", \"parameters\": {\"command\": \"ls\"}}",
+};
+static const char *const PIECES[] = {
+    "<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>", "[TOOL_CALLS]",
+    "[ARGS]", "[CALL_ID]", "read_file", ">", "\n", " ", "{", "}", "[", "]", "\"", ",", "\\", "True", "<", "</",
+    ";", "text", "\xc3\xa9"};
+
+static void random_output(char *text, size_t cap) {
+    text[0] = 0;
+    int n = 1 + (int)(rnd() % 4);
+    for (int i = 0; i < n; i++) {
+        char part[512];
+        snprintf(part, sizeof part, "%s", CALLS[rnd() % (sizeof CALLS / sizeof CALLS[0])]);
+        size_t pl = strlen(part);
+        switch (rnd() % 4) {
+        case 0: /* cut short */
+            part[rnd() % (pl + 1)] = 0;
+            break;
+        case 1: { /* a piece inserted somewhere */
+            char tmp[sizeof part];
+            size_t at = rnd() % (pl + 1);
+            snprintf(tmp, sizeof tmp, "%.*s%s%s", (int)at, part, PIECES[rnd() % (sizeof PIECES / sizeof PIECES[0])],
+                     part + at);
+            snprintf(part, sizeof part, "%s", tmp);
+            break;
+        }
+        case 2: /* a byte dropped */
+            if (pl) {
+                size_t at = rnd() % pl;
+                memmove(part + at, part + at + 1, pl - at);
+            }
+            break;
+        default: /* intact */
+            break;
+        }
+        if (rnd() % 2) strncat(text, PIECES[rnd() % (sizeof PIECES / sizeof PIECES[0])], cap - strlen(text) - 1);
+        strncat(text, part, cap - strlen(text) - 1);
+    }
+}
+
+TEST(random_outputs_are_consistent) {
+    static const ns_toolfmt fmts[] = {NS_TOOLFMT_QWEN_XML, NS_TOOLFMT_MISTRAL, NS_TOOLFMT_HERMES, NS_TOOLFMT_LLAMA_JSON};
+    use_schemas(true);
+    static tc_res w, r;
+    static size_t cuts[2048];
+    int bad = 0, n_calls = 0, n_valid = 0;
+    for (int iter = 0; iter < 600; iter++) {
+        char text[2048];
+        random_output(text, sizeof text);
+        ns_toolfmt fmt = fmts[iter % 4];
+        const char *const *names = iter % 3 ? TOOLS : NULL;
+        int nn = iter % 3 ? 3 : 0;
+        run_tc(&w, fmt, names, nn, text, NULL, 0);
+        n_calls += w.n_calls;
+        for (int i = 0; i < w.n_calls && i < MAXC; i++) {
+            n_valid += w.valid[i];
+            if (!w.valid[i]) continue;
+            json_error_t je;
+            json_t *v = json_loads(w.args[i], 0, &je);
+            if (!json_is_object(v) && bad++ < 3) CHECKF(0, "valid call with args [%s] from [%s]", w.args[i], text);
+            json_decref(v);
+        }
+        size_t len = strlen(text);
+        for (int k = 0; k < 4 && len > 1; k++) {
+            int nc = 0;
+            for (size_t c = 1 + rnd() % 3; c < len && nc < 2048; c += 1 + rnd() % (k == 0 ? 1 : 6)) cuts[nc++] = c;
+            run_tc(&r, fmt, names, nn, text, cuts, nc);
+            if ((!tc_same(&w, &r) || r.violations || w.violations) && bad++ < 3)
+                CHECKF(0, "fmt %d: a split run differs on [%s]: [%s] vs [%s]", fmt, text, w.content, r.content);
+        }
+    }
+    CHECK_EQ_INT(bad, 0);
+    printf("# 600 random outputs: %d calls committed, %d valid\n", n_calls, n_valid);
+    CHECK(n_valid > 100); /* the mixes do reach the call paths */
+}
+
 /* ---------- templates ---------- */
 
 static char *read_text(const char *path) {
@@ -428,6 +517,7 @@ int main(void) {
     RUN(qwen_xml_malformed);
     RUN(mistral_formats);
     RUN(mistral_malformed);
+    RUN(random_outputs_are_consistent);
     RUN(template_detection);
     RUN(template_round_trip);
     use_schemas(false);
