@@ -235,8 +235,9 @@ static bool tools_copy(json_t *body, json_t **out, ns_chat_prompt *p, ns_http_er
 }
 
 /* tool_choice {"type": "function", "function": {"name": N}}: N must be one
- * of the request's tools (OpenAI answers 400 otherwise). The call itself
- * is parsed like "auto". */
+ * of the request's tools (OpenAI answers 400 otherwise). "required" and a
+ * named function are enforced by a grammar (chat_completions.c,
+ * api/structured.h); the calls are parsed like "auto". */
 static bool check_named_choice(json_t *tc, const ns_chat_prompt *p, ns_http_error *e) {
     json_t *type = json_object_get(tc, "type"), *fn = json_object_get(tc, "function");
     json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
