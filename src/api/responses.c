@@ -30,6 +30,7 @@ typedef struct resp_job {
     int sent_calls;
     size_t sent_args[NS_TOOL_MAX_CALLS];
     json_t *items;       /* the finished output items, for response.completed */
+    ns_buf custom;       /* the open custom call's input decoded so far */
 } resp_job;
 
 /* ---- shapes ---- */
@@ -217,6 +218,7 @@ static void resp_release(ns_gen_job *gj) {
     ns_chat_prompt_free(&j->cp);
     ns_resp_conv_free(&j->conv);
     json_decref(j->items);
+    ns_buf_free(&j->custom);
 }
 
 static json_t *resp_whole(ns_gen_job *gj) {
@@ -283,9 +285,17 @@ static ns_status close_item(resp_job *j, ns_buf *out) {
         json_t *ns;
         item = call_item(j, c, j->open_id, true);
         if (is_custom(j, c, &ns)) {
-            json_t *in = custom_input(c); /* whole: its JSON string is decoded only now */
-            rc = event(j, out, "response.custom_tool_call_input.delta",
-                       json_pack("{s:s,s:i,s:O}", "item_id", j->open_id, "output_index", idx, "delta", in));
+            json_t *in = custom_input(c);
+            /* the rest of the input past what the deltas carried (all of it
+             * when it could not be decoded as it grew) */
+            const size_t sent = j->sent_args[j->sent_calls - 1];
+            const char *full = json_string_value(in);
+            const size_t fl = json_string_length(in);
+            if (sent <= fl && sent <= j->custom.len && memcmp(full, j->custom.data ? j->custom.data : "", sent) == 0 &&
+                fl > sent)
+                rc = event(j, out, "response.custom_tool_call_input.delta",
+                           json_pack("{s:s,s:i,s:s%}", "item_id", j->open_id, "output_index", idx, "delta", full + sent,
+                                     fl - sent));
             if (rc == NS_OK)
                 rc = event(j, out, "response.custom_tool_call_input.done",
                            json_pack("{s:s,s:i,s:O}", "item_id", j->open_id, "output_index", idx, "input", in));
@@ -356,8 +366,15 @@ static ns_status text_delta(resp_job *j, ns_buf *out, int kind, const ns_buf *b,
 static ns_status args_delta(resp_job *j, ns_buf *out, int i) {
     const ns_tool_call *c = &j->base.g.tp.calls[i];
     json_t *ns;
-    if (is_custom(j, c, &ns)) return NS_OK; /* sent whole when the call closes */
     json_t *a;
+    if (is_custom(j, c, &ns)) {
+        /* the input string decoded as it grows (its JSON escapes resolved) */
+        if (!ns_resp_custom_input_prefix(c->args.data ? c->args.data : "", c->args.len, &j->custom)) return NS_OK;
+        ns_status rc = ns_gen_new_text(&j->custom, &j->sent_args[i], &a);
+        if (rc != NS_OK || !a) return rc;
+        return event(j, out, "response.custom_tool_call_input.delta",
+                     json_pack("{s:s,s:i,s:o}", "item_id", j->open_id, "output_index", j->n_items - 1, "delta", a));
+    }
     ns_status rc = ns_gen_new_text(&c->args, &j->sent_args[i], &a);
     if (rc != NS_OK || !a) return rc;
     return event(j, out, "response.function_call_arguments.delta",
@@ -367,6 +384,7 @@ static ns_status args_delta(resp_job *j, ns_buf *out, int i) {
 static ns_status resp_start(ns_gen_job *gj, ns_buf *out) {
     resp_job *j = (resp_job *)gj;
     j->items = json_array();
+    ns_buf_init(&j->custom, 0);
     ns_status rc = event(j, out, "response.created",
                          json_pack("{s:o}", "response", response_object(j, "in_progress", json_array(), NULL)));
     if (rc == NS_OK)

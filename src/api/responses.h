@@ -16,7 +16,8 @@
  *    response.output_item.added, its deltas (response.reasoning_text.delta,
  *    response.content_part.added + response.output_text.delta,
  *    response.function_call_arguments.delta, response.custom_tool_call_input
- *    .delta) and their .done events, response.output_item.done; then
+ *    .delta with the input decoded as it grows) and their .done events,
+ *    response.output_item.done; then
  *    response.completed (or response.incomplete) with the whole response.
  *    Every event has a sequence_number. A generation that fails ends the
  *    stream with response.failed (status "failed", error {code, message}).

@@ -485,3 +485,89 @@ void ns_resp_conv_free(ns_resp_conv *c) {
     json_decref(c->tool_info);
     c->chat = c->tool_info = NULL;
 }
+
+/* ---- streaming a custom tool's input ---- */
+
+static size_t skip_ws(const char *s, size_t n, size_t i) {
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) i++;
+    return i;
+}
+
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Four hex digits at s[i..i+4) (-1: incomplete or not hex). */
+static long hex4(const char *s, size_t n, size_t i) {
+    if (i + 4 > n) return -1;
+    long v = 0;
+    for (size_t k = 0; k < 4; k++) {
+        int h = hexval(s[i + k]);
+        if (h < 0) return -1;
+        v = v * 16 + h;
+    }
+    return v;
+}
+
+static bool put_utf8(ns_buf *b, unsigned long cp) {
+    char u[4];
+    size_t k;
+    if (cp < 0x80) u[0] = (char)cp, k = 1;
+    else if (cp < 0x800) u[0] = (char)(0xc0 | (cp >> 6)), u[1] = (char)(0x80 | (cp & 0x3f)), k = 2;
+    else if (cp < 0x10000)
+        u[0] = (char)(0xe0 | (cp >> 12)), u[1] = (char)(0x80 | ((cp >> 6) & 0x3f)), u[2] = (char)(0x80 | (cp & 0x3f)), k = 3;
+    else
+        u[0] = (char)(0xf0 | (cp >> 18)), u[1] = (char)(0x80 | ((cp >> 12) & 0x3f)),
+        u[2] = (char)(0x80 | ((cp >> 6) & 0x3f)), u[3] = (char)(0x80 | (cp & 0x3f)), k = 4;
+    return ns_buf_append(b, u, k) == NS_OK;
+}
+
+bool ns_resp_custom_input_prefix(const char *args, size_t n, ns_buf *out) {
+    static const char key[] = "\"input\"";
+    ns_buf_reset(out);
+    size_t i = skip_ws(args, n, 0);
+    if (i >= n || args[i] != '{') return false;
+    i = skip_ws(args, n, i + 1);
+    if (n - i < sizeof key - 1 || memcmp(args + i, key, sizeof key - 1) != 0) return false;
+    i = skip_ws(args, n, i + sizeof key - 1);
+    if (i >= n || args[i] != ':') return false;
+    i = skip_ws(args, n, i + 1);
+    if (i >= n || args[i] != '"') return false;
+    for (i++; i < n && args[i] != '"';) {
+        if (args[i] != '\\') {
+            if (ns_buf_putc(out, args[i++]) != NS_OK) return false;
+            continue;
+        }
+        if (i + 1 >= n) break; /* the escape is not complete yet */
+        char c = args[i + 1], r;
+        switch (c) {
+        case 'n': r = '\n'; break;
+        case 't': r = '\t'; break;
+        case 'r': r = '\r'; break;
+        case 'b': r = '\b'; break;
+        case 'f': r = '\f'; break;
+        case 'u': r = 0; break;
+        default: r = c; break; /* \" \\ \/ */
+        }
+        if (c != 'u') {
+            if (ns_buf_putc(out, r) != NS_OK) return false;
+            i += 2;
+            continue;
+        }
+        long cp = hex4(args, n, i + 2);
+        if (cp < 0) break;
+        size_t used = 6;
+        if (cp >= 0xd800 && cp < 0xdc00) { /* a surrogate pair needs its second half */
+            long lo = i + 7 < n && args[i + 6] == '\\' && args[i + 7] == 'u' ? hex4(args, n, i + 8) : -1;
+            if (lo < 0xdc00 || lo > 0xdfff) break; /* incomplete (or invalid: left to the final parse) */
+            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+            used = 12;
+        }
+        if (!put_utf8(out, (unsigned long)cp)) return false;
+        i += used;
+    }
+    return true;
+}

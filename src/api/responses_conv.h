@@ -48,6 +48,7 @@
 #include <stdint.h>
 
 #include "server/http_error.h"
+#include "util/buf.h"
 
 typedef enum { NS_RESP_CHOICE_AUTO = 0, NS_RESP_CHOICE_NONE, NS_RESP_CHOICE_REQUIRED, NS_RESP_CHOICE_NAMED } ns_resp_choice;
 
@@ -76,5 +77,13 @@ typedef struct ns_resp_conv {
  * c then needs no free. */
 bool ns_resp_convert(json_t *body, ns_resp_conv *c, ns_http_error *e);
 void ns_resp_conv_free(ns_resp_conv *c);
+
+/* A custom tool call's input as far as the model has written it: args is
+ * the call's arguments text so far, {"input": "..." (a custom tool is
+ * offered as a function with that one string parameter); out gets the
+ * decoded string up to the last complete character or escape. False when
+ * args does not start that way (then the input is known only once the
+ * call is complete). Streaming sends the growth of out as deltas. */
+bool ns_resp_custom_input_prefix(const char *args, size_t n, ns_buf *out);
 
 #endif

@@ -269,6 +269,31 @@ TEST(many_parts) {
     json_decref(rb);
 }
 
+/* The custom input decoded from every prefix of the arguments text is a
+ * prefix of the whole input, and the whole text gives all of it: escapes,
+ * \\u escapes and surrogate pairs split at every byte. */
+TEST(custom_input_prefix) {
+    const char *args = "{ \"input\" : \"*** Begin Patch\\n+caf\\u00e9 \\ud83d\\ude00 \\\"q\\\" \\\\ t\\tx\"}";
+    const char *want = "*** Begin Patch\n+caf\xc3\xa9 \xf0\x9f\x98\x80 \"q\" \\ t\tx";
+    ns_buf b;
+    ns_buf_init(&b, 0);
+    size_t n = strlen(args);
+    size_t prev = 0;
+    for (size_t k = 0; k <= n; k++) {
+        bool ok = ns_resp_custom_input_prefix(args, k, &b);
+        const bool started = k >= 13; /* past `{ "input" : "` */
+        CHECKF(ok == started, "k=%zu ok=%d", k, ok);
+        if (!ok) continue;
+        CHECKF(b.len <= strlen(want) && memcmp(b.data ? b.data : "", want, b.len) == 0, "k=%zu: not a prefix", k);
+        CHECKF(b.len >= prev, "k=%zu: shrank", k);
+        prev = b.len;
+    }
+    CHECK(ns_resp_custom_input_prefix(args, n, &b));
+    CHECK(b.len == strlen(want) && memcmp(b.data, want, b.len) == 0);
+    CHECK(!ns_resp_custom_input_prefix("{\"path\": \"x\"}", 14, &b));
+    ns_buf_free(&b);
+}
+
 int main(void) {
     RUN(msgs_conversation);
     RUN(msgs_choices_and_thinking);
@@ -277,5 +302,6 @@ int main(void) {
     RUN(resp_items);
     RUN(resp_refusals);
     RUN(many_parts);
+    RUN(custom_input_prefix);
     TEST_MAIN_END;
 }

@@ -477,22 +477,27 @@ TEST(responses_custom_tool_call) {
     CHECK_EQ_STR(sget(it, "input"), "*** Begin Patch\n*** End Patch");
     CHECK_EQ_STR(sget(j, "status"), "completed");
     json_decref(j);
-    /* streamed: the input arrives whole when the call completes */
+    /* streamed: the input decoded as it grows; the deltas add up to it */
     ns_buf_reset(&out);
     snprintf(body, sizeof body, "{\"input\":\"patch it\",\"stream\":true,%s}", RESP_TOOLS);
     CHECK_EQ_INT(http("POST", "/v1/responses", body, &out), 200);
     int bad;
     json_t *evs = named_events(out.data ? out.data : "", &bad);
-    bool delta = false, done = false;
+    char deltas[256] = "";
+    int n_deltas = 0;
+    bool done = false;
     size_t i;
     json_t *ev;
     json_array_foreach(evs, i, ev) {
-        if (!strcmp(ev_name(ev), "response.custom_tool_call_input.delta"))
-            delta = !strcmp(sget(ev_data(ev), "delta"), "*** Begin Patch\n*** End Patch");
+        if (!strcmp(ev_name(ev), "response.custom_tool_call_input.delta")) {
+            strncat(deltas, sget(ev_data(ev), "delta"), sizeof deltas - strlen(deltas) - 1);
+            n_deltas++;
+        }
         if (!strcmp(ev_name(ev), "response.custom_tool_call_input.done"))
             done = !strcmp(sget(ev_data(ev), "input"), "*** Begin Patch\n*** End Patch");
     }
-    CHECK(delta);
+    CHECK_EQ_STR(deltas, "*** Begin Patch\n*** End Patch");
+    CHECKF(n_deltas > 1, "the input should stream in pieces (%d)", n_deltas);
     CHECK(done);
     json_decref(evs);
     ns_buf_free(&out);
