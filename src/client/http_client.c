@@ -267,7 +267,7 @@ static ns_status perform(ns_hc *c, const char *url, const char *const *headers, 
             resp->status = st;
             rc = ns_fail(err, NS_ERR_IO, "%s: %s", url, curl_easy_strerror(cc));
         }
-        snprintf(resp->error, sizeof resp->error, "%s", err ? err->msg : curl_easy_strerror(cc));
+        snprintf(resp->error, sizeof resp->error, "%s", err->msg);
     } else if (x.use_sse && x.sse.line_len > 0) {
         /* a last event without its blank line: deliver what is complete */
         ns_status r2 = ns_hc_sse_feed(&x.sse, "\n\n", 2, resp->t_end);
@@ -284,12 +284,15 @@ out:
     return rc;
 }
 
+/* perform needs an ns_error for resp->error: the caller's, or a local one */
 ns_status ns_hc_post(ns_hc *c, const char *url, const char *const *headers, const char *body, size_t body_len,
                      const ns_hc_opts *o, ns_hc_event_fn on_event, void *ctx, ns_hc_response *resp, ns_error *err) {
-    return perform(c, url, headers, body, body_len, true, o, on_event, ctx, resp, err);
+    ns_error local;
+    return perform(c, url, headers, body, body_len, true, o, on_event, ctx, resp, err ? err : &local);
 }
 
 ns_status ns_hc_get(ns_hc *c, const char *url, const char *const *headers, const ns_hc_opts *o, ns_hc_response *resp,
                     ns_error *err) {
-    return perform(c, url, headers, NULL, 0, false, o, NULL, NULL, resp, err);
+    ns_error local;
+    return perform(c, url, headers, NULL, 0, false, o, NULL, NULL, resp, err ? err : &local);
 }
