@@ -31,6 +31,7 @@
 #include "grammar/gschema.h"
 #include "grammar/gvocab.h"
 #include "grammar/gvocab_tok.h"
+#include "sample/sample.h"
 #include "tokenizer/tokenizer.h"
 
 static double now(void) {
@@ -135,6 +136,56 @@ static double state_cost(const ns_gvocab *v, const char *prefix, int *n_allowed)
     return dt;
 }
 
+/* The sampler's cost on one masked row of the whole vocabulary (what a
+ * constrained row adds on the host: the CUDA backend copies masked rows to
+ * the host and samples there), greedy and at temperature 1, with the mask
+ * of a string state (almost everything allowed) and of a structural state
+ * (a handful allowed); and an unmasked temperature-1 row for reference. */
+static void sampler_cost(const ns_gvocab *v, int reps) {
+    const int32_t n = v->n_vocab;
+    float *base = malloc((size_t)n * sizeof(float)), *row = malloc((size_t)n * sizeof(float));
+    uint32_t x = 1;
+    for (int32_t i = 0; i < n; i++) {
+        x = x * 1664525u + 1013904223u;
+        base[i] = (float)((x >> 8) % 20000) / 1000.0f - 10.0f; /* logits in [-10, 10) */
+    }
+    static const struct {
+        const char *name, *prefix;
+    } masks[] = {{"string state", "{\"path\": \"src/a"}, {"after '{'", "{"}};
+    for (size_t k = 0; k < 3; k++) {
+        ns_grammar *g = compile(v);
+        ns_gmatch *m = NULL;
+        ns_error err = {0};
+        const uint32_t *mask = NULL;
+        if (k < 2 && g && ns_gmatch_new(g, &m, &err) == NS_OK &&
+            ns_gmatch_accept_bytes(m, masks[k].prefix, strlen(masks[k].prefix)) && ns_gmatch_fill_mask(m, &err) == NS_OK)
+            mask = ns_gmatch_mask(m);
+        for (int temp = 0; temp < 2; temp++) {
+            if (k == 2 && temp == 0) continue;
+            ns_sampling_params p = ns_sampling_default();
+            p.temperature = temp ? 1.0f : 0.0f;
+            ns_sampler s;
+            ns_sampler_init(&s, &p, n, &err);
+            s.allow = mask;
+            double *c = calloc((size_t)reps * 5, sizeof(double));
+            for (int r = 0; r < reps * 5; r++) {
+                memcpy(row, base, (size_t)n * sizeof(float));
+                double t0 = now();
+                (void)ns_sampler_sample(&s, row);
+                c[r] = now() - t0;
+            }
+            printf("  sample one row, %-14s %s: %7.3f ms\n", k < 2 ? masks[k].name : "no mask", temp ? "temperature 1" : "greedy       ",
+                   median(c, reps * 5) * 1e3);
+            free(c);
+            ns_sampler_free(&s);
+        }
+        ns_gmatch_free(m);
+        ns_grammar_release(g);
+    }
+    free(base);
+    free(row);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s TOKENIZER_DIR [REPEATS]\n", argv[0]);
@@ -208,6 +259,7 @@ int main(int argc, char **argv) {
         printf("  cold mask %-32s %8.3f ms  (%d tokens allowed)\n", states[s].name, median(c, reps) * 1e3, allowed);
         free(c);
     }
+    sampler_cost(v, reps);
     free(cold);
     free(coldw);
     free(warm);
