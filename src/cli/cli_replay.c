@@ -21,7 +21,7 @@
 #define MAX_CONCURRENCY 256
 
 typedef struct replay_opts {
-    const char *file, *url, *json_out, *api_key;
+    const char *file, *url, *json_out, *api_key, *model;
     bool speed_max, expect_cached, force_stream;
     int concurrency;  /* 0 = every session at once (up to MAX_CONCURRENCY) */
     double timeout_s; /* per request */
@@ -48,7 +48,7 @@ typedef struct replay {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: nightshift replay FILE --url ROOT [--json OUT] [--speed recorded|max] [--concurrency N]\n"
-            "                         [--api-key KEY] [--timeout S] [--expect-cached] [--stream]\n"
+            "                         [--api-key KEY] [--model NAME] [--timeout S] [--expect-cached] [--stream]\n"
             "  Re-sends a recording (serve --record DIR: DIR/requests.jsonl) to the server at ROOT,\n"
             "  sessions in parallel, turns in order, and reports TTFT, decode rate and cached tokens.\n"
             "  Example:\n"
@@ -60,6 +60,8 @@ static void usage(FILE *f) {
             "  --concurrency N    sessions at once (default: all of them, at most %d)\n"
             "  --api-key KEY      (default: $NIGHTSHIFT_API_KEY) sent as 'Authorization: Bearer KEY'\n"
             "                     and 'x-api-key: KEY'\n"
+            "  --model NAME       (default: as recorded) the \"model\" sent, for a server that serves\n"
+            "                     the model under another name\n"
             "  --timeout S        per request (default 600)\n"
             "  --expect-cached    exit 1 when a request's cached tokens differ from the recording (default off)\n"
             "  --stream           (default off: as recorded) stream every request, so TTFT and decode rate\n"
@@ -89,7 +91,7 @@ static int parse_args(int argc, char **argv, replay_opts *o) {
             continue;
         }
         static const char *const with_value[] = {"--url", "--json", "--speed", "--concurrency", "--api-key",
-                                                 "--timeout"};
+                                                 "--timeout", "--model"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++) known |= strcmp(a, with_value[k]) == 0;
         if (!known) return ns_cli_usage_error("replay", usage, "unknown option %s", a);
@@ -99,6 +101,7 @@ static int parse_args(int argc, char **argv, replay_opts *o) {
         if (strcmp(a, "--url") == 0) o->url = v;
         else if (strcmp(a, "--json") == 0) o->json_out = v;
         else if (strcmp(a, "--api-key") == 0) o->api_key = v;
+        else if (strcmp(a, "--model") == 0) o->model = v;
         else if (strcmp(a, "--speed") == 0) {
             if (strcmp(v, "max") == 0) o->speed_max = true;
             else if (strcmp(v, "recorded") == 0) o->speed_max = false;
@@ -230,6 +233,7 @@ static void send_one(replay *rp, ns_hc *hc, const ns_rec_entry *e, result *res) 
         return;
     }
     if (rp->o->force_stream) json_object_set_new(body, "stream", json_true());
+    if (rp->o->model) json_object_set_new(body, "model", json_string(rp->o->model));
     res->stream = json_is_true(json_object_get(body, "stream"));
     if (res->stream && (e->kind == NS_REC_CHAT || e->kind == NS_REC_COMPLETIONS)) {
         json_t *so = json_object_get(body, "stream_options");

@@ -124,9 +124,10 @@ got=$(node -e '
 [ "$got" = "13 6 0 0 true true 4 true" ] || fail "sequential replay: '$got', want '13 6 0 0 true true 4 true'"
 kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null
 
-# 3. sessions in parallel at the recorded pace
-start_server "${FLAGS[@]}"
-"$NS_BIN" replay "$REC/requests.jsonl" --url "$BASE" --stream --json "$TMP/replay2.json" >"$TMP/replay2.txt" 2>&1 ||
+# 3. sessions in parallel at the recorded pace (recorded again, to see what was sent)
+start_server "${FLAGS[@]}" --record "$TMP/rec2"
+"$NS_BIN" replay "$REC/requests.jsonl" --url "$BASE" --stream --model renamed-model --json "$TMP/replay2.json" \
+  >"$TMP/replay2.txt" 2>&1 ||
   { cat "$TMP/replay2.txt"; fail "replay (parallel) failed"; }
 got=$(node -e '
   const j = JSON.parse(require("fs").readFileSync(process.argv[1]));
@@ -135,6 +136,16 @@ got=$(node -e '
               first.every(x => x.cached_tokens <= 8),
               j.requests.filter(x => x.status === 200).every(x => x.stream && x.ttft_s > 0 && x.output_tokens > 0));' "$TMP/replay2.json")
 [ "$got" = "0 6 7 true true true" ] || { cat "$TMP/replay2.txt"; fail "parallel replay: '$got', want '0 6 7 true true true'"; }
+# the bodies sent are the recorded ones, but for "model" and "stream"
+for _ in $(seq 1 250); do [ "$(wc -l <"$TMP/rec2/requests.jsonl" 2>/dev/null || echo 0)" -ge 13 ] && break; sleep 0.02; done
+got=$(node -e '
+  const rd = f => require("fs").readFileSync(f, "utf8").trim().split("\n").map(JSON.parse);
+  const a = rd(process.argv[1]), b = rd(process.argv[2]);
+  const key = r => { const q = Object.assign({}, r.request); delete q.model; delete q.stream; delete q.stream_options; return JSON.stringify(q); };
+  const ka = a.map(key).sort(), kb = b.map(key).sort();
+  console.log(b.length, JSON.stringify(ka) === JSON.stringify(kb), b.every(r => r.request.model === "renamed-model" && r.request.stream === true));' \
+  "$REC/requests.jsonl" "$TMP/rec2/requests.jsonl")
+[ "$got" = "13 true true" ] || fail "the replayed bodies differ from the recorded ones: $got"
 kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null
 
 # 4. redaction: the texts never reach the file; replay refuses the recording
