@@ -17,7 +17,13 @@ static const ns_bench_run *run_at(const ns_bench_result_in *in, int block, int s
 static void text_diff(const char *a, const char *b, char *out, size_t cap) {
     size_t i = 0;
     while (a[i] && a[i] == b[i]) i++;
-    json_t *ea = json_stringn(a + i, strnlen(a + i, 24)), *eb = json_stringn(b + i, strnlen(b + i, 24));
+    /* show whole characters: back to the start of the one that differs,
+     * and cut the excerpts at a character boundary */
+    while (i > 0 && ((unsigned char)a[i] & 0xC0) == 0x80) i--;
+    size_t na = strnlen(a + i, 24), nb = strnlen(b + i, 24);
+    while (na > 0 && ((unsigned char)a[i + na] & 0xC0) == 0x80) na--;
+    while (nb > 0 && ((unsigned char)b[i + nb] & 0xC0) == 0x80) nb--;
+    json_t *ea = json_stringn(a + i, na), *eb = json_stringn(b + i, nb);
     char *sa = ea ? json_dumps(ea, JSON_ENCODE_ANY) : NULL, *sb = eb ? json_dumps(eb, JSON_ENCODE_ANY) : NULL;
     snprintf(out, cap, "at byte %zu: %s vs %s", i, sa ? sa : "?", sb ? sb : "?");
     free(sa);

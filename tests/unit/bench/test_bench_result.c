@@ -93,6 +93,14 @@ TEST(different_output_withholds_every_ratio) {
     CHECK_EQ_INT(json_array_size(json_object_get(id, "reasons")), 1);
     const char *why = json_string_value(json_array_get(json_object_get(id, "reasons"), 0));
     CHECKF(why && strstr(why, "block 3") && strstr(why, "at byte 4"), "%s", why ? why : "(null)");
+    json_decref(r);
+    /* texts that part inside a multi-byte character show whole characters */
+    make_runs();
+    g_runs[1 * 2 + 0].probe_text = "ab\xc3\xa9z";     /* abéz */
+    g_runs[1 * 2 + 1].probe_text = "ab\xc3\xa8z";     /* abèz */
+    r = ns_bench_result_build(&in);
+    why = json_string_value(json_array_get(json_object_get(json_object_get(r, "identity"), "reasons"), 0));
+    CHECKF(why && strstr(why, "at byte 2: \"\xc3\xa9z\" vs \"\xc3\xa8z\""), "%s", why ? why : "(null)");
     CHECK(json_is_true(json_object_get(json_object_get(r, "comparison"), "withheld")));
     size_t i;
     json_t *m;
