@@ -292,3 +292,26 @@ test('a final assistant message is a prefill the reply continues', async () => {
   assert.equal(m.usage.output_tokens, 3);
   assert.equal(m.usage.input_tokens + m.usage.cache_read_input_tokens + m.usage.cache_creation_input_tokens, input_tokens);
 });
+
+test('output_config.format json_schema: the reply is valid JSON for the schema (ajv)', async () => {
+  const { default: Ajv } = await import('ajv');
+  const schema = {
+    type: 'object',
+    properties: { ok: { type: 'boolean' }, why: { type: 'string', maxLength: 12 } },
+    required: ['ok', 'why'],
+    additionalProperties: false,
+  };
+  const validate = new Ajv().compile(schema);
+  for (let i = 0; i < 3; i++) {
+    const m = await client.messages.create({
+      model: 'tiny-qwen3',
+      max_tokens: 600,
+      output_config: { format: { type: 'json_schema', schema } },
+      thinking: { type: 'disabled' },
+      messages: [{ role: 'user', content: `answer ${i}` }],
+    });
+    assert.equal(m.stop_reason, 'end_turn');
+    const text = m.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
+    assert.ok(validate(JSON.parse(text)), `reply ${i}: ${JSON.stringify(validate.errors)} for ${text}`);
+  }
+});

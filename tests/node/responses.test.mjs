@@ -225,3 +225,31 @@ test('tools for a template without tool support: 400 tools_not_supported on ever
     await s.stop();
   }
 });
+
+test('text.format json_schema: every sampled reply is valid JSON for the schema (ajv)', async () => {
+  const { default: Ajv } = await import('ajv');
+  const schema = {
+    type: 'object',
+    properties: {
+      name: { type: 'string', maxLength: 10 },
+      n: { type: 'integer', minimum: 0, maximum: 9 },
+      tags: { type: 'array', items: { enum: ['a', 'b'] }, maxItems: 3 },
+    },
+    required: ['name', 'n', 'tags'],
+    additionalProperties: false,
+  };
+  const validate = new Ajv().compile(schema);
+  for (let i = 0; i < 5; i++) {
+    const r = await srv.client.responses.create({
+      model: 'tiny-qwen3',
+      input: `give json ${i}`,
+      temperature: 1,
+      max_output_tokens: 600,
+      text: { format: { type: 'json_schema', name: 'x', schema, strict: true } },
+      reasoning: { effort: 'none' },
+    });
+    assert.equal(r.status, 'completed', `reply ${i} ended: ${JSON.stringify(r.incomplete_details)}`);
+    const v = JSON.parse(r.output_text);
+    assert.ok(validate(v), `reply ${i}: ${JSON.stringify(validate.errors)} for ${r.output_text}`);
+  }
+});
