@@ -614,15 +614,16 @@ static ns_status param_stream(ns_toolparse *p) {
 static ns_status param_close(ns_toolparse *p) {
     if (p->val.len && p->val.data[p->val.len - 1] == '\n') p->val.len--;
     ns_buf *a = &cur_call(p)->args;
+    const char *v = p->val.data ? p->val.data : ""; /* an empty value has no buffer */
     ns_status rc;
     if (p->pstream) {
-        rc = put_escaped(a, p->val.data + p->val_sent, p->val.len - p->val_sent);
+        rc = put_escaped(a, v + p->val_sent, p->val.len - p->val_sent);
         if (rc == NS_OK) rc = ns_buf_putc(a, '"');
     } else {
         rc = p->n_params ? ns_buf_puts(a, ", ") : NS_OK;
         if (rc == NS_OK) rc = put_json_string(a, p->key.data, p->key.len);
         if (rc == NS_OK) rc = ns_buf_puts(a, ": ");
-        if (rc == NS_OK) rc = put_typed(a, p->val.data ? p->val.data : "", p->val.len, p->pmask);
+        if (rc == NS_OK) rc = put_typed(a, v, p->val.len, p->pmask);
     }
     p->n_params++;
     ns_buf_reset(&p->val);

@@ -190,6 +190,12 @@ TEST(qwen_xml_strings) {
     check_tc(NS_TOOLFMT_QWEN_XML, TOOLS, 3,
              "<tool_call><function=edit><parameter=old>h\xc3\xa9llo \xe2\x9c\x93</parameter></function></tool_call>", "", 1,
              c2);
+    /* empty values: "" as a string; an empty integer does not parse: "" too */
+    const char *c4[] = {"read_file|{\"path\": \"\", \"offset\": \"\"}|1"};
+    check_tc(NS_TOOLFMT_QWEN_XML, TOOLS, 3,
+             "<tool_call>\n<function=read_file>\n<parameter=path>\n\n</parameter>\n<parameter=offset>\n</parameter>\n"
+             "</function>\n</tool_call>",
+             "", 1, c4);
     /* no schemas: every value is a string */
     use_schemas(false);
     const char *c3[] = {"read_file|{\"offset\": \"10\", \"follow\": \"true\"}|1"};
