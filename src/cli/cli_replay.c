@@ -256,7 +256,9 @@ static void send_one(replay *rp, ns_hc *hc, const ns_rec_entry *e, result *res) 
     }
     if (e->kind == NS_REC_MESSAGES) hdr[nh++] = "anthropic-version: 2023-06-01";
     hdr[nh] = NULL;
-    ns_hc_opts ho = {.timeout_s = rp->o->timeout_s > 0 ? rp->o->timeout_s : 600};
+    /* a whole (non-streamed) answer sends nothing until it is done: idle = the whole limit */
+    const double limit = rp->o->timeout_s > 0 ? rp->o->timeout_s : 600;
+    ns_hc_opts ho = {.timeout_s = limit, .idle_timeout_s = limit};
     ns_hc_response hr;
     ns_error err = {0};
     stream_ctx sc = {res, e->kind};

@@ -152,7 +152,10 @@ typedef struct xfer {
     ns_hc_sse sse;
     bool want_sse, decided, use_sse;
     CURL *curl;
-    ns_status fail; /* why the write callback stopped the transfer */
+    ns_status fail;   /* why a callback stopped the transfer */
+    double idle_s;    /* the idle limit */
+    double last_rx;   /* when the last body byte arrived (or the start) */
+    curl_off_t seen;  /* body bytes the progress callback has seen */
 } xfer;
 
 static void decide(xfer *x) {
@@ -182,6 +185,7 @@ static size_t on_write_body(char *ptr, size_t size, size_t nmemb, void *ud) {
     size_t n = size * nmemb;
     double t = ns_clock_now();
     decide(x);
+    x->last_rx = t;
     if (n > x->cap || x->total > x->cap - n) {
         x->fail = NS_ERR_NOMEM;
         return 0;
@@ -201,6 +205,25 @@ static size_t on_write_body(char *ptr, size_t size, size_t nmemb, void *ud) {
         return 0;
     }
     return n;
+}
+
+/* The idle limit: libcurl's low-speed check averages over a window, so a
+ * burst (the headers) followed by silence passes it for long; this ends
+ * the transfer once no body byte came for idle_s. libcurl calls it at
+ * least once a second while the transfer waits. */
+static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow) {
+    (void)dltotal, (void)ultotal, (void)ulnow;
+    xfer *x = ud;
+    double now = ns_clock_now();
+    if (dlnow != x->seen) {
+        x->seen = dlnow;
+        x->last_rx = now;
+    }
+    if (now - x->last_rx > x->idle_s) {
+        x->fail = NS_ERR_IO;
+        return 1;
+    }
+    return 0;
 }
 
 static ns_status perform(ns_hc *c, const char *url, const char *const *headers, const char *body, size_t body_len,
@@ -242,8 +265,10 @@ static ns_status perform(ns_hc *c, const char *url, const char *const *headers, 
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &acc);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)((o->connect_timeout_s > 0 ? o->connect_timeout_s : 10) * 1000));
     if (o->timeout_s > 0) curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(o->timeout_s * 1000));
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, (long)(o->idle_timeout_s > 0 ? o->idle_timeout_s : 300));
+    x.idle_s = o->idle_timeout_s > 0 ? o->idle_timeout_s : 300;
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, &x);
     curl_easy_setopt(h, CURLOPT_ACCEPT_ENCODING, NULL);
     if (post) {
         curl_easy_setopt(h, CURLOPT_POST, 1L);
@@ -252,7 +277,7 @@ static ns_status perform(ns_hc *c, const char *url, const char *const *headers, 
     } else {
         curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
     }
-    resp->t_start = ns_clock_now();
+    resp->t_start = x.last_rx = ns_clock_now();
     CURLcode cc = curl_easy_perform(h);
     resp->t_end = ns_clock_now();
     decide(&x); /* a response without a body */
@@ -261,6 +286,8 @@ static ns_status perform(ns_hc *c, const char *url, const char *const *headers, 
             rc = ns_fail(err, NS_ERR_NOMEM, "%s: response too large (cap %zu bytes)", url, x.cap);
         } else if (x.fail == NS_ERR_CANCELLED) {
             rc = ns_fail(err, NS_ERR_CANCELLED, "%s: stopped by the event handler", url);
+        } else if (x.fail == NS_ERR_IO) {
+            rc = ns_fail(err, NS_ERR_IO, "%s: no data for %.0f s (idle timeout)", url, x.idle_s);
         } else {
             long st = 0;
             curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);

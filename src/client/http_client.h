@@ -40,7 +40,9 @@ typedef struct ns_hc ns_hc;
 typedef struct ns_hc_opts {
     double connect_timeout_s;  /* 0 = 10 s */
     double timeout_s;          /* whole transfer; 0 = no limit */
-    double idle_timeout_s;     /* fail when no byte arrives for this long; 0 = 300 s */
+    double idle_timeout_s;     /* fail when no body byte arrives for this long (checked about once a
+                                * second); 0 = 300 s. A whole (non-streamed) answer sends nothing
+                                * until it is done: give it the whole limit. */
     size_t max_response_bytes; /* 0 = NS_HC_DEFAULT_MAX_RESPONSE */
 } ns_hc_opts;
 
