@@ -54,8 +54,9 @@ void ns_cuda_set_early_loads(ns_backend *be, int on);
  * even GQA ratio, compute capability 9.0): 1 = on (default), 0 = off (the
  * mma.sync kernel), 2 = on with intra-warpgroup pipelining (S of tile k
  * with PV of tile k - 1), 3 = that plus ping-pong between the consumer
- * warp groups (env NS_CUDA_ATTN_SM90 takes the same values). For A/B runs
- * and tests; all give the same results within bf16 rounding. */
+ * warp groups, 4 = as 1 with one producer warp per K/V tile (env
+ * NS_CUDA_ATTN_SM90 takes the same values). For A/B runs and tests; all
+ * give the same results within bf16 rounding. */
 void ns_cuda_set_attn_sm90(ns_backend *be, int on);
 /* Decode attention on tensor cores (mma.sync; the GQA group's query heads
  * as the MMA N dimension, each K/V tile read once per group): 1 = where it

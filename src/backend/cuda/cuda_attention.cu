@@ -933,7 +933,7 @@ bool cu_attn_switch(int *field, const char *env) {
     if (*field == CU_SW_UNSET) {
         const char *e = getenv(env);
         const int v = e ? atoi(e) : 1;
-        *field = v == 0 ? CU_SW_OFF : v == 2 ? CU_SW_ON_ALT : v == 3 ? CU_SW_ON_ALT2 : CU_SW_ON;
+        *field = v == 0 ? CU_SW_OFF : v == 2 ? CU_SW_ON_ALT : v == 3 ? CU_SW_ON_ALT2 : v == 4 ? CU_SW_ON_ALT3 : CU_SW_ON;
     }
     return *field != CU_SW_OFF;
 }
@@ -944,7 +944,7 @@ bool cu_attn_switch(int *field, const char *env) {
 static void set_attn_switch(ns_backend *be, int cu_impl::*field, int on) {
     cu_impl *c = (cu_impl *)be->impl;
     cu_bump_generation(c);
-    c->*field = on == 0 ? CU_SW_OFF : on == 2 ? CU_SW_ON_ALT : on == 3 ? CU_SW_ON_ALT2 : CU_SW_ON;
+    c->*field = on == 0 ? CU_SW_OFF : on == 2 ? CU_SW_ON_ALT : on == 3 ? CU_SW_ON_ALT2 : on == 4 ? CU_SW_ON_ALT3 : CU_SW_ON;
 }
 extern "C" void ns_cuda_set_attn_sm90(ns_backend *be, int on) { set_attn_switch(be, &cu_impl::attn_sm90, on); }
 extern "C" void ns_cuda_set_attn_dec_mma(ns_backend *be, int on) { set_attn_switch(be, &cu_impl::attn_dec_mma, on); }

@@ -184,6 +184,53 @@ __device__ __forceinline__ void s9_producer(const cu_sm90_params &p, uint8_t *sm
     s9_mbar_arrive(bar_full + 8 * ((nt - 1) % S9_STAGES));
 }
 
+/* Producer, one warp per tile: warp w of the producer group fills tiles
+ * w, w + 4, ... on its own (16 lanes per row, two rows per instruction),
+ * waits for its copies and arrives on the stage's "full" barrier (32
+ * arrivals). The warps do not wait for each other, so all stages can be
+ * in flight at once; with the whole group on every tile, a tile's
+ * signal waits until the group has issued the next one and at most two
+ * tiles are in flight. */
+__device__ __forceinline__ void s9_producer_warps(const cu_sm90_params &p, uint8_t *smem, uint32_t bar_full,
+                                                  uint32_t bar_empty, int s, int kvh, int n_keys, int nt) {
+    const int pw = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int c = lane & 15, rb = lane >> 4;
+    const uint32_t kbase = s9_smem_addr(smem + 2 * S9_Q_BYTES), vbase = kbase + S9_STAGES * S9_KV_BYTES;
+    const size_t kv_delta = p.v_off - p.k_off;
+    const size_t row_bytes = (size_t)S9_D * 2;
+    const int32_t *pt = p.page_table + (size_t)s * p.pt_stride;
+    for (int kt = pw; kt < nt; kt += 4) {
+        const int st = kt % S9_STAGES;
+        if (kt >= S9_STAGES) s9_mbar_wait(bar_empty + 8 * st, (kt / S9_STAGES - 1) & 1);
+        const uint32_t kd = kbase + st * S9_KV_BYTES, vd = vbase + st * S9_KV_BYTES;
+#pragma unroll 4
+        for (int j = 0; j < S9_BN / 2; j++) {
+            const int r = rb + 2 * j, key = kt * S9_BN + r;
+            const bool ok = key < n_keys;
+            const uint8_t *src = p.kv;
+            if (ok) {
+                int pi, slot;
+                if (p.P_shift >= 0) {
+                    pi = key >> p.P_shift;
+                    slot = key & (p.P - 1);
+                } else {
+                    pi = key / p.P;
+                    slot = key - pi * p.P;
+                }
+                src = p.kv + (size_t)pt[pi] * p.page_bytes + p.k_off + (size_t)kvh * p.head_bytes +
+                      (size_t)slot * row_bytes + (size_t)c * 16;
+            }
+            const uint32_t off = s9_sw(S9_BN, r, c);
+            s9_cp_async16(kd + off, src, ok ? 16 : 0);
+            s9_cp_async16(vd + off, ok ? src + kv_delta : src, ok ? 16 : 0);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        s9_fence_async_smem();
+        s9_mbar_arrive(bar_full + 8 * st);
+    }
+}
+
 /* Per-thread softmax state of one consumer: rows rl0 and rl0 + 8 of the
  * warp group's 64 (o/sc[4i+0,1] and [4i+2,3]). */
 struct s9_rows {
@@ -446,7 +493,7 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
  * order (all KV heads at once) keeps 8x that working set, more than L2
  * at long contexts. Within a KV head the longest tiles (first in the
  * list) start first. */
-template <bool PIPE, bool PINGPONG>
+template <bool PIPE, bool PINGPONG, bool WARP_PRODUCER>
 __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) {
 #if S9_ENABLED
     PDL_ENTRY();
@@ -466,7 +513,7 @@ __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) 
 
     if (threadIdx.x == 0) {
         for (int i = 0; i < S9_STAGES; i++) {
-            s9_mbar_init(bar_full + 8 * i, 128);  /* every producer thread */
+            s9_mbar_init(bar_full + 8 * i, WARP_PRODUCER ? 32 : 128); /* the lanes that copied the tile */
             s9_mbar_init(bar_empty + 8 * i, 256); /* every consumer thread */
         }
     }
@@ -474,7 +521,8 @@ __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) 
     const int wg = threadIdx.x >> 7;
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
-        s9_producer(p, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
+        if constexpr (WARP_PRODUCER) s9_producer_warps(p, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
+        else s9_producer(p, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
         s9_consumer<PIPE, PINGPONG>(p, smem, bar_full, bar_empty, wg - 1, h0 + wg - 1, t0, q0, rows, pos0, nt);
@@ -500,9 +548,10 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device);
         /* sm_90a code runs on exactly 9.0 */
         c->attn_sm90_cc = (major == 9 && minor == 0 && c->smem_optin >= (size_t)S9_SMEM) ? 1 : 2;
-        if (c->attn_sm90_cc == 1 && !(s9_set_smem(c, k_attn_prefill_sm90<true, false>) &&
-                                      s9_set_smem(c, k_attn_prefill_sm90<false, false>) &&
-                                      s9_set_smem(c, k_attn_prefill_sm90<true, true>)))
+        if (c->attn_sm90_cc == 1 && !(s9_set_smem(c, k_attn_prefill_sm90<true, false, false>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<false, false, false>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<true, true, false>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<false, false, true>)))
             c->attn_sm90_cc = 2;
     }
     return c->attn_sm90_cc == 1;
@@ -511,8 +560,10 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
     const dim3 grid((unsigned)(p->G / 2), (unsigned)n_tiles, (unsigned)(p->H / p->G)), block(384);
     /* default: unpipelined (measured fastest, docs/cuda.md v13) */
-    if (c->attn_sm90 == CU_SW_ON_ALT) cu_launch(c, k_attn_prefill_sm90<true, false>, grid, block, (size_t)S9_SMEM, *p);
-    else if (c->attn_sm90 == CU_SW_ON_ALT2) cu_launch(c, k_attn_prefill_sm90<true, true>, grid, block, (size_t)S9_SMEM, *p);
-    else cu_launch(c, k_attn_prefill_sm90<false, false>, grid, block, (size_t)S9_SMEM, *p);
+    const size_t sm = (size_t)S9_SMEM;
+    if (c->attn_sm90 == CU_SW_ON_ALT) cu_launch(c, k_attn_prefill_sm90<true, false, false>, grid, block, sm, *p);
+    else if (c->attn_sm90 == CU_SW_ON_ALT2) cu_launch(c, k_attn_prefill_sm90<true, true, false>, grid, block, sm, *p);
+    else if (c->attn_sm90 == CU_SW_ON_ALT3) cu_launch(c, k_attn_prefill_sm90<false, false, true>, grid, block, sm, *p);
+    else cu_launch(c, k_attn_prefill_sm90<false, false, false>, grid, block, sm, *p);
     return !CU_LAUNCHED(c, "attention prefill sm90");
 }

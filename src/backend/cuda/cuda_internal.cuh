@@ -185,7 +185,8 @@ typedef struct cu_impl {
      * default is read at first use), CU_SW_ON, CU_SW_OFF, CU_SW_ON_ALT /
      * CU_SW_ON_ALT2 (on, alternative variants). Hopper prefill: ON runs S,
      * softmax, PV in order per tile; ALT pipelines S of tile k with PV of
-     * tile k - 1; ALT2 adds ping-pong between its consumer warp groups.
+     * tile k - 1; ALT2 adds ping-pong between its consumer warp groups;
+     * ALT3 is ON with one producer warp per tile.
      * Tensor-core decode: ON where it measured faster (n_splits >= 32 or
      * >= 16 decode rows), ALT always. */
     int attn_sm90;    /* Hopper prefill attention (cuda_attn_sm90.cu) where usable */
@@ -352,10 +353,10 @@ typedef struct cu_sm90_params {
 /* Whether the Hopper kernel runs here for this shape (and the switch is
  * on); the first call checks the device and sets the kernel's smem limit. */
 bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G);
-enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2, CU_SW_ON_ALT = 3, CU_SW_ON_ALT2 = 4 };
-/* Resolves a switch: unset takes env var `env` (0 = off, 2 / 3 = on with
- * the first / second alternative variant, anything else or absent = on);
- * true when on. */
+enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2, CU_SW_ON_ALT = 3, CU_SW_ON_ALT2 = 4, CU_SW_ON_ALT3 = 5 };
+/* Resolves a switch: unset takes env var `env` (0 = off, 2 / 3 / 4 = on
+ * with the first / second / third alternative variant, anything else or
+ * absent = on); true when on. */
 bool cu_attn_switch(int *field, const char *env);
 /* grid (G / 2, n_tiles, KVH); returns false on a launch error (recorded). */
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles);
