@@ -131,7 +131,7 @@ for (const [name, schema] of Object.entries(SCHEMAS)) {
 
 test('json_object: samples are JSON objects', async () => {
   const rs = await Promise.all(
-    Array.from({ length: 20 }, (_, i) => chat({ response_format: { type: 'json_object' }, max_tokens: 300 }, i)),
+    Array.from({ length: 12 }, (_, i) => chat({ response_format: { type: 'json_object' }, max_tokens: 120 }, i)),
   );
   let finished = 0;
   for (const r of rs) {
@@ -144,7 +144,7 @@ test('json_object: samples are JSON objects', async () => {
     const v = JSON.parse(ch.message.content);
     assert.ok(v && typeof v === 'object' && !Array.isArray(v), ch.message.content);
   }
-  assert.ok(finished >= 5, `only ${finished} of 20 finished`);
+  assert.ok(finished >= 3, `only ${finished} of 12 finished`);
 });
 
 const TOOLS = [
@@ -195,16 +195,20 @@ function checkCalls(r, i, allowed) {
 test(`tool_choice required: ${N} samples are valid calls to offered tools`, async () => {
   const rs = await Promise.all(
     Array.from({ length: N }, (_, i) =>
-      chat({ tools: TOOLS, tool_choice: 'required', parallel_tool_calls: i % 2 === 0 ? false : undefined, max_tokens: 900 }, i),
+      // one in five may make parallel calls (up to 4: longer answers)
+      chat({ tools: TOOLS, tool_choice: 'required', parallel_tool_calls: i % 5 === 0 ? undefined : false, max_tokens: 900 }, i),
     ),
   );
   const names = new Set();
+  let parallel = 0;
   for (const [i, r] of rs.entries()) {
     const calls = checkCalls(r, i, ['get_weather', 'add']);
-    if (i % 2 === 0) assert.equal(calls.length, 1, `parallel_tool_calls false gave ${calls.length} calls`);
+    if (i % 5 !== 0) assert.equal(calls.length, 1, `parallel_tool_calls false gave ${calls.length} calls`);
+    else parallel = Math.max(parallel, calls.length);
     calls.forEach((c) => names.add(c.function.name));
   }
   assert.equal(names.size, 2, 'both tools get called across the samples');
+  assert.ok(parallel > 1, 'with parallel calls allowed, some answer holds several');
 });
 
 test(`named tool_choice: ${N} samples call exactly that tool`, async () => {
