@@ -65,6 +65,16 @@ bool ns_gen_start(ns_gen *g, ns_api *a, const int32_t *prompt, int32_t n_prompt,
         ns_http_error_from_status(e, rc, "stop", err.msg[0] ? err.msg : "out of memory");
         goto fail;
     }
+    if (o->think_budget > 0 && o->reasoning && !o->rp.grammar) {
+        g->prompt = malloc((size_t)(n_prompt > 0 ? n_prompt : 1) * sizeof *g->prompt);
+        if (!g->prompt) {
+            ns_http_error_set(e, 500, NULL, "internal_error", "out of memory");
+            goto fail;
+        }
+        memcpy(g->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
+        g->think_budget = o->think_budget;
+        g->rp = o->rp;
+    }
     g->req = ns_request_new(prompt, n_prompt, &o->rp);
     g->req_made = g->req != NULL;
     if (!g->req) {
@@ -84,6 +94,8 @@ fail:
     if (g->req) ns_request_release(g->req);
     g->req = NULL;
     free_parsers(g);
+    free(g->prompt);
+    g->prompt = NULL;
     return false;
 }
 
@@ -124,7 +136,7 @@ static ns_status feed_text(ns_gen *g, const char *t, size_t n) {
 static bool is_eos(const ns_gen *g, int32_t tok) { return ns_config_is_eos(&g->api->cfg, tok); }
 
 static ns_status on_token(ns_gen *g, const ns_token_event *ev) {
-    if (g->stopped) return NS_OK;
+    if (g->stopped || g->cutting) return NS_OK;
     if (NS_VEC_GROW(g->ids, g->cap_ids, (size_t)g->n_ids + 1, INT32_MAX) != NS_OK) return NS_ERR_NOMEM;
     g->ids[g->n_ids++] = ev->token;
     if (g->logprobs) {
@@ -136,7 +148,61 @@ static ns_status on_token(ns_gen *g, const ns_token_event *ev) {
     ns_status rc = ns_detok_push(g->detok, ev->token, &g->s1);
     if (rc == NS_ERR_RANGE) rc = NS_OK; /* an id outside the vocabulary has no text */
     if (rc != NS_OK) return rc;
-    return feed_text(g, g->s1.data, g->s1.len);
+    rc = feed_text(g, g->s1.data, g->s1.len);
+    if (rc == NS_OK && g->think_budget > 0 && !g->continued && g->reason.state == NS_REASON_THINK &&
+        ++g->think_tokens >= g->think_budget && !g->stopped) {
+        g->cutting = true; /* continue_after_budget takes over once the request is done */
+        ns_request_cancel(g->req);
+    }
+    return rc;
+}
+
+/* The thinking budget is spent (ns_gen_opts.think_budget): "\n</think>\n\n"
+ * goes through the pipeline as if the model had written it, and a new
+ * request continues from the prompt, the tokens so far and those of the
+ * tag. The first request's prefix reuse stays the one reported. */
+static ns_status continue_after_budget(ns_gen *g) {
+    static const char k_close[] = "\n</think>\n\n";
+    ns_request_result_get(g->req, &g->first);
+    g->cutting = false;
+    g->continued = true;
+    int32_t *tag = NULL;
+    size_t n_tag = 0;
+    ns_error err;
+    ns_status rc = ns_tokenizer_encode(g->api->tok, k_close, sizeof k_close - 1, false, &tag, &n_tag, &err);
+    for (size_t i = 0; rc == NS_OK && i < n_tag; i++) {
+        if (NS_VEC_GROW(g->ids, g->cap_ids, (size_t)g->n_ids + 1, INT32_MAX) != NS_OK) rc = NS_ERR_NOMEM;
+        else g->ids[g->n_ids++] = tag[i];
+        ns_buf_reset(&g->s1);
+        if (rc == NS_OK) rc = ns_detok_push(g->detok, tag[i], &g->s1);
+        if (rc == NS_OK) rc = feed_text(g, g->s1.data, g->s1.len);
+    }
+    free(tag);
+    if (rc != NS_OK) return rc;
+    const int64_t left = g->rp.max_tokens > 0 ? (int64_t)g->rp.max_tokens - g->n_ids : INT32_MAX;
+    const int64_t total = (int64_t)g->n_prompt + g->n_ids;
+    if (left <= 0 || g->stopped || total > INT32_MAX) return NS_ERR_RANGE; /* nothing left to generate: as cut */
+    int32_t *p = malloc((size_t)total * sizeof *p);
+    if (!p) return NS_ERR_NOMEM;
+    memcpy(p, g->prompt, (size_t)g->n_prompt * sizeof *p);
+    memcpy(p + g->n_prompt, g->ids, (size_t)g->n_ids * sizeof *p);
+    ns_request_params rp = g->rp;
+    rp.max_tokens = g->rp.max_tokens > 0 ? (int32_t)left : 0;
+    ns_request *r = ns_request_new(p, (int32_t)total, &rp);
+    free(p);
+    if (!r) return NS_ERR_NOMEM;
+    ns_request_set_label(r, ns_log_context());
+    ns_capacity cap = {0};
+    rc = ns_sched_submit(g->api->sched, r, &cap, &err);
+    if (rc != NS_OK) {
+        ns_request_release(r);
+        return rc;
+    }
+    NS_INFO("%s %s: thinking budget of %d tokens spent: continuing after </think> (prompt %lld tokens)", g->kind, g->id,
+            g->think_budget, (long long)total);
+    ns_request_release(g->req);
+    g->req = r;
+    return NS_OK;
 }
 
 static ns_status finalize(ns_gen *g) {
@@ -160,6 +226,10 @@ static ns_status finalize(ns_gen *g) {
     }
     if (rc == NS_OK && g->use_tools) rc = ns_toolparse_finish(&g->tp);
     ns_request_result_get(g->req, &g->res);
+    if (g->continued) { /* the request's reuse is the first request's, not the continuation's */
+        g->res.n_cached = g->first.n_cached;
+        memcpy(g->res.n_cached_by_tier, g->first.n_cached_by_tier, sizeof g->res.n_cached_by_tier);
+    }
     return rc;
 }
 
@@ -173,6 +243,18 @@ ns_status ns_gen_pump(ns_gen *g, int timeout_ms) {
     for (int i = 0; i < n && rc == NS_OK; i++) rc = on_token(g, &ev[i]);
     if (rc != NS_OK) {
         ns_request_cancel(g->req);
+        return rc;
+    }
+    if (done && g->cutting) {
+        rc = continue_after_budget(g);
+        if (rc == NS_ERR_RANGE) { /* max_tokens spent by the tag (or a stop string in it): end here */
+            const bool stop = g->stopped;
+            rc = finalize(g);
+            if (!stop) g->res.finish = NS_FINISH_LENGTH;
+            g->done = true;
+        } else if (rc != NS_OK) {
+            ns_request_cancel(g->req);
+        }
         return rc;
     }
     if (done) {
@@ -369,6 +451,8 @@ void ns_gen_free(ns_gen *g) {
     free_parsers(g);
     free(g->ids);
     free(g->lps);
+    free(g->prompt);
+    g->prompt = NULL;
 }
 
 /* ---- one completion request: the path shared by the endpoints ---- */

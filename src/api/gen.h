@@ -66,6 +66,13 @@ typedef struct ns_gen_opts {
      * (chat, Responses) and disable_parallel_tool_use (Anthropic), so a
      * second call is never generated rather than generated and hidden */
     int max_calls;
+    /* > 0: a thinking budget (Anthropic thinking.budget_tokens). Once the
+     * model has written this many tokens inside <think> without closing
+     * it, the request is cut there and continued as a new request whose
+     * prompt is the old one, the tokens so far and "\n</think>\n\n" (all
+     * but the last partial page come from the prefix cache), so the answer
+     * follows within max_tokens. Needs o->reasoning and no grammar. */
+    int32_t think_budget;
 } ns_gen_opts;
 
 typedef struct ns_gen {
@@ -86,6 +93,13 @@ typedef struct ns_gen {
     ns_buf raw;        /* text fed to the stop matcher (only with stop strings):
                         * tells which stop string matched */
     int max_calls;     /* see ns_gen_opts */
+    /* thinking budget (see ns_gen_opts.think_budget) */
+    int32_t think_budget, think_tokens;
+    bool cutting;      /* the budget is spent: the request is being cancelled, its late tokens dropped */
+    bool continued;    /* the generation goes on in a continuation request */
+    int32_t *prompt;   /* a copy of the prompt (only with a budget) */
+    ns_request_params rp; /* the request's parameters (only with a budget) */
+    ns_request_result first; /* the first request's result: its prefix reuse is the request's */
     int32_t *ids;      /* generated tokens that count */
     int32_t n_ids;
     size_t cap_ids;

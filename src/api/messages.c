@@ -129,6 +129,7 @@ static bool msgs_prepare(ns_gen_job *gj, ns_gen_opts *o, ns_http_error *e) {
     if (j->conv.n_ignored)
         snprintf(gj->headers, sizeof gj->headers, "X-Nightshift-Ignored-Tools: %s", j->conv.ignored_tools);
     if (!ns_chat_gen_prepare(gj, j->conv.chat, &j->cp, o, e)) return false;
+    o->think_budget = j->conv.budget_tokens; /* ns_gen enforces it where the model thinks in <think> */
     ns_struct_spec spec = {0};
     if (j->conv.schema && (j->conv.choice == NS_MSGS_CHOICE_ANY || j->conv.choice == NS_MSGS_CHOICE_TOOL)) {
         ns_http_error_set(e, 400, "output_config.format", "invalid_request_error",

@@ -385,6 +385,8 @@ static bool convert_thinking(json_t *body, ns_msgs_conv *c, bool count_only, ns_
         if (json_integer_value(b) < 1024) return bad(e, "thinking.budget_tokens", "must be at least 1024");
         if (!count_only && json_integer_value(b) >= c->max_tokens)
             return bad(e, "thinking.budget_tokens", "must be less than max_tokens");
+        if (json_integer_value(b) > INT32_MAX) return bad(e, "thinking.budget_tokens", "is too large");
+        c->budget_tokens = (int32_t)json_integer_value(b);
         c->thinking = 1;
     } else {
         return bad(e, "thinking.type", "must be one of enabled, adaptive, disabled");

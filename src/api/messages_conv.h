@@ -22,7 +22,8 @@
  *  - tool_choice auto/any/tool/none -> "auto"/"required"/named/"none"
  *    (any and tool are enforced by a grammar, c->struct_kind);
  *    disable_parallel_tool_use -> parallel_tool_calls false;
- *  - thinking {type: enabled|adaptive|disabled} -> enable_thinking;
+ *  - thinking {type: enabled|adaptive|disabled} -> enable_thinking, and
+ *    budget_tokens -> c->budget_tokens (ns_gen_opts.think_budget);
  *  - output_config.format {type: json_schema, schema} -> a grammar;
  *  - a final assistant message (a prefill) -> continue_final_message: the
  *    prompt ends inside that turn and the reply continues it.
@@ -62,6 +63,7 @@ typedef struct ns_msgs_conv {
     bool single_call;          /* disable_parallel_tool_use */
     json_t *schema;            /* output_config.format json_schema (borrowed), or NULL */
     bool prefill;              /* the last message is the assistant's: continue_final_message */
+    int32_t budget_tokens;     /* thinking.budget_tokens (type enabled), else 0 */
 } ns_msgs_conv;
 
 /* Validates body and builds c. count_only: /v1/messages/count_tokens

@@ -65,10 +65,23 @@ static void *engine_main(void *arg) {
     return NULL;
 }
 
+/* The script of the next submission when set (a continuation request):
+ * the previous engine thread has finished reading g_script by then. */
+static int32_t g_next[256];
+static int g_next_n = -1;
+static int32_t g_submitted_n_prompt[4];
+static int g_submits;
+
 ns_status ns_sched_submit(ns_sched *s, ns_request *r, ns_capacity *cap, ns_error *err) {
     (void)s;
     (void)cap;
     (void)err;
+    if (g_submits < 4) g_submitted_n_prompt[g_submits] = r->n_prompt;
+    if (g_submits++ > 0 && g_next_n >= 0) {
+        memcpy(g_script, g_next, (size_t)g_next_n * sizeof *g_script);
+        g_script_n = g_next_n;
+        g_next_n = -1;
+    }
     atomic_fetch_add(&r->refs, 2); /* the engine's, and the test's g_last */
     if (g_last) ns_request_release(g_last);
     g_last = r;
@@ -538,6 +551,53 @@ TEST(stream_failures) {
     ns_buf_free(&out);
 }
 
+/* thinking.budget_tokens: after the budget the request is cut inside
+ * <think>, and a continuation request (prompt + tokens so far + the
+ * closing tag) writes the answer. */
+TEST(thinking_budget) {
+    static char out_text[16384];
+    size_t k = (size_t)snprintf(out_text, sizeof out_text, "<think>\n");
+    for (int i = 0; i < 1500 && k + 8 < sizeof out_text; i++) k += (size_t)snprintf(out_text + k, sizeof out_text - k, " w%d", i % 10);
+    script_text(out_text, NS_FINISH_EOS);
+    CHECK(g_script_n > 1100);
+    /* the continuation's output */
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ns_error err;
+    CHECK(ns_tokenizer_encode(g_api.tok, "Final answer.", 13, false, &ids, &n, &err) == NS_OK);
+    for (size_t i = 0; i < n; i++) g_next[i] = ids[i];
+    g_next[n] = 151645; /* <|im_end|> */
+    g_next_n = (int)n + 1;
+    free(ids);
+    g_submits = 0;
+    ns_buf out;
+    ns_buf_init(&out, 0);
+    CHECK_EQ_INT(http("POST", "/v1/messages",
+                      "{\"model\":\"m\",\"max_tokens\":3000,\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1024},"
+                      "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+                      &out),
+                 200);
+    json_error_t je;
+    json_t *j = json_loads(out.data ? out.data : "", 0, &je);
+    json_t *c = json_object_get(j, "content");
+    CHECK_EQ_INT(g_submits, 2);
+    CHECK_EQ_INT(json_array_size(c), 2);
+    CHECK_EQ_STR(sget(json_array_get(c, 0), "type"), "thinking");
+    CHECK_EQ_STR(sget(json_array_get(c, 1), "text"), "Final answer.");
+    CHECK_EQ_STR(sget(j, "stop_reason"), "end_turn");
+    json_t *u = json_object_get(j, "usage");
+    const long long outn = iget(u, "output_tokens");
+    /* the budget's tokens (from <think> on), the closing tag's, the answer's */
+    CHECKF(outn > 1024 && outn < 1024 + 20 + (long long)n, "output_tokens %lld", outn);
+    CHECK_EQ_INT(iget(u, "cache_read_input_tokens"), 3); /* the first request's reuse */
+    /* the continuation's prompt is the first one plus everything written before it */
+    CHECK_EQ_INT(g_submitted_n_prompt[1], g_submitted_n_prompt[0] + outn - (long long)n - 1);
+    const char *th = sget(json_array_get(c, 0), "thinking");
+    CHECK(th && strlen(th) > 1000 && strstr(th, "</think>") == NULL);
+    json_decref(j);
+    ns_buf_free(&out);
+}
+
 int main(void) {
     if (!setup()) {
         printf("not ok - setup\n");
@@ -549,6 +609,7 @@ int main(void) {
     RUN(responses_stream_items);
     RUN(responses_custom_tool_call);
     RUN(stream_failures);
+    RUN(thinking_budget);
     teardown();
     TEST_MAIN_END;
 }
