@@ -184,12 +184,11 @@ static ns_pdiff_turn turn_of(const ns_rec_entry *e, const rendered *r, json_t **
     };
 }
 
-/* Compares turn k of session s with turn k-1; appends the JSON of the
+/* Compares turn k of session s (rendered cr) with turn k-1 (pr); appends the JSON of the
  * turn to turns and prints a break. Returns the prefill cost (0: none). */
-static size_t check_turn(const ns_recording *rec, const rendered *rd, const ns_rec_session *s, int k, json_t *turns,
-                         int *n_breaks) {
+static size_t check_turn(const ns_recording *rec, const rendered *pr, const rendered *cr, const ns_rec_session *s,
+                         int k, json_t *turns, int *n_breaks) {
     const ns_rec_entry *pe = &rec->e[s->idx[k - 1]], *ce = &rec->e[s->idx[k]];
-    const rendered *pr = &rd[s->idx[k - 1]], *cr = &rd[s->idx[k]];
     json_t *t = json_pack("{s:i,s:i,s:I}", "turn", k, "record", ce->line, "prompt_tokens", (json_int_t)cr->n_ids);
     const json_t *rc = json_object_get(ce->rec, "cached_tokens");
     if (json_is_integer(rc)) json_object_set(t, "recorded_cached_tokens", (json_t *)rc);
@@ -239,21 +238,19 @@ static size_t check_turn(const ns_recording *rec, const rendered *rd, const ns_r
     return cost;
 }
 
+/* Renders one session's turns in order, keeping two at a time (a long
+ * recording's prompts need not all be in memory at once). */
 static json_t *check_all(ns_api *a, const ns_recording *rec, size_t *total_cost, int *total_breaks) {
-    rendered *rd = calloc((size_t)rec->n, sizeof *rd);
     json_t *sessions = json_array();
-    if (!rd || !sessions) {
-        free(rd);
-        json_decref(sessions);
-        return NULL;
-    }
-    for (int i = 0; i < rec->n; i++) render(a, &rec->e[i], &rd[i]);
+    if (!sessions) return NULL;
     for (int si = 0; si < rec->n_sessions; si++) {
         const ns_rec_session *s = &rec->s[si];
         const ns_rec_entry *first = &rec->e[s->idx[0]];
         printf("session %d: %d turns, %s, from record %d\n", si, s->n, first->endpoint, first->line);
         json_t *turns = json_array();
-        const rendered *r0 = &rd[s->idx[0]];
+        rendered rd[2];
+        render(a, first, &rd[0]);
+        const rendered *r0 = &rd[0];
         json_t *t0 = json_pack("{s:i,s:i,s:I}", "turn", 0, "record", first->line, "prompt_tokens", (json_int_t)r0->n_ids);
         if (!r0->ok) {
             json_object_set_new(t0, "error", json_string(r0->error));
@@ -262,7 +259,12 @@ static json_t *check_all(ns_api *a, const ns_recording *rec, size_t *total_cost,
         json_array_append_new(turns, t0);
         size_t cost = 0;
         int breaks = 0;
-        for (int k = 1; k < s->n; k++) cost += check_turn(rec, rd, s, k, turns, &breaks);
+        for (int k = 1; k < s->n; k++) {
+            render(a, &rec->e[s->idx[k]], &rd[k % 2]);
+            cost += check_turn(rec, &rd[(k - 1) % 2], &rd[k % 2], s, k, turns, &breaks);
+            rendered_free(&rd[(k - 1) % 2]);
+        }
+        rendered_free(&rd[(s->n - 1) % 2]);
         if (breaks == 0 && s->n > 1) printf("  append-only: every turn extends the previous one\n");
         *total_cost += cost;
         *total_breaks += breaks;
@@ -270,8 +272,6 @@ static json_t *check_all(ns_api *a, const ns_recording *rec, size_t *total_cost,
                                                   first->endpoint, "turns", s->n, "breaks", breaks,
                                                   "prefill_tokens_lost", (json_int_t)cost, "turn_results", turns));
     }
-    for (int i = 0; i < rec->n; i++) rendered_free(&rd[i]);
-    free(rd);
     return sessions;
 }
 
