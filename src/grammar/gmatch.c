@@ -56,7 +56,7 @@ struct ns_grammar {
     size_t cap_work, cap_out;
     /* walk scratch: the set at each trie depth */
     int32_t *walk;
-    size_t bytes;
+    size_t bytes, cap_bytes;
     uint64_t mask_hits, mask_misses, resets;
     ns_gmatch *live;
 };
@@ -415,7 +415,7 @@ static ns_status reset_cache(ns_grammar *g) {
 }
 
 static ns_status maybe_reset(ns_grammar *g, ns_error *err) {
-    if (g->bytes <= NS_GMATCH_MAX_BYTES) return NS_OK;
+    if (g->bytes <= g->cap_bytes) return NS_OK;
     if (reset_cache(g) != NS_OK) return ns_fail(err, NS_ERR_NOMEM, "grammar: out of memory while resetting its cache");
     return NS_OK;
 }
@@ -439,6 +439,7 @@ ns_status ns_grammar_new(ns_gnfa *nfa, const ns_gvocab *v, ns_grammar **out, ns_
     g->v = v;
     g->n_nd = 1; /* node 0: the empty stack */
     g->start = -1;
+    g->cap_bytes = NS_GMATCH_MAX_BYTES;
     *out = g;
     return NS_OK;
 }
@@ -471,6 +472,12 @@ void ns_grammar_release(ns_grammar *g) {
 }
 
 const ns_gvocab *ns_grammar_vocab(const ns_grammar *g) { return g->v; }
+
+void ns_grammar_set_memory_cap(ns_grammar *g, size_t bytes) {
+    pthread_mutex_lock(&g->mu);
+    g->cap_bytes = bytes;
+    pthread_mutex_unlock(&g->mu);
+}
 
 void ns_grammar_get_stats(ns_grammar *g, ns_grammar_stats *out) {
     pthread_mutex_lock(&g->mu);

@@ -57,6 +57,9 @@ typedef struct ns_grammar_stats {
     uint64_t mask_hits, mask_misses, resets;
 } ns_grammar_stats;
 void ns_grammar_get_stats(ns_grammar *g, ns_grammar_stats *out);
+/* Overrides the memory cap of the shared automaton (default
+ * NS_GMATCH_MAX_BYTES); tests use a small one to exercise resets. */
+void ns_grammar_set_memory_cap(ns_grammar *g, size_t bytes);
 
 /* A matcher at the grammar's start (holds a reference to g). */
 ns_status ns_gmatch_new(ns_grammar *g, ns_gmatch **out, ns_error *err);

@@ -366,6 +366,27 @@ TEST(masks_match_token_by_token_check_on_qwen3_vocab) {
     printf("#   %d states checked against every token\n", checked);
     CHECKF(bad == 0, "%d mismatches over %d states", bad, checked);
     CHECK(checked >= 20);
+    /* a tiny memory cap: the shared automaton is emptied and rebuilt from
+     * the live matchers' states again and again; masks stay right */
+    char msg[512] = "";
+    ns_grammar *g = compile(v, schemas[0], msg, sizeof msg);
+    CHECKF(g, "%s", msg);
+    if (g) {
+        ns_grammar_set_memory_cap(g, 64 << 10);
+        ns_gmatch *other = NULL; /* a second live matcher, mid-answer, survives the resets */
+        ns_error err2 = {0};
+        CHECK(ns_gmatch_new(g, &other, &err2) == NS_OK);
+        CHECK(other && ns_gmatch_accept_bytes(other, "{\"name\": \"ab", 12));
+        int c2 = 0, b2 = 0;
+        walk_check(g, v, 77, 40, &c2, &b2);
+        ns_grammar_stats st;
+        ns_grammar_get_stats(g, &st);
+        CHECKF(st.resets > 0, "no reset happened (%zu bytes)", st.bytes);
+        CHECKF(b2 == 0, "%d mismatches over %d states with resets", b2, c2);
+        CHECK(other && ns_gmatch_accept_bytes(other, "c\", \"age\": 7}", 13) && ns_gmatch_can_end(other));
+        ns_gmatch_free(other);
+        ns_grammar_release(g);
+    }
     ns_gvocab_free(v);
     ns_tokenizer_free(tok);
 }
