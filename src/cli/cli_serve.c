@@ -571,6 +571,7 @@ int ns_cli_serve(int argc, char **argv) {
     }
     ns_server_stop(srv); /* joins the connection threads */
     srv = NULL;
+    api->recorder = NULL;
     ns_recorder_close(recorder); /* writes what is queued */
     recorder = NULL;
     rc = load_failed ? 1 : 0;

@@ -169,9 +169,12 @@ void ns_recorder_push(ns_recorder *r, char *line, size_t len) {
     len++;
     pthread_mutex_lock(&r->mu);
     if (r->stop || r->n == NS_RECORDER_QUEUE_LINES || len > r->queue_bytes || r->qbytes > r->queue_bytes - len) {
-        r->st.dropped++;
+        uint64_t d = ++r->st.dropped;
         pthread_mutex_unlock(&r->mu);
         free(line);
+        if (d == 1 || d % 1000 == 0) /* the first, then every thousandth: a slow disk must not flood the log */
+            NS_WARN("record: queue full (the disk is slower than the requests): %llu records dropped so far",
+                    (unsigned long long)d);
         return;
     }
     r->q[(r->head + r->n) % NS_RECORDER_QUEUE_LINES] = (qline){line, len};
