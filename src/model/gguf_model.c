@@ -271,6 +271,24 @@ static ns_status rope_config(const ns_gguf *g, const char *arch, ns_model_config
     return rc;
 }
 
+/* qwen3moe: every layer is sparse (llama.cpp has no dense layers in this
+ * architecture), softmax router, top-k weights renormalized. */
+static ns_status moe_config(const ns_gguf *g, const char *arch, ns_model_config *cfg, ns_error *err) {
+    ns_status rc;
+    if ((rc = arch_int(g, arch, "expert_count", 1, 4096, true, &cfg->n_experts, err)) != NS_OK) return rc;
+    if ((rc = arch_int(g, arch, "expert_used_count", 1, 4096, true, &cfg->n_experts_per_tok, err)) != NS_OK) return rc;
+    if ((rc = arch_int(g, arch, "expert_feed_forward_length", 1, 1 << 20, true, &cfg->moe_intermediate_size, err)) !=
+        NS_OK)
+        return rc;
+    if (cfg->n_experts_per_tok > cfg->n_experts)
+        return ns_fail(err, NS_ERR_FORMAT, "%s: expert_used_count %d exceeds expert_count %d", g->path,
+                       cfg->n_experts_per_tok, cfg->n_experts);
+    cfg->decoder_sparse_step = 1;
+    cfg->norm_topk_prob = true;
+    if (cfg->intermediate_size == 0) cfg->intermediate_size = cfg->moe_intermediate_size;
+    return NS_OK;
+}
+
 ns_status ns_gguf_config(const ns_gguf *g, ns_model_config *cfg, ns_error *err) {
     memset(cfg, 0, sizeof *cfg);
     cfg->bos_token_id = -1;
@@ -285,15 +303,25 @@ ns_status ns_gguf_config(const ns_gguf *g, ns_model_config *cfg, ns_error *err) 
         cfg->arch = NS_ARCH_QWEN3;
         cfg->qk_norm = true;
         snprintf(cfg->arch_name, sizeof cfg->arch_name, "Qwen3ForCausalLM");
+    } else if (strcmp(arch, "qwen2") == 0) {
+        cfg->arch = NS_ARCH_QWEN2;
+        cfg->attn_bias = true;
+        snprintf(cfg->arch_name, sizeof cfg->arch_name, "Qwen2ForCausalLM");
+    } else if (strcmp(arch, "qwen3moe") == 0) {
+        cfg->arch = NS_ARCH_QWEN3_MOE;
+        cfg->qk_norm = true;
+        snprintf(cfg->arch_name, sizeof cfg->arch_name, "Qwen3MoeForCausalLM");
     } else {
-        rc = ns_fail(err, NS_ERR_UNSUPPORTED, "%s: GGUF architecture \"%.64s\" is not supported (llama, qwen3)", g->path,
-                     arch);
+        rc = ns_fail(err, NS_ERR_UNSUPPORTED,
+                     "%s: GGUF architecture \"%.64s\" is not supported (llama, qwen2, qwen3, qwen3moe)", g->path, arch);
         free(arch);
         return rc;
     }
 #define TRY(x) do { if ((rc = (x)) != NS_OK) goto done; } while (0)
     TRY(arch_int(g, arch, "embedding_length", 1, 1 << 16, true, &cfg->hidden_size, err));
-    TRY(arch_int(g, arch, "feed_forward_length", 1, 1 << 20, true, &cfg->intermediate_size, err));
+    const bool moe = cfg->arch == NS_ARCH_QWEN3_MOE;
+    TRY(arch_int(g, arch, "feed_forward_length", 1, 1 << 20, !moe, &cfg->intermediate_size, err));
+    if (moe) TRY(moe_config(g, arch, cfg, err));
     TRY(arch_int(g, arch, "block_count", 1, 1024, true, &cfg->n_layers, err));
     TRY(arch_int(g, arch, "attention.head_count", 1, 1024, true, &cfg->n_heads, err));
     cfg->n_kv_heads = cfg->n_heads;
@@ -425,6 +453,52 @@ static ns_status gbind(bind_ctx *b, const char *name, int64_t rows, int64_t cols
     return rc;
 }
 
+/* Expert e of a 3-D expert tensor (ggml ne = [cols, rows, n_experts]). */
+static ns_status bind_expert_stack(bind_ctx *b, const char *name, int64_t rows, int64_t cols, ns_tensor *out) {
+    const int64_t E = b->m->cfg.n_experts;
+    const ns_gguf_tensor *t = ns_gguf_set_find(b->gm->set, name);
+    if (!t) return ns_fail(b->err, NS_ERR_FORMAT, "gguf: missing tensor \"%s\"", name);
+    if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != E)
+        return ns_fail(b->err, NS_ERR_FORMAT, "gguf: tensor \"%s\" has shape [%lld, %lld, %lld] (%u dims), expected [%lld, %lld, %lld]",
+                       name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], t->n_dims, (long long)cols,
+                       (long long)rows, (long long)E);
+    ns_dtype dt;
+    if (!ggml_to_ns(t->type, &dt))
+        return ns_fail(b->err, NS_ERR_UNSUPPORTED, "gguf: tensor \"%s\" is %s", name, ns_ggml_type_name(t->type));
+    mark_used(b, t);
+    ns_backend *be = b->m->be;
+    if (!be) return NS_OK;
+    if (ns_dtype_is_quant(dt) && strcmp(be->ops->name, "cpu") != 0)
+        return ns_fail(b->err, NS_ERR_UNSUPPORTED, "gguf: %s weights are supported on the CPU backend only (not %s)",
+                       ns_ggml_type_name(t->type), be->ops->name);
+    const size_t slice = (size_t)rows * ns_dtype_row_bytes(dt, cols);
+    for (int64_t e = 0; e < E; e++) {
+        ns_status rc = be->ops->weight_from_host(be, &out[e], t->data + (size_t)e * slice, dt, rows, cols, b->err);
+        if (rc != NS_OK) return rc;
+        b->m->weight_bytes += ns_tensor_bytes(&out[e]);
+    }
+    return NS_OK;
+}
+
+/* Router and experts of MoE layer l (blk.l.ffn_{gate_inp,gate_exps,up_exps,down_exps}). */
+static ns_status bind_moe(bind_ctx *b, int32_t l) {
+    const ns_model_config *c = &b->m->cfg;
+    ns_layer_weights *w = &b->m->layers[l];
+    const int64_t H = c->hidden_size, mff = c->moe_intermediate_size, E = c->n_experts;
+    w->experts = calloc((size_t)(3 * E), sizeof *w->experts);
+    if (!w->experts) return ns_fail(b->err, NS_ERR_NOMEM, "out of memory");
+    char name[128];
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+    ns_status rc = gbind(b, name, E, H, &w->router, 0);
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", l);
+    if (rc == NS_OK) rc = bind_expert_stack(b, name, mff, H, w->experts);
+    snprintf(name, sizeof name, "blk.%d.ffn_up_exps.weight", l);
+    if (rc == NS_OK) rc = bind_expert_stack(b, name, mff, H, w->experts + E);
+    snprintf(name, sizeof name, "blk.%d.ffn_down_exps.weight", l);
+    if (rc == NS_OK) rc = bind_expert_stack(b, name, H, mff, w->experts + 2 * E);
+    return rc;
+}
+
 static ns_status bind_layers(bind_ctx *b) {
     const ns_model_config *c = &b->m->cfg;
     const int64_t H = c->hidden_size, q_dim = (int64_t)c->n_heads * c->head_dim,
@@ -450,11 +524,21 @@ static ns_status bind_layers(bind_ctx *b) {
             {"ffn_down.weight", H, ff, &w->w_down, 0},
             {"attn_q_norm.weight", 1, c->head_dim, &w->q_norm, 0},
             {"attn_k_norm.weight", 1, c->head_dim, &w->k_norm, 0},
+            {"attn_q.bias", 1, q_dim, &w->bq, 0},
+            {"attn_k.bias", 1, kv_dim, &w->bk, 0},
+            {"attn_v.bias", 1, kv_dim, &w->bv, 0},
         };
-        int n_items = c->qk_norm ? 11 : 9;
-        for (int i = 0; i < n_items; i++) {
+        const bool moe = ns_config_layer_is_moe(c, l);
+        for (int i = 0; i < 14; i++) {
+            if (moe && i >= 6 && i <= 8) continue;     /* the experts replace the dense MLP */
+            if (!c->qk_norm && (i == 9 || i == 10)) continue;
+            if (!c->attn_bias && i >= 11) continue;
             snprintf(name, sizeof name, "blk.%d.%s", l, items[i].suffix);
             ns_status rc = gbind(b, name, items[i].rows, items[i].cols, items[i].t, items[i].perm);
+            if (rc != NS_OK) return rc;
+        }
+        if (moe) {
+            ns_status rc = bind_moe(b, l);
             if (rc != NS_OK) return rc;
         }
     }
@@ -560,6 +644,7 @@ static ns_status open_model(const char *path, ns_model *m, ns_error *err) {
     if (!gm->used || !m->layers) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
     m->dir = strdup(path);
     if (!m->dir) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+    if (m->be && (rc = ns_model_check_backend(&m->cfg, m->be, err)) != NS_OK) return rc;
     bind_ctx b = {m, gm, err};
     rc = bind_all(&b);
     if (rc == NS_OK) m->fingerprint = fingerprint(gm->set, &m->cfg);

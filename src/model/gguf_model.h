@@ -4,7 +4,9 @@
  * Accepted paths: a .gguf file (or any file starting with the GGUF magic); the first shard of a split model
  * (NAME-00001-of-0000N.gguf, the other shards beside it); or a directory
  * without config.json that holds exactly one model (one .gguf, or the
- * shards of one). Architectures: llama and qwen3 (general.architecture).
+ * shards of one). Architectures (general.architecture): llama, qwen2 (q/k/v
+ * biases), qwen3 (q/k norms) and qwen3moe (every layer a softmax-routed
+ * mixture of experts, top-k weights renormalized, as llama.cpp runs it).
  *
  * Weights: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, used in place
  * from the memory map where the backend allows (the CPU backend computes
