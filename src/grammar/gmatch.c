@@ -45,6 +45,7 @@ struct ns_grammar {
     bool *set_end;
     int8_t *set_loop; /* loops on every plain string byte: 1 yes, 0 no, -1 not known yet */
     int8_t *set_uloop; /* ... and on every whole UTF-8 character (same encoding) */
+    int16_t *set_prun; /* plain-byte run: see plain_run; -1 not known yet */
     uint32_t n_set, cap_set;
     uint32_t *items;
     size_t n_items, cap_items;
@@ -264,6 +265,8 @@ static int32_t set_intern(ns_grammar *g, size_t n) {
     if (!grow_arr((void **)&g->set_loop, &c, need, sizeof(int8_t), &b)) return -1;
     c = g->cap_set;
     if (!grow_arr((void **)&g->set_uloop, &c, need, sizeof(int8_t), &b)) return -1;
+    c = g->cap_set;
+    if (!grow_arr((void **)&g->set_prun, &c, need, sizeof(int16_t), &b)) return -1;
     g->cap_set = c;
     g->bytes += b;
     uint32_t s = g->n_set++;
@@ -276,6 +279,7 @@ static int32_t set_intern(ns_grammar *g, size_t n) {
     g->set_end[s] = n > 0 && g->out[0] == 0;
     g->set_loop[s] = -1;
     g->set_uloop[s] = -1;
+    g->set_prun[s] = -1;
     g->set_ht[h] = s + 1;
     return (int32_t)s;
 }
@@ -461,6 +465,7 @@ void ns_grammar_release(ns_grammar *g) {
     free(g->set_end);
     free(g->set_loop);
     free(g->set_uloop);
+    free(g->set_prun);
     free(g->items);
     free(g->set_ht);
     free(g->work);
@@ -553,6 +558,114 @@ static int loops_utf8(ns_grammar *g, int32_t s) {
     return r;
 }
 
+/* Plain-byte runs. When every plain string byte takes set s to one and
+ * the same live set (s itself inside an unbounded string, the next
+ * position inside a length-bounded one), the state after k plain bytes
+ * does not depend on which bytes they are. plain_run(s) is how many such
+ * uniform steps stay alive from s: PRUN_INF when the chain returns to a
+ * set already on it (it never dies), else the count k (0..PRUN_MAX) and
+ * *dead says whether the chain then dies on every plain byte (tokens of k
+ * plain bytes or fewer are allowed, longer ones not) rather than stops
+ * being uniform (unknown: walk). Chains longer than PRUN_MAX count as
+ * PRUN_MAX, not dead. Returns -1 on an automaton failure. */
+#define PRUN_INF 32767
+#define PRUN_MAX 4096
+#define PRUN_DEAD 0x4000 /* flag in set_prun: the chain ends dead */
+
+/* The common target of every plain byte from s: a set, T_DEAD when all
+ * die, -3 when they differ, < -3 on failure. */
+static int32_t plain_next(ns_grammar *g, int32_t s) {
+    int32_t t0 = -5;
+    for (int b = 0x20; b <= 0x7F; b++) {
+        if (!ns_gvocab_plain_byte((uint8_t)b)) continue;
+        int32_t t = step(g, s, (uint8_t)b);
+        if (t < T_DEAD) return -4;
+        if (t0 == -5) t0 = t;
+        else if (t != t0) return -3;
+    }
+    return t0;
+}
+
+static int plain_run(ns_grammar *g, int32_t s, bool *dead) {
+    int16_t known = g->set_prun[s];
+    if (known < 0) {
+        /* follow the chain (at most PRUN_MAX steps), then fill it backwards */
+        int32_t chain[65];
+        int n = 0, val = 0;
+        bool ends_dead = false;
+        int32_t cur = s;
+        for (;;) {
+            int16_t k = g->set_prun[cur];
+            if (k >= 0) {
+                val = k == PRUN_INF ? PRUN_INF : (k & ~PRUN_DEAD);
+                ends_dead = k != PRUN_INF && (k & PRUN_DEAD);
+                break;
+            }
+            int32_t t = plain_next(g, cur);
+            if (t < -3) {
+                for (int j = 0; j < n; j++) g->set_prun[chain[j]] = -1; /* drop the on-chain marks */
+                return -1;
+            }
+            if (t == -3 || t == T_DEAD) {
+                g->set_prun[cur] = (int16_t)(t == T_DEAD ? PRUN_DEAD : 0);
+                val = 0;
+                ends_dead = t == T_DEAD;
+                break;
+            }
+            if (t == cur) {
+                g->set_prun[cur] = PRUN_INF;
+                val = PRUN_INF;
+                break;
+            }
+            if (n == 64) { /* long chain: memoize in pieces */
+                int r = plain_run(g, t, dead);
+                if (r < 0) {
+                    for (int j = 0; j < n; j++) g->set_prun[chain[j]] = -1;
+                    return -1;
+                }
+                val = r;
+                ends_dead = *dead;
+                chain[n++] = cur;
+                break;
+            }
+            g->set_prun[cur] = PRUN_INF; /* on the stack: a cycle back here never dies */
+            chain[n++] = cur;
+            cur = t;
+        }
+        for (int j = n - 1; j >= 0; j--) {
+            if (val != PRUN_INF) val = val + 1 > PRUN_MAX ? PRUN_MAX : val + 1;
+            if (val == PRUN_MAX) ends_dead = false;
+            g->set_prun[chain[j]] = (int16_t)(val == PRUN_INF ? PRUN_INF : (val | (ends_dead ? PRUN_DEAD : 0)));
+        }
+        known = g->set_prun[s];
+    }
+    if (known == PRUN_INF) {
+        *dead = false;
+        return PRUN_INF;
+    }
+    *dead = (known & PRUN_DEAD) != 0;
+    return known & ~PRUN_DEAD;
+}
+
+/* Sets the bits of the tokens of node i's subtree no deeper than levels
+ * below it (levels 1: node i's own tokens). */
+static void allow_subtree(const ns_gvocab *v, uint32_t i, int levels, uint32_t *mask) {
+    if (levels >= v->height[i]) {
+        for (uint32_t k = v->tok_start[i], e = v->tok_start[v->end[i]]; k < e; k++)
+            mask[v->sub_toks[k] >> 5] |= 1u << (v->sub_toks[k] & 31);
+        return;
+    }
+    const uint32_t lim = v->depth[i] + (uint32_t)levels - 1;
+    for (uint32_t j = i, e = v->end[i]; j < e;) {
+        if (v->depth[j] > lim) {
+            j = v->end[j];
+            continue;
+        }
+        for (int32_t k = v->tok[j]; k >= 0; k = v->dup[k]) mask[k >> 5] |= 1u << (k & 31);
+        j++;
+    }
+}
+
 /* The mask of set s, computed by walking the vocabulary trie. */
 static ns_status compute_mask(ns_grammar *g, int32_t s, uint32_t *mask, ns_error *err) {
     const ns_gvocab *v = g->v;
@@ -562,12 +675,20 @@ static ns_status compute_mask(ns_grammar *g, int32_t s, uint32_t *mask, ns_error
     const uint32_t nn = v->n_nodes;
     for (uint32_t i = 0; i < nn;) {
         int32_t from = at[v->depth[i] - 1];
-        if (v->sok[i]) {
-            int lp = v->plain[i] ? loops_plain(g, from) : loops_utf8(g, from);
+        if (v->plain[i]) { /* a subtree of plain bytes: decided by the run from here */
+            bool dead;
+            int r = plain_run(g, from, &dead);
+            if (r < 0) return ns_fail(err, NS_ERR_NOMEM, "grammar: out of memory");
+            if (r >= v->height[i] || dead) {
+                allow_subtree(v, i, r, mask);
+                i = v->end[i];
+                continue;
+            }
+        } else if (v->sok[i]) {
+            int lp = loops_utf8(g, from);
             if (lp < 0) return ns_fail(err, NS_ERR_NOMEM, "grammar: out of memory");
-            if (lp) { /* every token below stays in this state (or inside a character) */
-                for (uint32_t k = v->tok_start[i], e = v->tok_start[v->end[i]]; k < e; k++)
-                    mask[v->sub_toks[k] >> 5] |= 1u << (v->sub_toks[k] & 31);
+            if (lp) { /* every token below returns to this state (or stays inside a character) */
+                allow_subtree(v, i, PRUN_INF, mask);
                 i = v->end[i];
                 continue;
             }

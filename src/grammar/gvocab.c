@@ -26,6 +26,7 @@ void ns_gvocab_free(ns_gvocab *v) {
     free(v->dup);
     free(v->plain);
     free(v->sok);
+    free(v->height);
     free(v->tok_start);
     free(v->sub_toks);
     free(v);
@@ -100,6 +101,27 @@ static ns_status subtree_tables(ns_gvocab *v, int32_t n_tok) {
         }
     }
     free(path);
+    /* height: the deepest node below minus this one's depth, plus one */
+    v->height = malloc((size_t)(nn ? nn : 1) * sizeof(uint16_t));
+    uint32_t *stack = malloc(((size_t)v->max_depth + 1) * sizeof(uint32_t));
+    if (!v->height || !stack) {
+        free(stack);
+        return NS_ERR_NOMEM;
+    }
+    uint32_t sp = 0;
+    for (uint32_t i = 0; i < nn; i++) {
+        v->height[i] = 1;
+        while (sp > 0 && v->depth[stack[sp - 1]] >= v->depth[i]) sp--;
+        /* every open ancestor a at depth d_a now reaches depth[i] */
+        for (uint32_t a = sp; a > 0; a--) {
+            uint32_t p = stack[a - 1];
+            uint16_t h = (uint16_t)(v->depth[i] - v->depth[p] + 1);
+            if (v->height[p] >= h) break; /* its ancestors already reach deeper */
+            v->height[p] = h;
+        }
+        stack[sp++] = i;
+    }
+    free(stack);
     return NS_OK;
 }
 

@@ -53,6 +53,7 @@ typedef struct ns_gvocab {
      * last one possibly cut at the token's end), so a state that returns
      * to itself after any such character allows the subtree whole */
     uint8_t *sok;
+    uint16_t *height; /* [n_nodes] levels of node i's subtree (1: a leaf) */
     uint32_t *tok_start; /* [n_nodes + 1] */
     int32_t *sub_toks;
     uint16_t max_depth;

@@ -324,6 +324,25 @@ static void walk_check(ns_grammar *g, const ns_gvocab *v, uint64_t seed, int ste
     ns_gmatch_free(m);
 }
 
+/* The mask after prefix against the token-by-token answer; mismatches. */
+static int check_state(ns_grammar *g, const ns_gvocab *v, const char *prefix) {
+    ns_gmatch *m = NULL;
+    ns_error err = {0};
+    if (ns_gmatch_new(g, &m, &err) != NS_OK) return 1;
+    int bad = 0;
+    if (!ns_gmatch_accept_bytes(m, prefix, strlen(prefix)) || ns_gmatch_fill_mask(m, &err) != NS_OK) bad++;
+    const uint32_t *mask = bad ? NULL : ns_gmatch_mask(m);
+    for (int32_t t = 0; mask && t < v->n_vocab; t++) {
+        bool bit = (mask[t >> 5] >> (t & 31)) & 1;
+        bool want = ns_gvocab_is_eos(v, t) ? ns_gmatch_can_end(m)
+                    : v->len[t] ? ns_gmatch_would_accept_bytes(m, (const char *)v->bytes + v->off[t], v->len[t])
+                                : false;
+        if (bit != want && bad++ < 3) printf("#   after '%s': token %d mask %d, brute force %d\n", prefix, t, bit, want);
+    }
+    ns_gmatch_free(m);
+    return bad;
+}
+
 TEST(masks_match_token_by_token_check_on_qwen3_vocab) {
     ns_tokenizer *tok = NULL;
     ns_error err = {0};
@@ -350,6 +369,7 @@ TEST(masks_match_token_by_token_check_on_qwen3_vocab) {
         "\"b\"]},\"maxItems\":3}},\"required\":[\"name\",\"age\"],\"additionalProperties\":false}",
         "{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"string\",\"pattern\":\"^x[0-9]+$\"},{\"type\":\"boolean\"}]}",
         "{\"type\":\"object\"}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":5},\"maxItems\":3}",
     };
     int checked = 0, bad = 0;
     for (size_t i = 0; i < sizeof schemas / sizeof schemas[0]; i++) {
@@ -362,6 +382,27 @@ TEST(masks_match_token_by_token_check_on_qwen3_vocab) {
         ns_grammar_get_stats(g, &st);
         CHECK(st.mask_misses > 0);
         ns_grammar_release(g);
+    }
+    /* chosen states: inside length-bounded strings at every position,
+     * unbounded strings, a pattern, escapes, UTF-8 mid-character */
+    {
+        char msg[512] = "";
+        ns_grammar *g = compile(v,
+                                "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"minLength\":2,"
+                                "\"maxLength\":6},\"b\":{\"type\":\"string\"},\"c\":{\"type\":\"string\",\"pattern\":"
+                                "\"^[a-c]+x$\"}},\"required\":[\"a\",\"b\",\"c\"]}",
+                                msg, sizeof msg);
+        CHECKF(g, "%s", msg);
+        static const char *const prefixes[] = {
+            "{\"a\":\"",       "{\"a\":\"x",          "{\"a\":\"xy",          "{\"a\":\"xyz",
+            "{\"a\":\"xyzw",   "{\"a\":\"xyzwv",      "{\"a\":\"xyzwvu",      "{\"a\":\"\xc3",
+            "{\"a\":\"x\\",  "{\"a\":\"ab\",\"b\":\"", "{\"a\":\"ab\",\"b\":\"\xe4\xbd", "{\"a\":\"ab\",\"b\":\"q\",\"c\":\"ab",
+        };
+        for (size_t k = 0; g && k < sizeof prefixes / sizeof prefixes[0]; k++) {
+            bad += check_state(g, v, prefixes[k]);
+            checked++;
+        }
+        if (g) ns_grammar_release(g);
     }
     printf("#   %d states checked against every token\n", checked);
     CHECKF(bad == 0, "%d mismatches over %d states", bad, checked);
