@@ -306,6 +306,7 @@ test('output_config.format json_schema: the reply is valid JSON for the schema (
     const m = await client.messages.create({
       model: 'tiny-qwen3',
       max_tokens: 600,
+      temperature: 0, // greedy: deterministic (sampled whitespace can run past any limit)
       output_config: { format: { type: 'json_schema', schema } },
       thinking: { type: 'disabled' },
       messages: [{ role: 'user', content: `answer ${i}` }],
