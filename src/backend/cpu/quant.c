@@ -16,7 +16,9 @@
  */
 #include "backend/cpu/quant.h"
 
+#include <float.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_internal.h"
@@ -167,7 +169,18 @@ size_t ns_quant_act_row_bytes(ns_dtype dt, int64_t n) {
 static void act_q8_0(const float *x, uint8_t *b, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += QK, b += Q8_0_BYTES) {
         float amax = 0;
-        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+        bool finite = true;
+        for (int j = 0; j < QK; j++) {
+            finite &= fabsf(x[j]) <= FLT_MAX;
+            amax = fmaxf(amax, fabsf(x[j]));
+        }
+        if (!finite) { /* NaN scale, zero codes: the products stay NaN (a
+                        * corrupt model's NaN reaches the logits, where the
+                        * engine reports it) and no NaN is cast to int8 */
+            memset(b, 0, Q8_0_BYTES);
+            b[0] = 0x00, b[1] = 0x7e;
+            continue;
+        }
         const float d = amax / 127.f, id = amax != 0 ? 127.f / amax : 0.f;
         uint16_t h = ns_fp32_to_fp16(d);
         memcpy(b, &h, 2);
@@ -180,15 +193,22 @@ static void act_q8_0(const float *x, uint8_t *b, int64_t nb) {
 static void act_q8_k(const float *x, uint8_t *b, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += QKK, b += Q8_K_BYTES) {
         float amax = 0, mx = 0;
-        for (int j = 0; j < QKK; j++)
+        bool finite = true;
+        for (int j = 0; j < QKK; j++) {
+            finite &= fabsf(x[j]) <= FLT_MAX;
             if (fabsf(x[j]) > amax) {
                 amax = fabsf(x[j]);
                 mx = x[j];
             }
+        }
         int8_t *q = (int8_t *)(b + 4);
         int16_t bs[16];
-        if (amax == 0) {
+        if (amax == 0 || !finite) { /* zero, or NaN scale (see act_q8_0) */
             memset(b, 0, Q8_K_BYTES);
+            if (!finite) {
+                const float nan = NAN;
+                memcpy(b, &nan, 4);
+            }
             continue;
         }
         const float iscale = -127.f / mx;

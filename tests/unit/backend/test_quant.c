@@ -218,11 +218,29 @@ TEST(reference_weight_quantizers) {
     for (int i = 0; i < 64; i++) CHECK(fabsf(x[i] - y[i]) <= 1.0f / 8 * 1.01f);
 }
 
+/* A NaN or Inf activation (a corrupt model) makes the product NaN, and is
+ * never cast to an 8-bit code (undefined behaviour; found by fuzz_gguf). */
+TEST(non_finite_activations) {
+    const ns_dtype types[] = {NS_DT_Q8_0, NS_DT_Q4_0, NS_DT_Q4_K, NS_DT_Q5_K, NS_DT_Q6_K};
+    static uint8_t w[2048], act[2048];
+    static float x[256];
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        for (int k = 0; k < 2; k++) {
+            random_blocks(types[t], w, 256);
+            for (int i = 0; i < 256; i++) x[i] = frnd();
+            x[17] = k ? INFINITY : NAN;
+            ns_quant_act_row(types[t], x, act, 256);
+            CHECKF(isnan(ns_quant_dot(types[t], w, act, 256)), "%s", ns_dtype_name(types[t]));
+        }
+    }
+}
+
 int main(void) {
     RUN(dot_matches_dequantized);
     RUN(activation_quantization_error);
     RUN(dequant_layouts);
     RUN(fp16_conversion);
     RUN(reference_weight_quantizers);
+    RUN(non_finite_activations);
     TEST_MAIN_END;
 }
