@@ -25,6 +25,13 @@ typedef struct chat_job {
     size_t sent_args[NS_TOOL_MAX_CALLS];
 } chat_job;
 
+/* Thinking switched off: the prompt ends with a closed <think></think>,
+ * as Qwen3's template renders enable_thinking false. */
+static bool prompt_closes_think(const char *t, size_t n) {
+    while (n > 0 && (t[n - 1] == '\n' || t[n - 1] == ' ' || t[n - 1] == '\r' || t[n - 1] == '\t')) n--;
+    return n >= 8 && !memcmp(t + n - 8, "</think>", 8);
+}
+
 bool ns_chat_gen_prepare(ns_gen_job *gj, json_t *chat_body, ns_chat_prompt *cp, ns_gen_opts *o, ns_http_error *e) {
     ns_api *a = gj->a;
     if (!ns_chat_prompt_build(a, chat_body, true, cp, e)) return false;
@@ -36,17 +43,13 @@ bool ns_chat_gen_prepare(ns_gen_job *gj, json_t *chat_body, ns_chat_prompt *cp, 
     gj->n_prompt = cp->n_ids;
     o->reasoning = a->reasoning;
     o->in_think = a->reasoning && ns_reason_prompt_opens_think(cp->text, cp->len);
+    o->think_closed = a->reasoning && !o->in_think && prompt_closes_think(cp->text, cp->len);
     o->toolfmt = cp->tools_enabled ? a->toolfmt : NS_TOOLFMT_NONE;
     o->tool_names = cp->tool_names;
     o->n_tool_names = cp->n_tools;
     o->tools = json_object_get(chat_body, "tools");
     o->max_calls = cp->single_call ? 1 : 0;
     return true;
-}
-
-static bool prompt_closes_think(const char *t, size_t n) {
-    while (n > 0 && (t[n - 1] == '\n' || t[n - 1] == ' ' || t[n - 1] == '\r' || t[n - 1] == '\t')) n--;
-    return n >= 8 && !memcmp(t + n - 8, "</think>", 8);
 }
 
 /* Structured output of a chat request: response_format json_object /
@@ -67,14 +70,7 @@ static bool chat_structured(ns_gen_job *gj, ns_gen_opts *o, ns_http_error *e) {
         }
         spec = tc;
     }
-    /* thinking switched off (the prompt ends with a closed <think></think>,
-     * as Qwen3's template renders enable_thinking false): the answer
-     * starts at once, no reasoning block is allowed before it */
-    ns_gen_opts so = *o;
-    if (o->reasoning && !o->in_think && prompt_closes_think(j->cp.text, j->cp.len)) so.reasoning = false;
-    if (!ns_structured_attach(gj->a, &spec, &so, e)) return false;
-    o->rp.grammar = so.rp.grammar;
-    return true;
+    return ns_structured_attach(gj->a, &spec, o, e);
 }
 
 static bool chat_prepare(ns_gen_job *gj, ns_gen_opts *o, ns_http_error *e) {

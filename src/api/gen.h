@@ -56,6 +56,8 @@ typedef struct ns_gen_opts {
     int n_stops;
     bool reasoning;   /* split <think> blocks */
     bool in_think;    /* the prompt left a <think> open */
+    bool think_closed; /* the prompt ends with a closed <think></think> (thinking
+                        * switched off): structured output starts at once */
     ns_toolfmt toolfmt;
     const char *const *tool_names;
     int n_tool_names;

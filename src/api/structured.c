@@ -64,7 +64,7 @@ static uint32_t think_body(ns_gnfa *n, uint32_t s) {
 /* The reasoning block the answer may (or must) start with, from s. */
 static uint32_t think_prefix(ns_gnfa *n, uint32_t s, const ns_gen_opts *o) {
     if (o->in_think) return ns_gnfa_ws(n, think_body(n, s));
-    if (!o->reasoning) return s;
+    if (!o->reasoning || o->think_closed) return s;
     uint32_t e = ns_gnfa_state(n);
     ns_gnfa_eps(n, s, e);
     ns_gnfa_eps(n, ns_gnfa_ws(n, think_body(n, ns_gnfa_lits(n, s, "<think>"))), e);
@@ -177,7 +177,7 @@ static bool build(ns_gnfa *n, const ns_struct_spec *sp, const ns_gen_opts *o, ns
 /* The cache key of a spec: everything the grammar depends on. */
 static char *spec_key(const ns_struct_spec *sp, const ns_gen_opts *o, ns_toolfmt fmt) {
     json_t *k = json_pack("{s:i,s:i,s:i,s:b,s:b,s:O?,s:O?,s:s?}", "kind", (int)sp->kind, "fmt", (int)fmt, "calls", o->max_calls, "reasoning",
-                          o->reasoning, "in_think", o->in_think, "schema", (json_t *)sp->schema, "tools",
+                          o->reasoning && !o->think_closed, "in_think", o->in_think, "schema", (json_t *)sp->schema, "tools",
                           (json_t *)sp->tools, "name", sp->tool_name);
     char *s = k ? json_dumps(k, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(k);

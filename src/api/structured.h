@@ -21,6 +21,8 @@
  * `<think>...</think>` (or, when the prompt already opened <think>
  * (o->in_think), free text up to `</think>`) — and the constrained output
  * starts after it: reasoning is never constrained, the answer always is.
+ * When the prompt already closed an empty block (o->think_closed: thinking
+ * switched off) the answer starts at once.
  *
  * Ownership: on success the compiled grammar's matcher is stored in
  * o->rp.grammar and belongs to o until ns_gen_start hands it to the
@@ -64,8 +66,9 @@ typedef struct ns_struct_spec {
 } ns_struct_spec;
 
 /* Compiles the spec and stores its matcher in o->rp.grammar (see above).
- * NS_STRUCT_NONE: nothing to do, true. Reads o->toolfmt, o->reasoning and
- * o->in_think, so call it after those are set. False with e set. */
+ * NS_STRUCT_NONE: nothing to do, true. Reads o->toolfmt, o->reasoning,
+ * o->in_think, o->think_closed and o->max_calls, so call it after those
+ * are set (ns_chat_gen_prepare sets them for chat-shaped requests). False with e set. */
 bool ns_structured_attach(ns_api *a, const ns_struct_spec *spec, ns_gen_opts *o, ns_http_error *e);
 /* Reads body's "response_format" (OpenAI chat / completions) into spec:
  * absent, null or {"type": "text"} -> NS_STRUCT_NONE; {"type":

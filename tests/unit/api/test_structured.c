@@ -78,6 +78,15 @@ TEST(schema_answer_and_reasoning_block) {
         REJECT(m, "{\"x\":3}");
         ns_structured_detach(&o2);
     }
+    /* thinking switched off (the prompt closed an empty block): at once */
+    ns_gen_opts oc = {.reasoning = true, .think_closed = true};
+    m = attach(&sp, &oc, &e);
+    CHECKF(m, "%s", e.message);
+    if (m) {
+        REJECT(m, "<think></think>{\"x\":1}");
+        ACCEPT(m, "{\"x\":5}");
+        ns_structured_detach(&oc);
+    }
     /* no reasoning: the answer at once */
     ns_gen_opts o3 = {0};
     m = attach(&sp, &o3, &e);
