@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/buf.h"
+
 ns_rec_api ns_rec_api_of(const char *ep) {
     if (!ep) return NS_REC_OTHER;
     if (strcmp(ep, "/v1/chat/completions") == 0) return NS_REC_CHAT;
@@ -193,31 +195,43 @@ fail:
     return rc;
 }
 
+/* Reads one line (without its newline) into b, whose cap bounds it.
+ * 1: a line; 0: end of file; -1: over the cap; -2: read error. */
+static int read_line(FILE *f, ns_buf *b) {
+    char chunk[65536];
+    ns_buf_reset(b);
+    bool any = false;
+    while (fgets(chunk, sizeof chunk, f)) {
+        any = true;
+        size_t n = strlen(chunk);
+        bool nl = n > 0 && chunk[n - 1] == '\n';
+        if (ns_buf_append(b, chunk, nl ? n - 1 : n) != NS_OK) return -1;
+        if (nl) return 1;
+    }
+    if (ferror(f)) return -2;
+    return any ? 1 : 0;
+}
+
 ns_status ns_recording_load(const char *path, ns_recording *out, ns_error *err) {
     memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "r");
     if (!f) return ns_fail(err, NS_ERR_IO, "%s: cannot open", path);
     json_t **recs = NULL;
-    int n = 0, cap = 0, lineno = 0;
-    char *line = NULL;
-    size_t lcap = 0;
-    ssize_t len;
+    int n = 0, cap = 0, lineno = 0, got;
+    ns_buf line;
+    ns_buf_init(&line, NS_RECORDING_MAX_LINE);
     ns_status rc = NS_OK;
-    while ((len = getline(&line, &lcap, f)) >= 0) {
+    while ((got = read_line(f, &line)) == 1) {
         lineno++;
-        if ((size_t)len > NS_RECORDING_MAX_LINE) {
-            rc = ns_fail(err, NS_ERR_RANGE, "%s:%d: line longer than %zu bytes", path, lineno, NS_RECORDING_MAX_LINE);
-            goto done;
-        }
-        size_t k = (size_t)len;
-        while (k && (line[k - 1] == '\n' || line[k - 1] == '\r' || line[k - 1] == ' ')) k--;
+        size_t k = line.len;
+        while (k && (line.data[k - 1] == '\r' || line.data[k - 1] == ' ')) k--;
         if (k == 0) continue;
         if (n >= NS_RECORDING_MAX_RECORDS) {
             rc = ns_fail(err, NS_ERR_RANGE, "%s: more than %d records", path, NS_RECORDING_MAX_RECORDS);
             goto done;
         }
         json_error_t je;
-        json_t *v = json_loadb(line, k, JSON_REJECT_DUPLICATES, &je);
+        json_t *v = json_loadb(line.data, k, JSON_REJECT_DUPLICATES, &je);
         if (!json_is_object(v)) {
             json_decref(v);
             rc = ns_fail(err, NS_ERR_FORMAT, "%s:%d: not a JSON object (%s)", path, lineno,
@@ -237,9 +251,12 @@ ns_status ns_recording_load(const char *path, ns_recording *out, ns_error *err) 
         }
         recs[n++] = v;
     }
-    if (ferror(f)) rc = ns_fail(err, NS_ERR_IO, "%s: read error", path);
+    if (got == -1)
+        rc = ns_fail(err, NS_ERR_RANGE, "%s:%d: line longer than %zu bytes", path, lineno + 1, NS_RECORDING_MAX_LINE);
+    else if (got == -2)
+        rc = ns_fail(err, NS_ERR_IO, "%s: read error", path);
 done:
-    free(line);
+    ns_buf_free(&line);
     fclose(f);
     if (rc == NS_OK) rc = ns_recording_from(recs, n, out, err);
     else
