@@ -61,13 +61,24 @@ static uint32_t think_body(ns_gnfa *n, uint32_t s) {
     return done;
 }
 
+/* After "</think>": up to two newlines (Qwen3 writes "</think>\n\n",
+ * one token); the answer's own bounded whitespace follows (build()). */
+static uint32_t after_think(ns_gnfa *n, uint32_t s) {
+    uint32_t e = ns_gnfa_state(n);
+    ns_gnfa_eps(n, s, e);
+    uint32_t a = ns_gnfa_lits(n, s, "\n");
+    ns_gnfa_eps(n, a, e);
+    ns_gnfa_eps(n, ns_gnfa_lits(n, a, "\n"), e);
+    return e;
+}
+
 /* The reasoning block the answer may (or must) start with, from s. */
 static uint32_t think_prefix(ns_gnfa *n, uint32_t s, const ns_gen_opts *o) {
-    if (o->in_think) return ns_gnfa_ws(n, think_body(n, s));
+    if (o->in_think) return after_think(n, think_body(n, s));
     if (!o->reasoning || o->think_closed) return s;
     uint32_t e = ns_gnfa_state(n);
     ns_gnfa_eps(n, s, e);
-    ns_gnfa_eps(n, ns_gnfa_ws(n, think_body(n, ns_gnfa_lits(n, s, "<think>"))), e);
+    ns_gnfa_eps(n, after_think(n, think_body(n, ns_gnfa_lits(n, s, "<think>"))), e);
     return e;
 }
 

@@ -75,6 +75,8 @@ TEST(schema_answer_and_reasoning_block) {
     CHECKF(m, "%s", e.message);
     if (m) {
         ACCEPT(m, "some thoughts</think>\n{\"x\":3}");
+        ACCEPT(m, "some thoughts</think>\n\n{\"x\":3}");
+        REJECT(m, "some thoughts</think>\n\n\n\n{\"x\":3}"); /* bounded */
         REJECT(m, "{\"x\":3}");
         ns_structured_detach(&o2);
     }
