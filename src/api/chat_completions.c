@@ -36,7 +36,7 @@ bool ns_chat_gen_prepare(ns_gen_job *gj, json_t *chat_body, ns_chat_prompt *cp, 
     ns_api *a = gj->a;
     if (!ns_chat_prompt_build(a, chat_body, true, cp, e)) return false;
     if (cp->too_long) {
-        ns_api_context_error(a, (int64_t)cp->n_ids, true, "messages", e);
+        ns_api_context_error(a, (int64_t)cp->n_ids, true, gj->ep->prompt_param, e); /* "messages" / "input" */
         return false;
     }
     gj->prompt = cp->ids;
