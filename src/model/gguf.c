@@ -329,6 +329,8 @@ static ns_status parse_tensors(ns_gguf *g, rd *r) {
     /* Data section: header end rounded up to the alignment. */
     uint64_t a = g->alignment, end = r->pos;
     uint64_t data = (end + a - 1) / a * a;
+    /* A file without tensors (a vocabulary-only GGUF) needs no padding. */
+    if (data > r->size && g->n_tensors == 0) data = r->size;
     if (data > r->size)
         return ns_fail(r->err, NS_ERR_FORMAT, "%s: truncated: data section would start at %llu, file has %zu bytes",
                        g->path, (unsigned long long)data, r->size);

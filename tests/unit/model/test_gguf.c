@@ -8,6 +8,9 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <jansson.h>
+#include <utf8proc.h>
+
 #include "engine/runner.h"
 #include "model/gguf.h"
 #include "model/gguf_model.h"
@@ -481,6 +484,132 @@ TEST(model_binding_errors) {
     remove(bad);
 }
 
+/* gpt2-style vocabularies: the tiny-qwen3 tokenizer.json (Qwen's 151k
+ * byte-level BPE) written into GGUF metadata the way llama.cpp's converter
+ * does (tokens by id, merges, pre-tokenizer "qwen2", added special tokens as
+ * CONTROL, other added tokens USER_DEFINED, the chat template), then the
+ * tokenizer we build from it against Hugging Face's ids for the golden
+ * texts (goldens/tokenizer-tiny-qwen3.json). Qwen's tokenizer.json NFC-
+ * normalizes and llama.cpp does not: texts that NFC changes are skipped. */
+static void kv_str_arr(wbuf *w, const char *k, json_t *const *items, size_t n) {
+    str(w, k);
+    u32(w, NS_GGUF_ARRAY);
+    u32(w, NS_GGUF_STRING);
+    u64(w, n);
+    for (size_t i = 0; i < n; i++) {
+        const char *v = items[i] ? json_string_value(items[i]) : "";
+        size_t l = items[i] ? json_string_length(items[i]) : 0;
+        u64(w, l);
+        put(w, v, l);
+    }
+}
+
+TEST(gpt2_tokenizer_matches_hf) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s", test_shared_path("models/tiny-qwen3/tokenizer.json"));
+    json_error_t je;
+    json_t *tj = json_load_file(p, 0, &je);
+    snprintf(p, sizeof p, "%s", test_shared_path("models/tiny-qwen3/tokenizer_config.json"));
+    json_t *cj = json_load_file(p, 0, &je);
+    snprintf(p, sizeof p, "%s", test_shared_path("goldens/tokenizer-tiny-qwen3.json"));
+    json_t *gj = json_load_file(p, 0, &je);
+    CHECK(tj && cj && gj);
+    if (!tj || !cj || !gj) goto done;
+    json_t *vocab = json_object_get(json_object_get(tj, "model"), "vocab"), *added = json_object_get(tj, "added_tokens");
+    size_t n = 0, i;
+    const char *key;
+    json_t *v;
+    json_object_foreach(vocab, key, v) if ((size_t)json_integer_value(v) + 1 > n) n = (size_t)json_integer_value(v) + 1;
+    json_array_foreach(added, i, v) {
+        size_t id = (size_t)json_integer_value(json_object_get(v, "id"));
+        if (id + 1 > n) n = id + 1;
+    }
+    json_t **toks = calloc(n, sizeof *toks);
+    int32_t *types = calloc(n, sizeof *types);
+    json_object_foreach(vocab, key, v) {
+        toks[json_integer_value(v)] = json_string(key);
+        types[json_integer_value(v)] = 1;
+    }
+    json_array_foreach(added, i, v) {
+        size_t id = (size_t)json_integer_value(json_object_get(v, "id"));
+        json_decref(toks[id]);
+        toks[id] = json_incref(json_object_get(v, "content"));
+        types[id] = json_is_true(json_object_get(v, "special")) ? 3 : 4;
+    }
+    json_t *merges = json_object_get(json_object_get(tj, "model"), "merges");
+    size_t nm = json_array_size(merges);
+    json_t **ms = calloc(nm + 1, sizeof *ms);
+    json_array_foreach(merges, i, v) {
+        if (json_is_string(v)) {
+            ms[i] = json_incref(v);
+        } else {
+            char buf[1024];
+            snprintf(buf, sizeof buf, "%s %s", json_string_value(json_array_get(v, 0)), json_string_value(json_array_get(v, 1)));
+            ms[i] = json_string(buf);
+        }
+    }
+    const char *tmpl = json_string_value(json_object_get(cj, "chat_template"));
+    wbuf w = {0};
+    u32(&w, 0x46554747u), u32(&w, 3), u64(&w, 0), u64(&w, 7);
+    kv_str(&w, "general.architecture", "qwen3");
+    kv_str(&w, "tokenizer.ggml.model", "gpt2");
+    kv_str(&w, "tokenizer.ggml.pre", "qwen2");
+    kv_str_arr(&w, "tokenizer.ggml.tokens", toks, n);
+    str(&w, "tokenizer.ggml.token_type"), u32(&w, NS_GGUF_ARRAY), u32(&w, NS_GGUF_I32), u64(&w, n);
+    put(&w, types, n * 4);
+    kv_str_arr(&w, "tokenizer.ggml.merges", ms, nm);
+    kv_str(&w, "tokenizer.chat_template", tmpl ? tmpl : "");
+    ns_gguf *g = NULL;
+    ns_tokenizer *tok = NULL;
+    ns_error err = {0};
+    CHECKF(ns_gguf_open_mem(w.p, w.n, &g, &err) == NS_OK, "%s", err.msg);
+    if (g) CHECKF(ns_tokenizer_from_gguf(g, &tok, &err) == NS_OK, "%s", err.msg);
+    if (tok) {
+        CHECK(tmpl && ns_tokenizer_chat_template(tok, NULL) && !strcmp(ns_tokenizer_chat_template(tok, NULL), tmpl));
+        int checked = 0, bad = 0, skipped = 0;
+        json_array_foreach(json_object_get(gj, "cases"), i, v) {
+            const char *text = json_string_value(json_object_get(v, "text"));
+            json_t *want = json_object_get(v, "ids");
+            char *nfc = (char *)utf8proc_NFC((const utf8proc_uint8_t *)text);
+            bool changed = !nfc || strcmp(nfc, text) != 0;
+            free(nfc);
+            if (changed) {
+                skipped++;
+                continue;
+            }
+            int32_t *ids = NULL;
+            size_t ni = 0;
+            if (ns_tokenizer_encode(tok, text, strlen(text), false, &ids, &ni, &err) != NS_OK) {
+                bad++;
+                continue;
+            }
+            bool same = ni == json_array_size(want);
+            for (size_t k = 0; same && k < ni; k++) same = ids[k] == json_integer_value(json_array_get(want, k));
+            if (!same) {
+                bad++;
+                printf("#   differs: \"%.60s\"\n", text);
+            }
+            free(ids);
+            checked++;
+        }
+        printf("#   %d golden texts checked, %d skipped (NFC changes them)\n", checked, skipped);
+        CHECK(checked >= 50);
+        CHECK_EQ_INT(bad, 0);
+    }
+    ns_tokenizer_free(tok);
+    ns_gguf_close(g);
+    free(w.p);
+    for (size_t k = 0; k < n; k++) json_decref(toks[k]);
+    for (size_t k = 0; k < nm; k++) json_decref(ms[k]);
+    free(toks);
+    free(types);
+    free(ms);
+done:
+    json_decref(tj);
+    json_decref(cj);
+    json_decref(gj);
+}
+
 int main(void) {
     RUN(parse_every_type);
     RUN(truncated_everywhere);
@@ -488,5 +617,6 @@ int main(void) {
     RUN(mutations);
     RUN(sharded_model);
     RUN(model_binding_errors);
+    RUN(gpt2_tokenizer_matches_hf);
     TEST_MAIN_END;
 }
