@@ -610,6 +610,29 @@ done:
     json_decref(gj);
 }
 
+/* The model fingerprint (the prefix cache's hash seed) covers the weights'
+ * quantization: three types of one model, three fingerprints, each stable
+ * across loads. */
+TEST(fingerprint_covers_quantization) {
+    const char *files[] = {"gguf/stories260K-F32.gguf", "gguf/stories260K-Q8_0.gguf", "gguf/stories260K-Q4_0.gguf"};
+    uint64_t fp[3][2] = {{0}};
+    ns_backend *be = NULL;
+    ns_error err = {0};
+    CHECK(ns_backend_cpu_create(1, &be, &err) == NS_OK);
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < 2; k++) {
+            char p[1024];
+            snprintf(p, sizeof p, "%s", test_shared_path(files[i]));
+            ns_model *m = NULL;
+            CHECKF(ns_model_load(p, be, &m, &err) == NS_OK, "%s", err.msg);
+            if (m) fp[i][k] = m->fingerprint;
+            ns_model_free(m);
+        }
+    CHECK(fp[0][0] == fp[0][1] && fp[1][0] == fp[1][1] && fp[2][0] == fp[2][1]);
+    CHECK(fp[0][0] != fp[1][0] && fp[1][0] != fp[2][0] && fp[0][0] != fp[2][0]);
+    be->ops->destroy(be);
+}
+
 int main(void) {
     RUN(parse_every_type);
     RUN(truncated_everywhere);
@@ -618,5 +641,6 @@ int main(void) {
     RUN(sharded_model);
     RUN(model_binding_errors);
     RUN(gpt2_tokenizer_matches_hf);
+    RUN(fingerprint_covers_quantization);
     TEST_MAIN_END;
 }
