@@ -190,7 +190,8 @@ static char *spec_key(const ns_struct_spec *sp, const ns_gen_opts *o, ns_toolfmt
     json_t *k = json_pack("{s:i,s:i,s:i,s:b,s:b,s:O?,s:O?,s:s?}", "kind", (int)sp->kind, "fmt", (int)fmt, "calls", o->max_calls, "reasoning",
                           o->reasoning && !o->think_closed, "in_think", o->in_think, "schema", (json_t *)sp->schema, "tools",
                           (json_t *)sp->tools, "name", sp->tool_name);
-    char *s = k ? json_dumps(k, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    /* key order kept: the grammar writes properties in the schema's order */
+    char *s = k ? json_dumps(k, JSON_COMPACT) : NULL;
     json_decref(k);
     if (s && strlen(s) > KEY_CAP) {
         free(s);

@@ -39,7 +39,10 @@
 
 #define NS_GMATCH_MAX_DEPTH 96
 #define NS_GMATCH_MAX_SET 4096
-#define NS_GMATCH_MAX_BYTES ((size_t)512 << 20)
+/* 32 MB holds ~1600 cached masks of a 151k vocabulary, far more than a
+ * schema's answers visit; with the 32 grammars api/structured.c caches
+ * the shared automata stay below ~1 GB even for hostile schemas. */
+#define NS_GMATCH_MAX_BYTES ((size_t)32 << 20)
 
 typedef struct ns_grammar ns_grammar;
 typedef struct ns_gmatch ns_gmatch;
