@@ -3,8 +3,8 @@
 # GGUF file with its embedded tokenizer; /v1/completions from text returns
 # llama.cpp's greedy continuation (tests/fixtures/gguf/*.llama.jsonl: text
 # and token ids), twice (the second time from the prefix cache); /tokenize
-# gives llama.cpp's ids; a Q4_K and a Q8_0 file of one family serve side by
-# side in turn; a corrupt .gguf is refused at start-up with a message and a
+# gives llama.cpp's ids (Q8_0 files of two llama models, a Q4_K qwen3); a
+# truncated .gguf is refused at start-up with the parser's message and a
 # non-zero exit. Logits are checked in tests/unit/model/test_gguf_logits.c.
 cd "$(dirname "$0")/../.." && source tests/integration/common.bash
 
