@@ -425,6 +425,10 @@ done:
 TEST(test_tiny_qwen3) { run_model("tiny-qwen3"); }
 TEST(test_tiny_llama3) { run_model("tiny-llama3"); }
 TEST(test_tinystories_656k) { run_model("tinystories-656k"); }
+/* issue 14: q/k/v biases (add_bias), Mistral, experts (moe_ffn) */
+TEST(test_tiny_qwen2) { run_model("tiny-qwen2"); }
+TEST(test_tiny_mistral) { run_model("tiny-mistral"); }
+TEST(test_tiny_qwen3moe) { run_model("tiny-qwen3moe"); }
 
 TEST(test_dummy_weights_cpu_vs_cuda) {
     /* --dummy-weights: the same config and seed build the same model on
@@ -627,6 +631,28 @@ TEST(test_fused_decode_llama_shape) {
                        "llama-shaped (head_dim 64)");
 }
 
+/* the bias adds sit between the fused q/k/v GEMV and the fused RoPE +
+ * KV store: fused decode must still apply them */
+TEST(test_fused_decode_qwen2_shape) {
+    dummy_decode_check("{\"architectures\": [\"Qwen2ForCausalLM\"], \"vocab_size\": 4096, \"hidden_size\": 2048, "
+                       "\"intermediate_size\": 2816, \"num_hidden_layers\": 2, \"num_attention_heads\": 16, "
+                       "\"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000, "
+                       "\"tie_word_embeddings\": false, \"max_position_embeddings\": 4096}",
+                       "qwen2-shaped (q/k/v bias)");
+}
+
+/* experts after the fused add+RMSNorm; the next layer's RMSNorm follows
+ * the expert op, not an add */
+TEST(test_fused_decode_qwen3moe_shape) {
+    dummy_decode_check("{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"vocab_size\": 4096, \"hidden_size\": 2048, "
+                       "\"intermediate_size\": 2816, \"moe_intermediate_size\": 256, \"num_experts\": 16, "
+                       "\"num_experts_per_tok\": 4, \"norm_topk_prob\": true, \"decoder_sparse_step\": 1, "
+                       "\"mlp_only_layers\": [], \"num_hidden_layers\": 2, \"num_attention_heads\": 16, "
+                       "\"num_key_value_heads\": 4, \"head_dim\": 128, \"rms_norm_eps\": 1e-6, "
+                       "\"rope_theta\": 1000000, \"tie_word_embeddings\": false, \"max_position_embeddings\": 4096}",
+                       "qwen3moe-shaped (16 experts, top 4)");
+}
+
 int main(void) {
     ns_error err = {0};
     if (ns_backend_cuda_create(0, &gpu, &err) != NS_OK) {
@@ -636,9 +662,14 @@ int main(void) {
     RUN(test_tiny_qwen3);
     RUN(test_tiny_llama3);
     RUN(test_tinystories_656k);
+    RUN(test_tiny_qwen2);
+    RUN(test_tiny_mistral);
+    RUN(test_tiny_qwen3moe);
     RUN(test_dummy_weights_cpu_vs_cuda);
     RUN(test_fused_decode_qwen3_shape);
     RUN(test_fused_decode_llama_shape);
+    RUN(test_fused_decode_qwen2_shape);
+    RUN(test_fused_decode_qwen3moe_shape);
     gpu->ops->destroy(gpu);
     TEST_MAIN_END;
 }

@@ -55,6 +55,13 @@ __attribute__((format(printf, 3, 4))) static void set_error(cu_impl *c, ns_statu
     va_end(ap);
 }
 
+void cu_set_error(cu_impl *c, ns_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    set_error_v(c, st, fmt, ap);
+    va_end(ap);
+}
+
 /* A failed CUDA or cuBLAS call; returns true. A failure under capture
  * (unsupported call, invalidated capture) is not an error of the step: it
  * only fails the capture, and the tape is re-run eagerly, which reports any
@@ -230,7 +237,8 @@ static void prof_resolve(cu_impl *c) {
 
 static void op_label(const cu_op *op, char *buf, size_t n) {
     static const char *names[OP_COUNT] = {"embed", "rmsnorm", "matmul", "rope", "swiglu", "add",
-                                          "kv_store", "attention", "gather_rows", "kv_page_copy", "argmax"};
+                                          "kv_store", "attention", "gather_rows", "kv_page_copy", "argmax",
+                                          "add_bias", "moe_ffn"};
     switch (op->kind) {
     case OP_MATMUL:
         snprintf(buf, n, "matmul %lldx%lld n%s%lld", (long long)op->c.rows, (long long)op->c.cols,
@@ -403,6 +411,19 @@ static void exec_op(cu_impl *c, const cu_op *op) {
         cu_note_write(c, out);
         break;
     }
+    case OP_ADD_BIAS: {
+        const ns_tensor *out = &op->a, *b = &op->b;
+        if (!need_f32(c, out, "add_bias") || !need_f32(c, b, "add_bias")) break;
+        if (b->rows * b->cols != out->cols) {
+            set_error(c, NS_ERR_INVALID, "cuda add_bias: bias of %lld values for %lld columns",
+                      (long long)(b->rows * b->cols), (long long)out->cols);
+            break;
+        }
+        cu_launch_add_bias(c, (float *)out->data, (const float *)b->data, out->rows, (int)out->cols);
+        cu_note_write(c, out);
+        break;
+    }
+    case OP_MOE: cu_exec_moe(c, op); break;
     default: break;
     }
     prof_end(c, pi);
@@ -1355,6 +1376,28 @@ static void cu_gather_rows(ns_backend *be, ns_tensor *out, const ns_tensor *in) 
     submit_plain(be, OP_GATHER, out, in, NULL);
 }
 
+static void cu_add_bias_op(ns_backend *be, ns_tensor *out, const ns_tensor *b) {
+    submit_plain(be, OP_ADD_BIAS, out, b, NULL);
+}
+
+/* The expert table and scratch are prepared now, at submit time, so
+ * that executing the op (possibly under graph capture) allocates
+ * nothing; the op records the table's index. */
+static void cu_moe_ffn_op(ns_backend *be, ns_tensor *out, const ns_tensor *in, const ns_tensor *router,
+                          const ns_tensor *experts, int n_experts, int top_k, bool norm_topk) {
+    cu_impl *c = IMPL(be);
+    if (c->err_status != NS_OK) return;
+    const int32_t idx = cu_moe_prepare(c, out, in, router, experts, n_experts, top_k);
+    if (idx < 0) return;
+    cu_op op;
+    make_op(&op, OP_MOE, out, in, router);
+    op.i0 = n_experts;
+    op.i1 = top_k;
+    op.i2 = norm_topk ? 1 : 0;
+    op.pad = idx;
+    submit(be, &op);
+}
+
 /* ============================================================= sampling */
 
 static ns_status ensure_argmax(cu_impl *c, int n, ns_error *err) {
@@ -1497,6 +1540,7 @@ static void cu_destroy(ns_backend *be) {
         free(c->prof_label_of);
         free(c->tape);
         free(c->wr);
+        cu_moe_free(c);
         if (c->fence_ev) {
             for (int i = 0; i < CU_FENCES; i++)
                 if (c->fence_ev[i]) cudaEventDestroy(c->fence_ev[i]);
@@ -1562,6 +1606,8 @@ static const ns_backend_ops cuda_ops = {
     /* .fence_done = */ cu_fence_done,
     /* .fence_wait = */ cu_fence_wait,
     /* .compute_after = */ cu_compute_after,
+    /* .add_bias = */ cu_add_bias_op,
+    /* .moe_ffn = */ cu_moe_ffn_op,
 };
 
 static int env_int(const char *name, int dflt) {

@@ -48,6 +48,8 @@ typedef enum {
     OP_GATHER,
     OP_KV_COPY,
     OP_ARGMAX,
+    OP_ADD_BIAS, /* a += b (bias row); no tape fusion consumes it */
+    OP_MOE,      /* cuda_moe.cu: a += experts(b), router c; i0 experts, i1 top k, i2 norm, pad table */
     OP_COUNT
 } cu_op_kind;
 
@@ -199,6 +201,13 @@ typedef struct cu_impl {
     size_t l2_bytes;
     int64_t stat_replays, stat_captures, stat_eager;
 
+    /* mixture of experts (cuda_moe.cu): device tables of expert weight
+     * pointers (kept until destroy: graphs bake them) and the scratch */
+    struct cu_moe_table *moe_tables;
+    int32_t n_moe_tables, cap_moe_tables;
+    void *moe_ws;
+    size_t moe_ws_bytes;
+
     /* options */
     int gemv_max; /* use the GEMV kernel for n <= gemv_max */
     int gemv_warps; /* split K until the GEMV has this many warps per SM */
@@ -217,6 +226,8 @@ typedef struct cu_impl {
 /* Records the first error; returns true if e is a failure. */
 bool cu_check(cu_impl *c, cudaError_t e, const char *what);
 bool cu_check_blas(cu_impl *c, cublasStatus_t s, const char *what);
+/* Records a sticky error (the first one wins). */
+void cu_set_error(cu_impl *c, ns_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Checks the launch that just happened. */
 #define CU_LAUNCHED(c, what) cu_check((c), cudaGetLastError(), (what))
 
@@ -374,6 +385,18 @@ void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, 
                                   const float *inv_freq, const cu_prefetch *pf);
 void cu_launch_add_rmsnorm(cu_impl *c, float *x, const float *y, float *out, bf16 *out_bf, const float *w,
                            int64_t rows, int cols, float eps, const cu_prefetch *pf);
+/* projection bias (cuda_moe.cu): out[r, :] += b[:] for rows x cols */
+void cu_launch_add_bias(cu_impl *c, float *out, const float *b, int64_t rows, int cols);
+/* mixture of experts (cuda_moe.cu). cu_moe_prepare runs when the op is
+ * submitted (never under capture): checks shapes and dtypes, builds the
+ * device table of the experts' pointers on first sight and reserves the
+ * scratch; returns the table index for the op, or -1 (error recorded, or
+ * nothing to do for 0 tokens). cu_exec_moe runs a recorded OP_MOE. */
+int32_t cu_moe_prepare(cu_impl *c, const ns_tensor *out, const ns_tensor *in, const ns_tensor *router,
+                       const ns_tensor *experts, int n_experts, int top_k);
+void cu_exec_moe(cu_impl *c, const cu_op *op);
+/* Frees the tables and the scratch (backend destroy). */
+void cu_moe_free(cu_impl *c);
 /* matmul: out[n,m] = in[n,k] @ w[m,k]^T with w BF16 and in given as BF16 */
 void cu_gemm(cu_impl *c, float *out, const bf16 *in_bf, const float *in_f32, const bf16 *w, int64_t n, int64_t m,
              int64_t k);

@@ -1,0 +1,717 @@
+/* cuda_moe.cu — the CUDA backend's mixture-of-experts MLP (moe_ffn, see
+ * backend.h) and projection bias (add_bias).
+ *
+ * Everything runs on the device; the host never learns which experts a
+ * token chose, so a decode step stays shape-static and CUDA graphs capture
+ * it (expert choice lives in device memory).
+ *
+ * Per chunk of tokens (at most CU_MOE_CHUNK, so the scratch stays bounded):
+ * 1. k_moe_route: router logits (F32 activations x BF16 router weights,
+ *    F32 sums), softmax, top k (ties to the lower expert), renormalized
+ *    when norm_topk: ids and weights per (token, k) slot. In the grouped
+ *    path it also counts slots per expert.
+ * 2a. Few tokens (decode, T <= CU_MOE_GEMV_MAX): gathered GEMVs. Each
+ *    (slot, output row) warp reads the chosen expert's weight row, found
+ *    through the device table of expert pointers: only the active experts'
+ *    bytes are read. gate/up with the SwiGLU epilogue into h (F32), then
+ *    down into y (F32, one row per slot).
+ * 2b. More tokens (prefill, batched decode): k_moe_scan turns the counts
+ *    into per-expert segments and tile offsets (a counting sort), the
+ *    scatter places every slot in its expert's segment, and two grouped
+ *    GEMMs (BF16 tensor cores through WMMA, F32 accumulation) run over the
+ *    segments: gate+up with the SwiGLU epilogue (A rows gathered from the
+ *    token rows, h stored BF16), then down into y. The grid is sized by an
+ *    upper bound on the number of 64-row tiles known from the shape alone;
+ *    tiles past the real count exit at once, so no count goes to the host.
+ * 3. k_moe_combine: out[t] += p_e * y[slot], the token's experts in
+ *    ascending expert order (the CPU reference's summation order).
+ *
+ * Determinism: the order of slots inside a segment depends on atomics,
+ * but every output row of a GEMM tile is computed independently of the
+ * other rows, and the combine sums in a fixed order, so results are
+ * bit-identical run to run and between eager and graph execution.
+ *
+ * Device tables of expert weight pointers are built once per distinct
+ * set of weights (keyed by the experts array, checked pointer by
+ * pointer) when the op is submitted, outside any capture; they are never
+ * freed before the backend, so a captured graph's table stays valid.
+ * Scratch grows at submit time too (sync, reallocate, drop graphs).
+ */
+#include <mma.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.cuh"
+
+using namespace nvcuda;
+
+#define CU_MOE_CHUNK 4096  /* tokens per pass: bounds y to CHUNK * top_k * hidden floats */
+#define CU_MOE_GEMV_MAX 4  /* tokens up to which the gathered GEMV path runs */
+#define CU_MOE_MAX_E 1024  /* experts (router kernel's shared memory, one block scans) */
+#define CU_MOE_MAX_K 32    /* experts per token */
+#define CU_MOE_TABLES 4096 /* distinct expert weight sets (layers x models loaded) */
+#define RT 4               /* tokens per router block */
+
+/* GEMM tiles: 64x64 outputs per block (per weight matrix), K steps of 32 */
+#define MG_BM 64
+#define MG_BN 64
+#define MG_BK 32
+#define MG_LD (MG_BK + 8) /* padded smem row (bf16): 80 bytes, keeps 32-byte fragment alignment */
+
+struct cu_moe_table {
+    const ns_tensor *key;  /* the experts array of the op */
+    const void **host;     /* [3E] the pointers, to confirm a match */
+    const bf16 **dev;      /* [3E] device copy: gate [0,E), up [E,2E), down [2E,3E) */
+    int32_t n_experts;
+    int32_t ff; /* moe_intermediate_size: gate/up rows */
+};
+
+/* ------------------------------------------------------------- helpers */
+
+static inline size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/* Scratch layout for one chunk of Tc tokens. */
+struct moe_ws {
+    int32_t *counts, *cursor, *offs, *tile_off, *ids, *rows, *pos;
+    float *wts;
+    bf16 *xbf;
+    void *h; /* F32 [TK, F] (GEMV path) or BF16 [TK, F] (GEMM path) */
+    float *y;
+    size_t bytes;
+};
+
+static moe_ws ws_layout(uint8_t *base, int64_t Tc, int K, int E, int64_t H, int64_t F) {
+    moe_ws w;
+    const size_t TK = (size_t)Tc * (size_t)K;
+    size_t o = 0;
+#define TAKE(field, type, n)                       \
+    w.field = (type *)(base ? base + o : NULL);    \
+    o += al256((size_t)(n) * sizeof(type));
+    TAKE(counts, int32_t, E);
+    TAKE(cursor, int32_t, E);
+    TAKE(offs, int32_t, E + 1);
+    TAKE(tile_off, int32_t, E + 1);
+    TAKE(ids, int32_t, TK);
+    TAKE(rows, int32_t, TK);
+    TAKE(pos, int32_t, TK);
+    TAKE(wts, float, TK);
+    TAKE(xbf, bf16, (size_t)Tc * H);
+    w.h = base ? base + o : NULL;
+    o += al256(TK * (size_t)F * sizeof(float));
+    TAKE(y, float, TK * (size_t)H);
+#undef TAKE
+    w.bytes = o;
+    return w;
+}
+
+/* ------------------------------------------------------------- kernels */
+
+__device__ __forceinline__ uint4 moe_ld(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ float moe_dot8(uint4 w, const float *x) {
+    const float4 a = *reinterpret_cast<const float4 *>(x), b = *reinterpret_cast<const float4 *>(x + 4);
+    float s = 0.f;
+    s = fmaf(__uint_as_float(w.x << 16), a.x, s);
+    s = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, s);
+    s = fmaf(__uint_as_float(w.y << 16), a.z, s);
+    s = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, s);
+    s = fmaf(__uint_as_float(w.z << 16), b.x, s);
+    s = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, s);
+    s = fmaf(__uint_as_float(w.w << 16), b.z, s);
+    s = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, s);
+    return s;
+}
+
+__device__ __forceinline__ float moe_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+/* out[r, :] += b[:] */
+__global__ void k_add_bias(float *__restrict__ out, const float *__restrict__ b, int64_t rows, int cols) {
+    PDL_ENTRY();
+    const int64_t n = rows * cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] += b[i % cols];
+}
+
+/* Router logits, softmax and top k for RT tokens per block (8 warps).
+ * Warps take experts round-robin (each streams a router row once for all
+ * RT tokens); then warp r < RT selects for token r. counts (grouped path
+ * only) gets one atomic increment per chosen slot. */
+__global__ __launch_bounds__(256) void k_moe_route(const float *__restrict__ x, const bf16 *__restrict__ router,
+                                                    int T, int H, int E, int K, int norm, int32_t *__restrict__ ids,
+                                                    float *__restrict__ wts, int32_t *__restrict__ counts) {
+    PDL_ENTRY();
+    __shared__ float lg[RT * CU_MOE_MAX_E];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, t0 = blockIdx.x * RT;
+    const int nr = T - t0 < RT ? T - t0 : RT;
+    const int nch = H / 8;
+    for (int e = warp; e < E; e += 8) {
+        const uint4 *wr = reinterpret_cast<const uint4 *>(router + (size_t)e * H);
+        float acc[RT];
+#pragma unroll
+        for (int r = 0; r < RT; r++) acc[r] = 0.f;
+        for (int c = lane; c < nch; c += 32) {
+            const uint4 w = __ldg(wr + c);
+#pragma unroll
+            for (int r = 0; r < RT; r++)
+                if (r < nr) acc[r] += moe_dot8(w, x + (size_t)(t0 + r) * H + 8 * c);
+        }
+#pragma unroll
+        for (int r = 0; r < RT; r++) {
+            const float s = cu_warp_sum(acc[r]);
+            if (lane == 0) lg[r * CU_MOE_MAX_E + e] = s;
+        }
+    }
+    __syncthreads();
+    if (warp >= nr) return;
+    float *p = lg + warp * CU_MOE_MAX_E;
+    const int t = t0 + warp;
+    float mx = p[0];
+    for (int e = lane; e < E; e += 32) mx = p[e] > mx ? p[e] : mx;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, mx, o);
+        mx = v > mx ? v : mx;
+    }
+    float sum = 0.f;
+    for (int e = lane; e < E; e += 32) sum += (p[e] = expf(p[e] - mx));
+    sum = cu_warp_sum(sum);
+    for (int e = lane; e < E; e += 32) p[e] /= sum;
+    __syncwarp();
+    float ksum = 0.f, wsel = 0.f;
+    int isel = 0;
+    for (int j = 0; j < K; j++) {
+        float bv = -1.f;
+        int bi = -1;
+        for (int e = lane; e < E; e += 32)
+            if (p[e] >= 0.f && p[e] > bv) bv = p[e], bi = e; /* ascending e: ties keep the lower */
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+        }
+        /* every lane holds the same (bv, bi) now */
+        const int id = bi < 0 ? 0 : bi;        /* NaN logits: a valid index, a poisoned weight */
+        const float w = bi < 0 ? __int_as_float(0x7fc00000) : bv;
+        if (bi >= 0) ksum += w;
+        if (lane == j) isel = id, wsel = w;
+        __syncwarp();
+        if (lane == 0 && bi >= 0) p[bi] = -1.f; /* taken */
+        __syncwarp();
+    }
+    if (lane < K) {
+        if (norm) wsel /= ksum;
+        ids[(size_t)t * K + lane] = isel;
+        wts[(size_t)t * K + lane] = wsel;
+        if (counts) atomicAdd(&counts[isel], 1);
+    }
+}
+
+/* Counting sort, step 2 (one block of 1024 threads, E <= 1024): segment
+ * starts offs[E+1], 64-row tile starts tile_off[E+1], scatter cursors;
+ * resets counts for the next call. */
+__global__ __launch_bounds__(1024) void k_moe_scan(int32_t *__restrict__ counts, int32_t *__restrict__ cursor,
+                                                    int32_t *__restrict__ offs, int32_t *__restrict__ tile_off, int E) {
+    PDL_ENTRY();
+    __shared__ int32_t wc[32], wt[32];
+    const int e = threadIdx.x, lane = e & 31, warp = e / 32;
+    const int32_t c = e < E ? counts[e] : 0, tl = (c + MG_BM - 1) / MG_BM;
+    int32_t ic = c, it = tl; /* inclusive scans within the warp */
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int32_t a = __shfl_up_sync(0xffffffffu, ic, o), b = __shfl_up_sync(0xffffffffu, it, o);
+        if (lane >= o) ic += a, it += b;
+    }
+    if (lane == 31) wc[warp] = ic, wt[warp] = it;
+    __syncthreads();
+    if (warp == 0) {
+        int32_t a = wc[lane], b = wt[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int32_t x = __shfl_up_sync(0xffffffffu, a, o), y = __shfl_up_sync(0xffffffffu, b, o);
+            if (lane >= o) a += x, b += y;
+        }
+        wc[lane] = a, wt[lane] = b;
+    }
+    __syncthreads();
+    if (warp > 0) ic += wc[warp - 1], it += wt[warp - 1];
+    if (e < E) {
+        offs[e + 1] = ic;
+        tile_off[e + 1] = it;
+        cursor[e] = ic - c;
+        counts[e] = 0;
+    }
+    if (e == 0) offs[0] = 0, tile_off[0] = 0;
+}
+
+/* Counting sort, step 3: slot i goes to its expert's segment. */
+__global__ void k_moe_scatter(const int32_t *__restrict__ ids, int32_t *__restrict__ cursor,
+                              int32_t *__restrict__ rows, int32_t *__restrict__ pos, int TK) {
+    PDL_ENTRY();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= TK) return;
+    const int p = atomicAdd(&cursor[ids[i]], 1);
+    rows[p] = i;
+    pos[i] = p;
+}
+
+/* Gathered GEMV, gate and up with SwiGLU: warp w of block (bx, slot)
+ * computes row f = bx*8 + w of the slot's expert; h[slot, f] F32. */
+__global__ __launch_bounds__(256) void k_moe_gemv_gu(const float *__restrict__ x, const bf16 *const *__restrict__ tab,
+                                                      const int32_t *__restrict__ ids, int K, int E, int H, int F,
+                                                      float *__restrict__ h) {
+    PDL_ENTRY();
+    const int f = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x & 31, slot = blockIdx.y;
+    if (f >= F) return;
+    const int e = ids[slot];
+    const uint4 *wg = reinterpret_cast<const uint4 *>(tab[e] + (size_t)f * H);
+    const uint4 *wu = reinterpret_cast<const uint4 *>(tab[E + e] + (size_t)f * H);
+    const float *xr = x + (size_t)(slot / K) * H;
+    float g = 0.f, u = 0.f;
+    const int nch = H / 8;
+#pragma unroll 4
+    for (int c = lane; c < nch; c += 32) {
+        const uint4 a = moe_ld(wg + c), b = moe_ld(wu + c);
+        g += moe_dot8(a, xr + 8 * c);
+        u += moe_dot8(b, xr + 8 * c);
+    }
+    g = cu_warp_sum(g);
+    u = cu_warp_sum(u);
+    if (lane == 0) h[(size_t)slot * F + f] = moe_silu_mul(g, u);
+}
+
+/* Gathered GEMV, down: y[slot, r] = down_e[r, :] . h[slot, :] */
+__global__ __launch_bounds__(256) void k_moe_gemv_down(const float *__restrict__ h,
+                                                        const bf16 *const *__restrict__ tab,
+                                                        const int32_t *__restrict__ ids, int E, int H, int F,
+                                                        float *__restrict__ y) {
+    PDL_ENTRY();
+    const int r = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x & 31, slot = blockIdx.y;
+    if (r >= H) return;
+    const int e = ids[slot];
+    const uint4 *wd = reinterpret_cast<const uint4 *>(tab[2 * E + e] + (size_t)r * F);
+    const float *hr = h + (size_t)slot * F;
+    float s = 0.f;
+    const int nch = F / 8;
+#pragma unroll 4
+    for (int c = lane; c < nch; c += 32) s += moe_dot8(moe_ld(wd + c), hr + 8 * c);
+    s = cu_warp_sum(s);
+    if (lane == 0) y[(size_t)slot * H + r] = s;
+}
+
+/* out[t, :] += sum over the token's experts, ascending, of p * y[row].
+ * pos == NULL: slot i's row is i (GEMV path). */
+__global__ __launch_bounds__(256) void k_moe_combine(float *__restrict__ out, const float *__restrict__ y,
+                                                      const int32_t *__restrict__ ids, const float *__restrict__ wts,
+                                                      const int32_t *__restrict__ pos, int K, int H) {
+    PDL_ENTRY();
+    __shared__ int32_t se[CU_MOE_MAX_K], sr[CU_MOE_MAX_K];
+    __shared__ float sw[CU_MOE_MAX_K];
+    const int t = blockIdx.x;
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < K; k++) { /* insertion sort by expert id (K is small) */
+            const int i = t * K + k;
+            const int32_t e = ids[i], r = pos ? pos[i] : i;
+            const float w = wts[i];
+            int j = k;
+            while (j > 0 && se[j - 1] > e) {
+                se[j] = se[j - 1], sr[j] = sr[j - 1], sw[j] = sw[j - 1];
+                j--;
+            }
+            se[j] = e, sr[j] = r, sw[j] = w;
+        }
+    }
+    __syncthreads();
+    float *o = out + (size_t)t * H;
+    for (int c = threadIdx.x; c < H; c += blockDim.x) {
+        float acc = o[c];
+        for (int k = 0; k < K; k++) acc = fmaf(sw[k], y[(size_t)sr[k] * H + c], acc);
+        o[c] = acc;
+    }
+}
+
+/* ---------------------------------------------------------- grouped GEMM */
+
+__device__ __forceinline__ void cp16(void *smem, const void *g, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    const int sz = valid ? 16 : 0; /* 0: zero-fill, nothing read */
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(sz));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+
+struct moe_gemm_args {
+    const bf16 *a;          /* A source rows, a_ld elements apart */
+    int a_ld;
+    const int32_t *a_slot;  /* gate/up: rows[pos] = slot, A row = slot / top_k; down: NULL (A row = pos) */
+    int top_k;
+    const bf16 *const *tab; /* expert pointer table */
+    int w0, w1;             /* table offsets of the weight matrices (w1 < 0: one matrix) */
+    int N, Kd;              /* output columns, reduction length (multiple of 8) */
+    const int32_t *offs, *tile_off;
+    int E;
+    bf16 *out_bf;           /* gate/up: h = silu(gate) * up, BF16 [TK, N] */
+    float *out_f;           /* down: y F32 [TK, N] */
+};
+
+/* One 64 x 64 output tile (per weight matrix) of one expert's segment:
+ * 4 warps as 2 x 2, each 32 x 32 = 2 x 2 WMMA 16x16x16 fragments per
+ * matrix; K in steps of 32 through a cp.async double buffer. NB = 2:
+ * gate and up tiles side by side, SwiGLU in the epilogue. */
+template <int NB>
+__global__ __launch_bounds__(128) void k_moe_gemm(moe_gemm_args g) {
+    PDL_ENTRY();
+    __shared__ __align__(128) bf16 sA[2][MG_BM * MG_LD];
+    __shared__ __align__(128) bf16 sB[2][NB * MG_BN * MG_LD];
+    const int tile = blockIdx.y;
+    if (tile >= g.tile_off[g.E]) return; /* past the real tile count */
+    int lo = 0, hi = g.E;                /* tile_off[lo] <= tile < tile_off[hi] */
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (g.tile_off[mid] <= tile) lo = mid;
+        else hi = mid;
+    }
+    const int e = lo;
+    const int m0 = g.offs[e] + (tile - g.tile_off[e]) * MG_BM, m_end = g.offs[e + 1];
+    const int n0 = blockIdx.x * MG_BN;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, wm = warp / 2, wn = warp % 2;
+    const bf16 *W[NB];
+    W[0] = g.tab[g.w0 + e];
+    if (NB == 2) W[NB - 1] = g.tab[g.w1 + e];
+
+    /* this thread's two A rows and 2*NB B rows: chunk ids tid and tid+128
+     * of 256 (64 rows x 4 chunks of 8) */
+    const bf16 *arow[2];
+    bool aok[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int r = (tid + 128 * u) / 4, m = m0 + r;
+        aok[u] = m < m_end;
+        const int src = !aok[u] ? 0 : g.a_slot ? g.a_slot[m] / g.top_k : m;
+        arow[u] = g.a + (size_t)src * g.a_ld;
+    }
+    const int kc = (tid & 3) * 8;
+    auto load = [&](int buf, int k0) {
+        const bool kin = k0 + kc < g.Kd;
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int r = (tid + 128 * u) / 4;
+            const bool ok = aok[u] && kin;
+            cp16(&sA[buf][r * MG_LD + kc], ok ? arow[u] + k0 + kc : g.a, ok);
+        }
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int r = (tid + 128 * u) / 4, n = n0 + r;
+                const bool ok = n < g.N && kin;
+                cp16(&sB[buf][(b * MG_BN + r) * MG_LD + kc], ok ? W[b] + (size_t)n * g.Kd + k0 + kc : W[b], ok);
+            }
+    };
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NB][2][2];
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[b][i][j], 0.f);
+
+    const int nk = (g.Kd + MG_BK - 1) / MG_BK;
+    load(0, 0);
+    cp_commit();
+    for (int kt = 0; kt < nk; kt++) {
+        if (kt + 1 < nk) load((kt + 1) & 1, (kt + 1) * MG_BK);
+        cp_commit();
+        cp_wait1();
+        __syncthreads();
+        const bf16 *a = sA[kt & 1], *bb = sB[kt & 1];
+#pragma unroll
+        for (int kk = 0; kk < MG_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], a + (wm * 32 + i * 16) * MG_LD + kk, MG_LD);
+#pragma unroll
+            for (int b = 0; b < NB; b++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
+                    wmma::load_matrix_sync(fb, bb + (b * MG_BN + wn * 32 + j * 16) * MG_LD + kk, MG_LD);
+#pragma unroll
+                    for (int i = 0; i < 2; i++) wmma::mma_sync(acc[b][i][j], fa[i], fb, acc[b][i][j]);
+                }
+        }
+        __syncthreads();
+    }
+
+    /* epilogue through a per-warp staging area in sA (free now):
+     * NB x 16 x 16 floats = 2 KB per warp at most */
+    float *st = reinterpret_cast<float *>(&sA[0][0]) + warp * 512;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+#pragma unroll
+            for (int b = 0; b < NB; b++) wmma::store_matrix_sync(st + b * 256, acc[b][i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            const int r = lane / 2, c0 = (lane & 1) * 8;
+            const int m = m0 + wm * 32 + i * 16 + r;
+            if (m < m_end) {
+#pragma unroll
+                for (int c = 0; c < 8; c++) {
+                    const int n = n0 + wn * 32 + j * 16 + c0 + c;
+                    if (n >= g.N) break;
+                    const float v = st[r * 16 + c0 + c];
+                    if (NB == 2) g.out_bf[(size_t)m * g.N + n] = __float2bfloat16_rn(moe_silu_mul(v, st[256 + r * 16 + c0 + c]));
+                    else g.out_f[(size_t)m * g.N + n] = v;
+                }
+            }
+            __syncwarp();
+        }
+}
+
+/* ------------------------------------------------------------ host side */
+
+void cu_moe_free(cu_impl *c) {
+    for (int32_t i = 0; i < c->n_moe_tables; i++) {
+        free(c->moe_tables[i].host);
+        if (c->moe_tables[i].dev) cudaFree(c->moe_tables[i].dev);
+    }
+    free(c->moe_tables);
+    c->moe_tables = NULL;
+    c->n_moe_tables = 0;
+    if (c->moe_ws) cudaFree(c->moe_ws);
+    c->moe_ws = NULL;
+    c->moe_ws_bytes = 0;
+}
+
+void cu_launch_add_bias(cu_impl *c, float *out, const float *b, int64_t rows, int cols) {
+    const int64_t n = rows * cols;
+    if (n <= 0) return;
+    int64_t blocks = (n + 255) / 256;
+    if (blocks > 132 * 32) blocks = 132 * 32;
+    cu_launch(c, k_add_bias, dim3((unsigned)blocks), dim3(256), 0, out, b, rows, cols);
+    CU_LAUNCHED(c, "add_bias");
+}
+
+/* The table index for this experts array (building it on first sight),
+ * or -1 with the error recorded. */
+static int32_t moe_table(cu_impl *c, const ns_tensor *experts, int E) {
+    const size_t n = (size_t)3 * (size_t)E;
+    for (int32_t i = c->n_moe_tables - 1; i >= 0; i--) {
+        cu_moe_table *t = &c->moe_tables[i];
+        if (t->key != experts || t->n_experts != E || t->ff != experts[0].rows) continue;
+        size_t j = 0;
+        while (j < n && t->host[j] == experts[j].data) j++;
+        if (j == n) return i;
+    }
+    if (c->n_moe_tables >= CU_MOE_TABLES) {
+        cu_set_error(c, NS_ERR_RANGE, "cuda moe_ffn: more than %d distinct expert weight sets", CU_MOE_TABLES);
+        return -1;
+    }
+    if (c->n_moe_tables == c->cap_moe_tables) {
+        const int32_t cap = c->cap_moe_tables ? 2 * c->cap_moe_tables : 64;
+        cu_moe_table *p = (cu_moe_table *)realloc(c->moe_tables, (size_t)cap * sizeof *p);
+        if (!p) {
+            cu_set_error(c, NS_ERR_NOMEM, "cuda moe_ffn: out of host memory");
+            return -1;
+        }
+        c->moe_tables = p;
+        c->cap_moe_tables = cap;
+    }
+    cu_moe_table *t = &c->moe_tables[c->n_moe_tables];
+    memset(t, 0, sizeof *t);
+    t->host = (const void **)malloc(n * sizeof *t->host);
+    if (!t->host) {
+        cu_set_error(c, NS_ERR_NOMEM, "cuda moe_ffn: out of host memory");
+        return -1;
+    }
+    for (size_t j = 0; j < n; j++) t->host[j] = experts[j].data;
+    if (cu_check(c, cudaMalloc(&t->dev, n * sizeof *t->dev), "cudaMalloc(moe table)") ||
+        /* on the compute stream: ordered before every kernel that reads it
+         * (t->host stays alive with the table) */
+        cu_check(c, cudaMemcpyAsync(t->dev, t->host, n * sizeof *t->dev, cudaMemcpyHostToDevice, c->stream),
+                 "moe table upload")) {
+        cudaStreamSynchronize(c->stream);
+        free(t->host);
+        if (t->dev) cudaFree(t->dev);
+        return -1;
+    }
+    t->key = experts;
+    t->n_experts = E;
+    t->ff = (int32_t)experts[0].rows;
+    return c->n_moe_tables++;
+}
+
+/* Scratch for a chunk of Tc tokens (grown outside any capture). */
+static bool moe_reserve(cu_impl *c, int64_t Tc, int K, int E, int64_t H, int64_t F) {
+    const moe_ws w = ws_layout(NULL, Tc, K, E, H, F);
+    if (w.bytes <= c->moe_ws_bytes) return true;
+    if (c->capturing) {
+        c->capture_failed = true;
+        return false;
+    }
+    cu_check(c, cudaStreamSynchronize(c->stream), "sync");
+    if (c->moe_ws) cu_check(c, cudaFree(c->moe_ws), "cudaFree(moe scratch)");
+    c->moe_ws = NULL;
+    c->moe_ws_bytes = 0;
+    cu_bump_generation(c);
+    void *p = NULL;
+    if (cu_check(c, cudaMalloc(&p, w.bytes), "cudaMalloc(moe scratch)")) return false;
+    /* the counts self-reset after each use (k_moe_scan); start at zero */
+    if (cu_check(c, cudaMemsetAsync(p, 0, w.bytes, c->stream), "moe scratch clear")) {
+        cudaFree(p);
+        return false;
+    }
+    c->moe_ws = p;
+    c->moe_ws_bytes = w.bytes;
+    return true;
+}
+
+int32_t cu_moe_prepare(cu_impl *c, const ns_tensor *out, const ns_tensor *in, const ns_tensor *router,
+                       const ns_tensor *experts, int E, int K) {
+    if (out->dtype != NS_DT_F32 || in->dtype != NS_DT_F32) {
+        cu_set_error(c, NS_ERR_INVALID, "cuda moe_ffn: activations must be F32");
+        return -1;
+    }
+    if (E < 1 || E > CU_MOE_MAX_E || K < 1 || K > E || K > CU_MOE_MAX_K) {
+        cu_set_error(c, NS_ERR_UNSUPPORTED, "cuda moe_ffn: %d experts, top %d (supported: up to %d experts, top %d)",
+                     E, K, CU_MOE_MAX_E, CU_MOE_MAX_K);
+        return -1;
+    }
+    const int64_t T = in->rows, H = in->cols, F = experts[0].rows;
+    if (out->rows != T || out->cols != H || out->data == in->data || H % 8 || F % 8 || H > (1 << 20) ||
+        F > (1 << 20) || ((uintptr_t)in->data % 16) || router->dtype != NS_DT_BF16 || router->rows != E ||
+        router->cols != H) {
+        cu_set_error(c, NS_ERR_INVALID,
+                     "cuda moe_ffn: bad shapes (in [%lld,%lld], out [%lld,%lld], router [%lld,%lld] %s, expert ff %lld;"
+                     " hidden and ff must be multiples of 8)",
+                     (long long)T, (long long)H, (long long)out->rows, (long long)out->cols, (long long)router->rows,
+                     (long long)router->cols, ns_dtype_name((ns_dtype)router->dtype), (long long)F);
+        return -1;
+    }
+    for (int i = 0; i < 3 * E; i++) {
+        const ns_tensor *w = &experts[i];
+        const bool down = i >= 2 * E;
+        if (w->dtype != NS_DT_BF16 || w->rows != (down ? H : F) || w->cols != (down ? F : H) ||
+            ((uintptr_t)w->data % 16)) {
+            cu_set_error(c, NS_ERR_INVALID, "cuda moe_ffn: expert weight %d is not BF16 [%lld,%lld]", i,
+                         (long long)(down ? H : F), (long long)(down ? F : H));
+            return -1;
+        }
+    }
+    if (T == 0) return -1;
+    const int32_t idx = moe_table(c, experts, E);
+    if (idx < 0) return -1;
+    const int64_t Tc = T < CU_MOE_CHUNK ? T : CU_MOE_CHUNK;
+    if (!moe_reserve(c, Tc, K, E, H, F)) return -1;
+    return idx;
+}
+
+/* The BF16 copy of rows [r0, r0+n) of in: its valid shadow, else a
+ * conversion into the scratch. */
+static const bf16 *moe_x_bf(cu_impl *c, const ns_tensor *in, int64_t r0, int64_t n, bf16 *scratch) {
+    const cu_shadow *s = cu_shadow_for(c, in->data);
+    if (s && s->valid && s->bf && s->vrows == in->rows && s->vcols == in->cols) return s->bf + r0 * in->cols;
+    cu_launch_f32_to_bf16(c, scratch, (const float *)in->data + r0 * in->cols, (size_t)(n * in->cols));
+    return scratch;
+}
+
+static void moe_chunk(cu_impl *c, const bf16 *const *tab, const bf16 *router, float *out, const ns_tensor *in,
+                      int64_t r0, int Tc, int E, int K, bool norm, int H, int F, const moe_ws &w) {
+    const float *x = (const float *)in->data + (size_t)r0 * H;
+    const int TK = Tc * K;
+    const bool gemv = Tc <= CU_MOE_GEMV_MAX;
+    cu_launch(c, k_moe_route, dim3((unsigned)((Tc + RT - 1) / RT)), dim3(256), 0, x, router, Tc, H, E, K, (int)norm,
+              w.ids, w.wts, gemv ? (int32_t *)NULL : w.counts);
+    if (CU_LAUNCHED(c, "moe route")) return;
+    if (gemv) {
+        float *h = (float *)w.h;
+        cu_launch(c, k_moe_gemv_gu, dim3((unsigned)((F + 7) / 8), (unsigned)TK), dim3(256), 0, x, tab,
+                  (const int32_t *)w.ids, K, E, H, F, h);
+        if (CU_LAUNCHED(c, "moe gemv gate/up")) return;
+        cu_launch(c, k_moe_gemv_down, dim3((unsigned)((H + 7) / 8), (unsigned)TK), dim3(256), 0, (const float *)h, tab,
+                  (const int32_t *)w.ids, E, H, F, w.y);
+        if (CU_LAUNCHED(c, "moe gemv down")) return;
+        cu_launch(c, k_moe_combine, dim3((unsigned)Tc), dim3(256), 0, out + (size_t)r0 * H, (const float *)w.y,
+                  (const int32_t *)w.ids, (const float *)w.wts, (const int32_t *)NULL, K, H);
+        CU_LAUNCHED(c, "moe combine");
+        return;
+    }
+    cu_launch(c, k_moe_scan, dim3(1), dim3(1024), 0, w.counts, w.cursor, w.offs, w.tile_off, E);
+    if (CU_LAUNCHED(c, "moe scan")) return;
+    cu_launch(c, k_moe_scatter, dim3((unsigned)((TK + 255) / 256)), dim3(256), 0, (const int32_t *)w.ids, w.cursor,
+              w.rows, w.pos, TK);
+    if (CU_LAUNCHED(c, "moe scatter")) return;
+    const bf16 *xbf = moe_x_bf(c, in, r0, Tc, w.xbf);
+    /* every expert has at most one partial tile: sum ceil(n_e / 64) <= TK / 64 + E, and <= TK */
+    int64_t max_tiles = (int64_t)TK / MG_BM + E;
+    if (max_tiles > TK) max_tiles = TK;
+    if (max_tiles > 65535) { /* CU_MOE_CHUNK * CU_MOE_MAX_K / 64 + CU_MOE_MAX_E stays below this */
+        cu_set_error(c, NS_ERR_INTERNAL, "cuda moe_ffn: %lld tiles exceed the grid", (long long)max_tiles);
+        return;
+    }
+    moe_gemm_args g1 = {};
+    g1.a = xbf;
+    g1.a_ld = H;
+    g1.a_slot = w.rows;
+    g1.top_k = K;
+    g1.tab = tab;
+    g1.w0 = 0;
+    g1.w1 = E;
+    g1.N = F;
+    g1.Kd = H;
+    g1.offs = w.offs;
+    g1.tile_off = w.tile_off;
+    g1.E = E;
+    g1.out_bf = (bf16 *)w.h;
+    cu_launch(c, k_moe_gemm<2>, dim3((unsigned)((F + MG_BN - 1) / MG_BN), (unsigned)max_tiles), dim3(128), 0, g1);
+    if (CU_LAUNCHED(c, "moe grouped gemm gate/up")) return;
+    moe_gemm_args g2 = g1;
+    g2.a = (const bf16 *)w.h;
+    g2.a_ld = F;
+    g2.a_slot = NULL;
+    g2.w0 = 2 * E;
+    g2.w1 = -1;
+    g2.N = H;
+    g2.Kd = F;
+    g2.out_bf = NULL;
+    g2.out_f = w.y;
+    cu_launch(c, k_moe_gemm<1>, dim3((unsigned)((H + MG_BN - 1) / MG_BN), (unsigned)max_tiles), dim3(128), 0, g2);
+    if (CU_LAUNCHED(c, "moe grouped gemm down")) return;
+    cu_launch(c, k_moe_combine, dim3((unsigned)Tc), dim3(256), 0, out + (size_t)r0 * H, (const float *)w.y,
+              (const int32_t *)w.ids, (const float *)w.wts, (const int32_t *)w.pos, K, H);
+    CU_LAUNCHED(c, "moe combine");
+}
+
+/* Runs a recorded OP_MOE: a = out, b = in, c = router, i0 = experts,
+ * i1 = top k, i2 = norm_topk, pad = table index (cu_moe_prepare). */
+void cu_exec_moe(cu_impl *c, const cu_op *op) {
+    const ns_tensor *out = &op->a, *in = &op->b, *router = &op->c;
+    const int E = op->i0, K = op->i1, idx = op->pad;
+    if (idx < 0 || idx >= c->n_moe_tables || c->moe_tables[idx].n_experts != E) {
+        cu_set_error(c, NS_ERR_INTERNAL, "cuda moe_ffn: bad expert table %d", idx);
+        return;
+    }
+    const int64_t T = in->rows, H = in->cols, Tc = T < CU_MOE_CHUNK ? T : CU_MOE_CHUNK;
+    const int64_t F = c->moe_tables[idx].ff;
+    const moe_ws need = ws_layout(NULL, Tc, K, E, H, F);
+    if (need.bytes > c->moe_ws_bytes) { /* cu_moe_prepare reserves it at submit: a bug if reached */
+        if (c->capturing) c->capture_failed = true;
+        else cu_set_error(c, NS_ERR_INTERNAL, "cuda moe_ffn: scratch not reserved");
+        return;
+    }
+    const moe_ws w = ws_layout((uint8_t *)c->moe_ws, Tc, K, E, H, F);
+    for (int64_t r0 = 0; r0 < T && c->err_status == NS_OK; r0 += Tc) {
+        const int n = (int)(T - r0 < Tc ? T - r0 : Tc);
+        moe_chunk(c, c->moe_tables[idx].dev, (const bf16 *)router->data, (float *)out->data, in, r0, n, E, K,
+                  op->i2 != 0, (int)H, (int)F, w);
+    }
+    cu_note_write(c, out);
+}

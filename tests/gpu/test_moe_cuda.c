@@ -1,0 +1,399 @@
+/* test_moe_cuda.c — the CUDA backend's add_bias and moe_ffn ops against
+ * the CPU backend (the reference), on random inputs that are never zero.
+ *
+ * moe_ffn runs at several shapes: tokens 1, 2, 7, 64, 300 (and a chunked
+ * 4100), experts 8/64/128, top-k 1/2/8, with and without renormalisation;
+ * hidden and expert widths that are not multiples of the kernels' tiles
+ * (so every tail is exercised) and the Qwen3-30B-A3B layer shape. Each
+ * shape runs as a prefill batch (one sequence, eager) and, up to 64
+ * tokens, as a decode batch (one token per sequence): decode steps are
+ * recorded, so the same step runs eagerly, is captured into a CUDA graph
+ * and is replayed, each time with new inputs, and each result must match
+ * the CPU — and a replay must actually have happened.
+ *
+ * Tolerances (relative L2 per comparison): the gathered-GEMV path (up to
+ * 4 tokens) keeps activations in F32: 1e-4. The grouped-GEMM path rounds
+ * the activations and the SwiGLU output to bf16 for the tensor cores:
+ * 1e-2. Tokens whose top-k choice is a near tie (the k-th and (k+1)-th
+ * router logits within 1e-4, computed on the host in double) may pick a
+ * different expert on either backend: those rows are left out and
+ * counted (there are a handful at most).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda.h"
+#include "test.h"
+
+static ns_backend *cpu, *gpu;
+static uint64_t rs = 0x9e3779b97f4a7c15ULL;
+
+static uint64_t next_u64(void) {
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return rs;
+}
+
+/* uniform in [-1, 1), never exactly zero */
+static float frand(void) {
+    float f = (float)((double)(next_u64() >> 40) / 8388608.0 - 1.0);
+    return f == 0.0f ? 0.5f : f;
+}
+
+static float *rand_vec(size_t n, float scale) {
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = frand() * scale;
+    return x;
+}
+
+#define OK(expr)                                                                          \
+    do {                                                                                  \
+        ns_error _e = {0};                                                                \
+        ns_status _s = (expr);                                                            \
+        if (_s != NS_OK) {                                                                \
+            fprintf(stdout, "#   %s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, _e.msg); \
+            t_cur_failed++;                                                               \
+        }                                                                                 \
+    } while (0)
+/* the expression must use &_e as its ns_error */
+
+/* T tokens as one sequence (prefill: eager) or as T one-token sequences
+ * (decode: recorded, captured, replayed). No KV pool: no attention runs. */
+static void batch(int32_t T, int decode) {
+    int32_t *pos = malloc((size_t)T * 4), *tok = calloc((size_t)T, 4), *ss = malloc(((size_t)T + 1) * 4),
+            *sl = malloc((size_t)T * 4), pt[1] = {0};
+    int32_t ns = decode ? T : 1;
+    for (int32_t i = 0; i < T; i++) pos[i] = decode ? 9 : i;
+    for (int32_t s = 0; s <= ns; s++) ss[s] = decode ? s : (s ? T : 0);
+    for (int32_t s = 0; s < ns; s++) sl[s] = decode ? 10 : T;
+    ns_batch b = {.n_tokens = T, .n_seqs = ns, .tokens = tok, .positions = pos, .seq_start = ss, .seq_len = sl,
+                  .page_table = pt, .max_pages = 0, .logit_rows = NULL, .n_logits = 0};
+    OK(cpu->ops->set_batch(cpu, &b, &_e));
+    OK(gpu->ops->set_batch(gpu, &b, &_e));
+    free(pos);
+    free(tok);
+    free(ss);
+    free(sl);
+}
+
+typedef struct {
+    ns_tensor c, g;
+} pair;
+
+static void pair_alloc(pair *p, int64_t rows, int64_t cols) {
+    memset(p, 0, sizeof *p);
+    OK(cpu->ops->tensor_alloc(cpu, &p->c, NS_DT_F32, rows, cols, &_e));
+    OK(gpu->ops->tensor_alloc(gpu, &p->g, NS_DT_F32, rows, cols, &_e));
+}
+
+static void pair_upload(pair *p, const float *x) {
+    OK(cpu->ops->tensor_upload(cpu, &p->c, x, &_e));
+    OK(gpu->ops->tensor_upload(gpu, &p->g, x, &_e));
+}
+
+static void pair_free(pair *p) {
+    if (p->c.data) cpu->ops->tensor_free(cpu, &p->c);
+    if (p->g.data) gpu->ops->tensor_free(gpu, &p->g);
+}
+
+static double rel_l2_rows(const float *a, const float *ref, int64_t rows, int64_t cols, const uint8_t *skip) {
+    double num = 0, den = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        if (skip && skip[r]) continue;
+        for (int64_t i = r * cols; i < (r + 1) * cols; i++) {
+            if (isnan(a[i]) || isnan(ref[i])) return INFINITY;
+            const double d = (double)a[i] - ref[i];
+            num += d * d;
+            den += (double)ref[i] * ref[i];
+        }
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* ------------------------------------------------------------ add_bias */
+
+static void bias_case(int64_t rows, int64_t cols, int decode) {
+    pair out;
+    pair_alloc(&out, rows, cols);
+    ns_tensor bc, bg;
+    float *b = rand_vec((size_t)cols, 1.0f);
+    OK(cpu->ops->weight_from_host(cpu, &bc, b, NS_DT_F32, 1, cols, &_e));
+    OK(gpu->ops->weight_from_host(gpu, &bg, b, NS_DT_F32, 1, cols, &_e));
+    const size_t n = (size_t)(rows * cols);
+    float *a = malloc(n * 4), *g = malloc(n * 4);
+    int64_t r0, c0, r1, c1;
+    ns_cuda_graph_stats(gpu, &r0, &c0, &c0);
+    (void)c1;
+    for (int rep = 0; rep < (decode ? 3 : 1); rep++) {
+        batch((int32_t)rows, decode);
+        float *x = rand_vec(n, 2.0f);
+        pair_upload(&out, x);
+        cpu->ops->add_bias(cpu, &out.c, &bc);
+        gpu->ops->add_bias(gpu, &out.g, &bg);
+        OK(cpu->ops->tensor_download(cpu, &out.c, a, &_e));
+        OK(gpu->ops->tensor_download(gpu, &out.g, g, &_e));
+        size_t diff = 0;
+        for (size_t i = 0; i < n; i++) diff += a[i] != g[i] || a[i] != x[i] + b[i % (size_t)cols];
+        CHECKF(diff == 0, "add_bias %lldx%lld (%s, run %d): %zu values differ", (long long)rows, (long long)cols,
+               decode ? "decode" : "prefill", rep, diff);
+        free(x);
+    }
+    ns_cuda_graph_stats(gpu, &r1, &c1, &c1);
+    if (decode) CHECKF(r1 > r0, "add_bias %lldx%lld: the decode step was never replayed from a graph", (long long)rows,
+                       (long long)cols);
+    free(a);
+    free(g);
+    free(b);
+    cpu->ops->tensor_free(cpu, &bc);
+    gpu->ops->tensor_free(gpu, &bg);
+    pair_free(&out);
+}
+
+TEST(test_add_bias) {
+    bias_case(1, 200, 0);
+    bias_case(7, 200, 0);
+    bias_case(300, 1024, 0);
+    bias_case(1, 4096, 1);
+    bias_case(64, 200, 1);
+}
+
+/* ------------------------------------------------------------- moe_ffn */
+
+typedef struct {
+    int E, H, F;
+    ns_tensor rc, rg;     /* router */
+    ns_tensor *xc, *xg;   /* experts, 3E each */
+    float *router_host;   /* [E, H] as stored (bf16-rounded) */
+} moe_w;
+
+static void moe_w_make(moe_w *w, int E, int H, int F, uint64_t seed) {
+    memset(w, 0, sizeof *w);
+    w->E = E, w->H = H, w->F = F;
+    const float rs_ = 2.0f / sqrtf((float)H), gs = 1.0f / sqrtf((float)H), ds = 1.0f / sqrtf((float)F);
+    OK(cpu->ops->weight_random(cpu, &w->rc, NS_DT_BF16, E, H, seed, rs_, &_e));
+    OK(gpu->ops->weight_random(gpu, &w->rg, NS_DT_BF16, E, H, seed, rs_, &_e));
+    w->router_host = malloc((size_t)E * H * 4);
+    OK(cpu->ops->tensor_download(cpu, &w->rc, w->router_host, &_e));
+    w->xc = calloc((size_t)3 * E, sizeof *w->xc);
+    w->xg = calloc((size_t)3 * E, sizeof *w->xg);
+    for (int i = 0; i < 3 * E; i++) {
+        const int down = i >= 2 * E;
+        const int64_t r = down ? H : F, cl = down ? F : H;
+        OK(cpu->ops->weight_random(cpu, &w->xc[i], NS_DT_BF16, r, cl, seed + 1 + (uint64_t)i, down ? ds : gs, &_e));
+        OK(gpu->ops->weight_random(gpu, &w->xg[i], NS_DT_BF16, r, cl, seed + 1 + (uint64_t)i, down ? ds : gs, &_e));
+    }
+}
+
+static void moe_w_free(moe_w *w) {
+    for (int i = 0; i < 3 * w->E; i++) {
+        cpu->ops->tensor_free(cpu, &w->xc[i]);
+        gpu->ops->tensor_free(gpu, &w->xg[i]);
+    }
+    cpu->ops->tensor_free(cpu, &w->rc);
+    gpu->ops->tensor_free(gpu, &w->rg);
+    free(w->xc);
+    free(w->xg);
+    free(w->router_host);
+}
+
+/* Marks tokens whose k-th and (k+1)-th router logits are within 1e-4
+ * (double precision on the host): either expert may be chosen. */
+static int near_ties(const moe_w *w, const float *x, int T, int K, uint8_t *skip) {
+    int n = 0;
+    double *lg = malloc((size_t)w->E * sizeof *lg);
+    for (int t = 0; t < T; t++) {
+        for (int e = 0; e < w->E; e++) {
+            double s = 0;
+            for (int h = 0; h < w->H; h++) s += (double)x[(size_t)t * w->H + h] * w->router_host[(size_t)e * w->H + h];
+            lg[e] = s;
+        }
+        /* k-th and (k+1)-th largest by partial selection */
+        double kth = 0, next = -INFINITY;
+        uint8_t *used = calloc((size_t)w->E, 1);
+        for (int j = 0; j <= K && j < w->E; j++) {
+            int best = -1;
+            for (int e = 0; e < w->E; e++)
+                if (!used[e] && (best < 0 || lg[e] > lg[best])) best = e;
+            used[best] = 1;
+            if (j == K - 1) kth = lg[best];
+            if (j == K) next = lg[best];
+        }
+        free(used);
+        skip[t] = K < w->E && kth - next < 1e-4;
+        n += skip[t];
+    }
+    free(lg);
+    return n;
+}
+
+/* One moe_ffn comparison at T tokens; returns the worst rel L2. */
+static double moe_run(const moe_w *w, pair *in, pair *out, int T, int K, bool norm, int decode, int reps,
+                      const char *what) {
+    const size_t nx = (size_t)T * w->H;
+    float *a = malloc(nx * 4), *g = malloc(nx * 4);
+    uint8_t *skip = calloc((size_t)T, 1);
+    const double tol = T <= 4 ? 1e-4 : 1e-2;
+    double worst = 0;
+    int64_t r0, c0, r1, c1;
+    ns_cuda_graph_stats(gpu, &r0, &c0, &c0);
+    ns_tensor ic = in->c, ig = in->g, oc = out->c, og = out->g;
+    ic.rows = ig.rows = oc.rows = og.rows = T;
+    for (int rep = 0; rep < reps; rep++) {
+        batch(T, decode);
+        float *x = rand_vec(nx, 1.0f), *o = rand_vec(nx, 0.5f);
+        OK(cpu->ops->tensor_upload(cpu, &ic, x, &_e));
+        OK(gpu->ops->tensor_upload(gpu, &ig, x, &_e));
+        OK(cpu->ops->tensor_upload(cpu, &oc, o, &_e));
+        OK(gpu->ops->tensor_upload(gpu, &og, o, &_e));
+        cpu->ops->moe_ffn(cpu, &oc, &ic, &w->rc, w->xc, w->E, K, norm);
+        gpu->ops->moe_ffn(gpu, &og, &ig, &w->rg, w->xg, w->E, K, norm);
+        OK(cpu->ops->tensor_download(cpu, &oc, a, &_e));
+        OK(gpu->ops->tensor_download(gpu, &og, g, &_e));
+        const int ties = near_ties(w, x, T, K, skip);
+        /* the MoE contribution alone, so the residual does not hide errors */
+        for (size_t i = 0; i < nx; i++) {
+            a[i] -= o[i];
+            g[i] -= o[i];
+        }
+        const double e = rel_l2_rows(g, a, T, w->H, skip);
+        if (e > worst) worst = e;
+        CHECKF(e <= tol, "%s run %d: rel L2 %.3g > %.3g (%d near-tie tokens left out)", what, rep, e, tol, ties);
+        CHECKF(ties * 20 <= T + 20, "%s: %d of %d tokens are near ties", what, ties, T);
+        free(x);
+        free(o);
+    }
+    ns_cuda_graph_stats(gpu, &r1, &c1, &c1);
+    if (decode && reps >= 3) CHECKF(r1 > r0, "%s: the decode step was never replayed from a graph", what);
+    printf("#   %-52s rel L2 %.3g\n", what, worst);
+    free(a);
+    free(g);
+    free(skip);
+    return worst;
+}
+
+typedef struct {
+    int T, E, K;
+    bool norm;
+} moe_case;
+
+static void moe_cases(int H, int F, const moe_case *cs, int n, const char *shape) {
+    int maxT = 0;
+    for (int i = 0; i < n; i++) maxT = cs[i].T > maxT ? cs[i].T : maxT;
+    pair in, out;
+    pair_alloc(&in, maxT, H);
+    pair_alloc(&out, maxT, H);
+    for (int i = 0; i < n; i++) {
+        moe_w w;
+        moe_w_make(&w, cs[i].E, H, F, 1000 + (uint64_t)i * 7919);
+        char what[96];
+        snprintf(what, sizeof what, "%s T=%d E=%d K=%d%s prefill", shape, cs[i].T, cs[i].E, cs[i].K,
+                 cs[i].norm ? " norm" : "");
+        moe_run(&w, &in, &out, cs[i].T, cs[i].K, cs[i].norm, 0, 1, what);
+        if (cs[i].T <= 64) {
+            snprintf(what, sizeof what, "%s T=%d E=%d K=%d%s decode x3", shape, cs[i].T, cs[i].E, cs[i].K,
+                     cs[i].norm ? " norm" : "");
+            moe_run(&w, &in, &out, cs[i].T, cs[i].K, cs[i].norm, 1, 3, what);
+        }
+        moe_w_free(&w);
+    }
+    pair_free(&in);
+    pair_free(&out);
+}
+
+TEST(test_moe_shapes) {
+    /* hidden 200 and expert width 104: neither is a multiple of the GEMM
+     * tiles (64) or K step (32), so every tail runs */
+    static const moe_case cs[] = {
+        {1, 8, 2, true},    {2, 8, 1, false},    {7, 8, 2, true},    {64, 8, 8, true},   {300, 8, 1, true},
+        {1, 64, 8, true},   {7, 64, 8, false},   {64, 64, 8, true},  {300, 64, 8, false}, {1, 128, 8, true},
+        {2, 128, 8, false}, {7, 128, 1, true},   {64, 128, 2, false}, {300, 128, 8, true}, {4, 128, 8, true},
+        {5, 128, 8, true},
+    };
+    moe_cases(200, 104, cs, (int)(sizeof cs / sizeof cs[0]), "H=200 F=104");
+}
+
+TEST(test_moe_qwen3_30b_layer) {
+    /* one Qwen3-30B-A3B layer: hidden 2048, 128 experts of 768, top 8 */
+    static const moe_case cs[] = {{1, 128, 8, true}, {64, 128, 8, true}, {300, 128, 8, true}};
+    pair in, out;
+    pair_alloc(&in, 300, 2048);
+    pair_alloc(&out, 300, 2048);
+    moe_w w;
+    moe_w_make(&w, 128, 2048, 768, 77);
+    for (int i = 0; i < 3; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "qwen3-30b layer T=%d prefill", cs[i].T);
+        moe_run(&w, &in, &out, cs[i].T, 8, true, 0, 1, what);
+        if (cs[i].T <= 64) {
+            snprintf(what, sizeof what, "qwen3-30b layer T=%d decode x3", cs[i].T);
+            moe_run(&w, &in, &out, cs[i].T, 8, true, 1, 3, what);
+        }
+    }
+    moe_w_free(&w);
+    pair_free(&in);
+    pair_free(&out);
+}
+
+TEST(test_moe_chunked_prefill) {
+    /* more tokens than one pass takes (CU_MOE_CHUNK = 4096) */
+    static const moe_case cs[] = {{4100, 8, 2, true}};
+    moe_cases(64, 32, cs, 1, "H=64 F=32");
+}
+
+TEST(test_moe_bad_shapes_fail) {
+    /* a hidden size that is not a multiple of 8 is refused with an error
+     * at the next sync, never run */
+    ns_backend *g2 = NULL;
+    ns_error err = {0};
+    if (ns_backend_cuda_create(0, &g2, &err) != NS_OK) {
+        CHECKF(0, "second cuda backend: %s", err.msg);
+        return;
+    }
+    ns_tensor in, out, r, ex[3];
+    OK(g2->ops->tensor_alloc(g2, &in, NS_DT_F32, 2, 12, &_e));
+    OK(g2->ops->tensor_alloc(g2, &out, NS_DT_F32, 2, 12, &_e));
+    OK(g2->ops->weight_random(g2, &r, NS_DT_BF16, 1 + 1, 12, 1, 1.0f, &_e));
+    OK(g2->ops->weight_random(g2, &ex[0], NS_DT_BF16, 8, 12, 2, 1.0f, &_e));
+    OK(g2->ops->weight_random(g2, &ex[1], NS_DT_BF16, 8, 12, 3, 1.0f, &_e));
+    OK(g2->ops->weight_random(g2, &ex[2], NS_DT_BF16, 12, 8, 4, 1.0f, &_e));
+    int32_t tok[2] = {0, 0}, pos[2] = {0, 1}, ss[2] = {0, 2}, sl[1] = {2}, pt[1] = {0};
+    ns_batch b = {.n_tokens = 2, .n_seqs = 1, .tokens = tok, .positions = pos, .seq_start = ss, .seq_len = sl,
+                  .page_table = pt, .max_pages = 0};
+    OK(g2->ops->set_batch(g2, &b, &_e));
+    ns_tensor r1 = r;
+    r1.rows = 1;
+    g2->ops->moe_ffn(g2, &out, &in, &r1, ex, 1, 1, true);
+    ns_status rc = g2->ops->sync(g2, &err);
+    CHECKF(rc != NS_OK, "moe_ffn with hidden 12 did not fail");
+    if (rc != NS_OK) printf("#   error as expected: %s\n", err.msg);
+    g2->ops->tensor_free(g2, &in);
+    g2->ops->tensor_free(g2, &out);
+    g2->ops->tensor_free(g2, &r);
+    for (int i = 0; i < 3; i++) g2->ops->tensor_free(g2, &ex[i]);
+    g2->ops->destroy(g2);
+}
+
+int main(void) {
+    ns_error err = {0};
+    if (ns_backend_cpu_create(8, &cpu, &err) != NS_OK) {
+        printf("not ok - setup: cpu backend: %s\n", err.msg);
+        return 1;
+    }
+    if (ns_backend_cuda_create(0, &gpu, &err) != NS_OK) {
+        printf("not ok - setup: cuda backend: %s\n", err.msg);
+        return 1;
+    }
+    RUN(test_add_bias);
+    RUN(test_moe_shapes);
+    RUN(test_moe_qwen3_30b_layer);
+    RUN(test_moe_chunked_prefill);
+    RUN(test_moe_bad_shapes_fail);
+    cpu->ops->destroy(cpu);
+    gpu->ops->destroy(gpu);
+    TEST_MAIN_END;
+}
