@@ -21,8 +21,6 @@ struct ns_sched_grammar {
     bool quit;
 };
 
-struct ns_gmatch *ns_request_grammar(const ns_request *r) { return r->params.grammar; }
-
 static void *worker(void *arg) {
     ns_sched_grammar *h = arg;
     pthread_mutex_lock(&h->mu);

@@ -49,7 +49,5 @@ void ns_sched_grammar_clear(ns_sampler *const *samplers, int32_t n);
 /* Queues the next masks of reqs[0, n) (requests with a grammar, not done)
  * on the worker; takes a reference to each. */
 void ns_sched_grammar_kick(ns_sched_grammar *h, ns_request *const *reqs, int32_t n);
-/* The request's grammar matcher (NULL: none). */
-struct ns_gmatch *ns_request_grammar(const ns_request *r);
 
 #endif
