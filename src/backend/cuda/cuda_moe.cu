@@ -6,15 +6,16 @@
  * it (expert choice lives in device memory).
  *
  * Per chunk of tokens (at most CU_MOE_CHUNK, so the scratch stays bounded):
- * 1. k_moe_route: router logits (F32 activations x BF16 router weights,
- *    F32 sums), softmax, top k (ties to the lower expert), renormalized
- *    when norm_topk: ids and weights per (token, k) slot. In the grouped
- *    path it also counts slots per expert.
+ * 1. k_moe_logits: router logits (F32 activations x BF16 router weights,
+ *    F32 sums), spread over many blocks; k_moe_topk: softmax, top k (ties
+ *    to the lower expert), renormalized when norm_topk: ids and weights
+ *    per (token, k) slot. In the grouped path it also counts slots per
+ *    expert.
  * 2a. Few tokens (decode, T <= CU_MOE_GEMV_MAX): gathered GEMVs. Each
  *    (slot, output row) warp reads the chosen expert's weight row, found
  *    through the device table of expert pointers: only the active experts'
  *    bytes are read. gate/up with the SwiGLU epilogue into h (F32), then
- *    down into y (F32, one row per slot).
+ *    down with the combine of step 3 folded in (no y, no extra launch).
  * 2b. More tokens (prefill, batched decode): k_moe_scan turns the counts
  *    into per-expert segments and tile offsets (a counting sort), the
  *    scatter places every slot in its expert's segment, and two grouped
@@ -73,7 +74,7 @@ static inline size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 /* Scratch layout for one chunk of Tc tokens. */
 struct moe_ws {
     int32_t *counts, *cursor, *offs, *tile_off, *ids, *rows, *pos;
-    float *wts;
+    float *wts, *logits;
     bf16 *xbf;
     void *h; /* F32 [TK, F] (GEMV path) or BF16 [TK, F] (GEMM path) */
     float *y;
@@ -95,6 +96,7 @@ static moe_ws ws_layout(uint8_t *base, int64_t Tc, int K, int E, int64_t H, int6
     TAKE(rows, int32_t, TK);
     TAKE(pos, int32_t, TK);
     TAKE(wts, float, TK);
+    TAKE(logits, float, (size_t)Tc * E);
     TAKE(xbf, bf16, (size_t)Tc * H);
     w.h = base ? base + o : NULL;
     o += al256(TK * (size_t)F * sizeof(float));
@@ -138,39 +140,50 @@ __global__ void k_add_bias(float *__restrict__ out, const float *__restrict__ b,
         out[i] += b[i % cols];
 }
 
-/* Router logits, softmax and top k for RT tokens per block (8 warps).
- * Warps take experts round-robin (each streams a router row once for all
- * RT tokens); then warp r < RT selects for token r. counts (grouped path
- * only) gets one atomic increment per chosen slot. */
-__global__ __launch_bounds__(256) void k_moe_route(const float *__restrict__ x, const bf16 *__restrict__ router,
-                                                    int T, int H, int E, int K, int norm, int32_t *__restrict__ ids,
-                                                    float *__restrict__ wts, int32_t *__restrict__ counts) {
+/* Router logits [T, E]: warp w of block (bx, by) computes expert
+ * bx*8 + w for tokens by*RT .. by*RT+RT-1, streaming the router row once
+ * for all of them. Spread over E/8 x T/RT blocks so that even one token
+ * has every router row in flight at once (one block streaming the whole
+ * router from HBM was latency-bound: ~4 KB in flight per SM). */
+__global__ __launch_bounds__(256) void k_moe_logits(const float *__restrict__ x, const bf16 *__restrict__ router,
+                                                     int T, int H, int E, float *__restrict__ logits) {
     PDL_ENTRY();
-    __shared__ float lg[RT * CU_MOE_MAX_E];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, t0 = blockIdx.x * RT;
+    const int e = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x & 31, t0 = blockIdx.y * RT;
+    if (e >= E) return;
     const int nr = T - t0 < RT ? T - t0 : RT;
     const int nch = H / 8;
-    for (int e = warp; e < E; e += 8) {
-        const uint4 *wr = reinterpret_cast<const uint4 *>(router + (size_t)e * H);
-        float acc[RT];
+    const uint4 *wr = reinterpret_cast<const uint4 *>(router + (size_t)e * H);
+    float acc[RT];
 #pragma unroll
-        for (int r = 0; r < RT; r++) acc[r] = 0.f;
-        for (int c = lane; c < nch; c += 32) {
-            const uint4 w = __ldg(wr + c);
+    for (int r = 0; r < RT; r++) acc[r] = 0.f;
+#pragma unroll 4
+    for (int c = lane; c < nch; c += 32) {
+        const uint4 w = moe_ld(wr + c);
 #pragma unroll
-            for (int r = 0; r < RT; r++)
-                if (r < nr) acc[r] += moe_dot8(w, x + (size_t)(t0 + r) * H + 8 * c);
-        }
-#pragma unroll
-        for (int r = 0; r < RT; r++) {
-            const float s = cu_warp_sum(acc[r]);
-            if (lane == 0) lg[r * CU_MOE_MAX_E + e] = s;
-        }
+        for (int r = 0; r < RT; r++)
+            if (r < nr) acc[r] += moe_dot8(w, x + (size_t)(t0 + r) * H + 8 * c);
     }
-    __syncthreads();
-    if (warp >= nr) return;
+#pragma unroll
+    for (int r = 0; r < RT; r++) {
+        const float s = cu_warp_sum(acc[r]);
+        if (lane == 0 && r < nr) logits[(size_t)(t0 + r) * E + e] = s;
+    }
+}
+
+/* Softmax and top k, one warp per token (8 per block): ids and weights
+ * of the token's k slots, renormalized when norm; counts (grouped path
+ * only) gets one atomic increment per chosen slot. */
+__global__ __launch_bounds__(256) void k_moe_topk(const float *__restrict__ logits, int T, int E, int K, int norm,
+                                                   int32_t *__restrict__ ids, float *__restrict__ wts,
+                                                   int32_t *__restrict__ counts) {
+    PDL_ENTRY();
+    __shared__ float lg[8 * CU_MOE_MAX_E];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, t = blockIdx.x * 8 + warp;
+    if (t >= T) return;
     float *p = lg + warp * CU_MOE_MAX_E;
-    const int t = t0 + warp;
+    const float *src = logits + (size_t)t * E;
+    for (int e = lane; e < E; e += 32) p[e] = src[e];
+    __syncwarp();
     float mx = p[0];
     for (int e = lane; e < E; e += 32) mx = p[e] > mx ? p[e] : mx;
 #pragma unroll
@@ -197,7 +210,7 @@ __global__ __launch_bounds__(256) void k_moe_route(const float *__restrict__ x, 
             if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
         }
         /* every lane holds the same (bv, bi) now */
-        const int id = bi < 0 ? 0 : bi;        /* NaN logits: a valid index, a poisoned weight */
+        const int id = bi < 0 ? 0 : bi; /* NaN logits: a valid index, a poisoned weight */
         const float w = bi < 0 ? __int_as_float(0x7fc00000) : bv;
         if (bi >= 0) ksum += w;
         if (lane == j) isel = id, wsel = w;
@@ -286,27 +299,55 @@ __global__ __launch_bounds__(256) void k_moe_gemv_gu(const float *__restrict__ x
     if (lane == 0) h[(size_t)slot * F + f] = moe_silu_mul(g, u);
 }
 
-/* Gathered GEMV, down: y[slot, r] = down_e[r, :] . h[slot, :] */
+/* Gathered GEMV, down, with the combine: warp w of block (bx, t)
+ * computes output row r = bx*8 + w of token t over the token's experts in
+ * ascending expert order: out[t, r] += p_e * (down_e[r, :] . h[slot, :]),
+ * each added with one FMA as the CPU reference's axpy does. Up to 8
+ * experts' rows are loaded at once. */
 __global__ __launch_bounds__(256) void k_moe_gemv_down(const float *__restrict__ h,
                                                         const bf16 *const *__restrict__ tab,
-                                                        const int32_t *__restrict__ ids, int E, int H, int F,
-                                                        float *__restrict__ y) {
+                                                        const int32_t *__restrict__ ids,
+                                                        const float *__restrict__ wts, int K, int E, int H, int F,
+                                                        float *__restrict__ out) {
     PDL_ENTRY();
-    const int r = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x & 31, slot = blockIdx.y;
+    __shared__ int32_t se[8][CU_MOE_MAX_K], ss[8][CU_MOE_MAX_K];
+    __shared__ float sw[8][CU_MOE_MAX_K];
+    const int warp = threadIdx.x / 32, r = blockIdx.x * 8 + warp, lane = threadIdx.x & 31, t = blockIdx.y;
     if (r >= H) return;
-    const int e = ids[slot];
-    const uint4 *wd = reinterpret_cast<const uint4 *>(tab[2 * E + e] + (size_t)r * F);
-    const float *hr = h + (size_t)slot * F;
-    float s = 0.f;
+    /* rank of each slot by expert id (a token's experts are distinct) */
+    const int32_t my_e = lane < K ? ids[(size_t)t * K + lane] : 0x7fffffff;
+    int rank = 0;
+    for (int j = 0; j < K; j++) rank += __shfl_sync(0xffffffffu, my_e, j) < my_e;
+    if (lane < K) {
+        se[warp][rank] = my_e;
+        ss[warp][rank] = t * K + lane;
+        sw[warp][rank] = wts[(size_t)t * K + lane];
+    }
+    __syncwarp();
+    float acc = out[(size_t)t * H + r];
     const int nch = F / 8;
-#pragma unroll 4
-    for (int c = lane; c < nch; c += 32) s += moe_dot8(moe_ld(wd + c), hr + 8 * c);
-    s = cu_warp_sum(s);
-    if (lane == 0) y[(size_t)slot * H + r] = s;
+    for (int s0 = 0; s0 < K; s0 += 8) {
+        float part[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            part[u] = 0.f;
+            if (s0 + u < K) {
+                const uint4 *wd = reinterpret_cast<const uint4 *>(tab[2 * E + se[warp][s0 + u]] + (size_t)r * F);
+                const float *hr = h + (size_t)ss[warp][s0 + u] * F;
+                for (int c = lane; c < nch; c += 32) part[u] += moe_dot8(moe_ld(wd + c), hr + 8 * c);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const float d = cu_warp_sum(part[u]);
+            if (s0 + u < K) acc = fmaf(sw[warp][s0 + u], d, acc);
+        }
+    }
+    if (lane == 0) out[(size_t)t * H + r] = acc;
 }
 
 /* out[t, :] += sum over the token's experts, ascending, of p * y[row].
- * pos == NULL: slot i's row is i (GEMV path). */
+ * pos == NULL: slot i's row is i. */
 __global__ __launch_bounds__(256) void k_moe_combine(float *__restrict__ out, const float *__restrict__ y,
                                                       const int32_t *__restrict__ ids, const float *__restrict__ wts,
                                                       const int32_t *__restrict__ pos, int K, int H) {
@@ -628,20 +669,20 @@ static void moe_chunk(cu_impl *c, const bf16 *const *tab, const bf16 *router, fl
     const float *x = (const float *)in->data + (size_t)r0 * H;
     const int TK = Tc * K;
     const bool gemv = Tc <= CU_MOE_GEMV_MAX;
-    cu_launch(c, k_moe_route, dim3((unsigned)((Tc + RT - 1) / RT)), dim3(256), 0, x, router, Tc, H, E, K, (int)norm,
+    cu_launch(c, k_moe_logits, dim3((unsigned)((E + 7) / 8), (unsigned)((Tc + RT - 1) / RT)), dim3(256), 0, x, router,
+              Tc, H, E, w.logits);
+    if (CU_LAUNCHED(c, "moe router")) return;
+    cu_launch(c, k_moe_topk, dim3((unsigned)((Tc + 7) / 8)), dim3(256), 0, (const float *)w.logits, Tc, E, K, (int)norm,
               w.ids, w.wts, gemv ? (int32_t *)NULL : w.counts);
-    if (CU_LAUNCHED(c, "moe route")) return;
+    if (CU_LAUNCHED(c, "moe top-k")) return;
     if (gemv) {
         float *h = (float *)w.h;
         cu_launch(c, k_moe_gemv_gu, dim3((unsigned)((F + 7) / 8), (unsigned)TK), dim3(256), 0, x, tab,
                   (const int32_t *)w.ids, K, E, H, F, h);
         if (CU_LAUNCHED(c, "moe gemv gate/up")) return;
-        cu_launch(c, k_moe_gemv_down, dim3((unsigned)((H + 7) / 8), (unsigned)TK), dim3(256), 0, (const float *)h, tab,
-                  (const int32_t *)w.ids, E, H, F, w.y);
-        if (CU_LAUNCHED(c, "moe gemv down")) return;
-        cu_launch(c, k_moe_combine, dim3((unsigned)Tc), dim3(256), 0, out + (size_t)r0 * H, (const float *)w.y,
-                  (const int32_t *)w.ids, (const float *)w.wts, (const int32_t *)NULL, K, H);
-        CU_LAUNCHED(c, "moe combine");
+        cu_launch(c, k_moe_gemv_down, dim3((unsigned)((H + 7) / 8), (unsigned)Tc), dim3(256), 0, (const float *)h, tab,
+                  (const int32_t *)w.ids, (const float *)w.wts, K, E, H, F, out + (size_t)r0 * H);
+        CU_LAUNCHED(c, "moe gemv down+combine");
         return;
     }
     cu_launch(c, k_moe_scan, dim3(1), dim3(1024), 0, w.counts, w.cursor, w.offs, w.tile_off, E);
