@@ -327,15 +327,23 @@ __global__ __launch_bounds__(256) void k_moe_gemv_down(const float *__restrict__
     float acc = out[(size_t)t * H + r];
     const int nch = F / 8;
     for (int s0 = 0; s0 < K; s0 += 8) {
+        /* chunk c of all 8 experts' rows per iteration: 8 independent
+         * loads in flight per lane (a loop per expert waited 8 times) */
+        const int nu = K - s0 < 8 ? K - s0 : 8;
+        const uint4 *wd[8];
+        const float *hr[8];
         float part[8];
 #pragma unroll
         for (int u = 0; u < 8; u++) {
+            const int q = s0 + (u < nu ? u : 0);
+            wd[u] = reinterpret_cast<const uint4 *>(tab[2 * E + se[warp][q]] + (size_t)r * F);
+            hr[u] = h + (size_t)ss[warp][q] * F;
             part[u] = 0.f;
-            if (s0 + u < K) {
-                const uint4 *wd = reinterpret_cast<const uint4 *>(tab[2 * E + se[warp][s0 + u]] + (size_t)r * F);
-                const float *hr = h + (size_t)ss[warp][s0 + u] * F;
-                for (int c = lane; c < nch; c += 32) part[u] += moe_dot8(moe_ld(wd + c), hr + 8 * c);
-            }
+        }
+        for (int c = lane; c < nch; c += 32) {
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (u < nu) part[u] += moe_dot8(moe_ld(wd[u] + c), hr[u] + 8 * c);
         }
 #pragma unroll
         for (int u = 0; u < 8; u++) {
