@@ -26,6 +26,9 @@
 #include "backend/cuda/cuda_internal.cuh"
 
 #define LOG2E 1.4426950408889634f
+/* Floats per split partial in p.ws: o[D], m, l, padded to 16 bytes so the
+ * merge reads o as float4. */
+#define CU_WS_ROW(D) ((D) + 4)
 
 struct attn_params {
     const float *q;
@@ -383,33 +386,49 @@ __device__ __forceinline__ void decode_merge(const attn_params &p, int di, int k
         const bool small = nsp <= 128 && p.G <= 8;
         if (small) {
             for (int j = warp; j < p.G; j += 4) {
-                const float *wb = p.ws + ((size_t)di * p.H + kvh * p.G + j) * nsp * (D + 2);
+                const float *wb = p.ws + ((size_t)di * p.H + kvh * p.G + j) * nsp * CU_WS_ROW(D);
                 float mloc = -INFINITY;
-                for (int sp = lane; sp < nsp; sp += 32) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * (D + 2) + D));
+                for (int sp = lane; sp < nsp; sp += 32) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * CU_WS_ROW(D) + D));
 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
                 float lloc = 0.f;
                 for (int sp = lane; sp < nsp; sp += 32) {
-                    const float m = __ldcg(wb + (size_t)sp * (D + 2) + D);
+                    const float m = __ldcg(wb + (size_t)sp * CU_WS_ROW(D) + D);
                     const float w = m == -INFINITY ? 0.f : exp2f(m - mloc);
                     wsp[j][sp] = w;
-                    lloc += __ldcg(wb + (size_t)sp * (D + 2) + D + 1) * w;
+                    lloc += __ldcg(wb + (size_t)sp * CU_WS_ROW(D) + D + 1) * w;
                 }
 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1) lloc += __shfl_xor_sync(0xffffffffu, lloc, o);
                 if (lane == 0) lsum[j] = lloc;
             }
             __syncthreads();
-            for (int i = tid; i < p.G * D; i += 128) {
-                const int j = i / D, d = i % D, h = kvh * p.G + j;
-                const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * (D + 2);
-                float o = 0.f;
-#pragma unroll 8
-                for (int sp = 0; sp < nsp; sp++) o += __ldcg(wb + (size_t)sp * (D + 2) + d) * wsp[j][sp];
+            /* one float4 of one head per thread, 16 splits' loads in
+             * flight: this CTA is the last of the layer's attention, so
+             * its dependent L2 loads are on the step's critical path */
+            for (int i = tid; i < p.G * (D / 4); i += 128) {
+                const int j = i / (D / 4), d = (i % (D / 4)) * 4, h = kvh * p.G + j;
+                const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * CU_WS_ROW(D) + d;
+                float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 16
+                for (int sp = 0; sp < nsp; sp++) {
+                    const float4 v = __ldcg(reinterpret_cast<const float4 *>(wb + (size_t)sp * CU_WS_ROW(D)));
+                    const float w = wsp[j][sp];
+                    o.x = fmaf(v.x, w, o.x);
+                    o.y = fmaf(v.y, w, o.y);
+                    o.z = fmaf(v.z, w, o.z);
+                    o.w = fmaf(v.w, w, o.w);
+                }
                 const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
-                const float v = o / lsum[j];
-                p.out[off] = v;
-                if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
+                const float inv = 1.0f / lsum[j];
+                const float4 v = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+                *reinterpret_cast<float4 *>(p.out + off) = v;
+                if (p.out_bf) {
+                    uint2 u;
+                    u.x = pack_bf16(v.x, v.y);
+                    u.y = pack_bf16(v.z, v.w);
+                    *reinterpret_cast<uint2 *>(p.out_bf + off) = u;
+                }
             }
         } else {
             /* many splits: per head, threads over splits */
@@ -417,9 +436,9 @@ __device__ __forceinline__ void decode_merge(const attn_params &p, int di, int k
             __shared__ float red2[4];
             for (int j = 0; j < p.G; j++) {
                 const int h = kvh * p.G + j;
-                const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * (D + 2);
+                const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * CU_WS_ROW(D);
                 float mloc = -INFINITY;
-                for (int sp = tid; sp < nsp; sp += 128) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * (D + 2) + D));
+                for (int sp = tid; sp < nsp; sp += 128) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * CU_WS_ROW(D) + D));
 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
                 if (lane == 0) red2[warp] = mloc;
@@ -428,10 +447,10 @@ __device__ __forceinline__ void decode_merge(const attn_params &p, int di, int k
                 __syncthreads();
                 float lloc = 0.f;
                 for (int sp = tid; sp < nsp; sp += 128) {
-                    const float m = __ldcg(wb + (size_t)sp * (D + 2) + D);
+                    const float m = __ldcg(wb + (size_t)sp * CU_WS_ROW(D) + D);
                     const float w = m == -INFINITY ? 0.f : exp2f(m - M);
                     wbig[sp] = w;
-                    lloc += __ldcg(wb + (size_t)sp * (D + 2) + D + 1) * w;
+                    lloc += __ldcg(wb + (size_t)sp * CU_WS_ROW(D) + D + 1) * w;
                 }
 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1) lloc += __shfl_xor_sync(0xffffffffu, lloc, o);
@@ -441,7 +460,7 @@ __device__ __forceinline__ void decode_merge(const attn_params &p, int di, int k
                 for (int d = tid; d < D; d += 128) {
                     float o = 0.f;
 #pragma unroll 8
-                    for (int sp = 0; sp < nsp; sp++) o += __ldcg(wb + (size_t)sp * (D + 2) + d) * wbig[sp];
+                    for (int sp = 0; sp < nsp; sp++) o += __ldcg(wb + (size_t)sp * CU_WS_ROW(D) + d) * wbig[sp];
                     const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
                     const float v = o / Ls;
                     p.out[off] = v;
@@ -629,7 +648,7 @@ __global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off
                 p.out[off] = v;
                 if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
             } else {
-                float *w = p.ws + (((size_t)di * p.H + h) * nsp + split) * (D + 2);
+                float *w = p.ws + (((size_t)di * p.H + h) * nsp + split) * CU_WS_ROW(D);
                 w[d] = o;
                 if (d == 0) {
                     w[D] = ms[j];
@@ -845,7 +864,7 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
             p.out[off] = v;
             if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
         } else {
-            float *wsp = p.ws + (((size_t)di * p.H + h) * nsp + split) * (D + 2);
+            float *wsp = p.ws + (((size_t)di * p.H + h) * nsp + split) * CU_WS_ROW(D);
             wsp[d] = ov;
             if (d == 0) {
                 wsp[D] = M;
@@ -1038,7 +1057,7 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
                              (c->attn_dec_mma == CU_SW_ON_ALT || m->n_splits >= 32 || m->n_dec >= 16);
         int nsp = use_mma ? decode_mma_splits(m->n_splits) : m->n_splits;
         if (nsp > 1) {
-            size_t need = (size_t)m->n_dec * n_heads * nsp * (D + 2);
+            size_t need = (size_t)m->n_dec * n_heads * nsp * CU_WS_ROW(D);
             size_t need_cnt = (size_t)m->n_dec * l->n_kv_heads;
             if (need > c->attn_ws_floats || need_cnt > c->attn_cnt_n) {
                 if (c->capturing) {

@@ -158,7 +158,7 @@ typedef struct cu_impl {
     /* scratch */
     bf16 *conv;            /* bf16 conversion scratch for matmul inputs */
     size_t conv_elems;
-    float *attn_ws;        /* split-KV partials: o[D], m, l per (dec, head, split) */
+    float *attn_ws;        /* split-KV partials: o[D], m, l per (dec, head, split), rows of D + 4 floats */
     size_t attn_ws_floats;
     int32_t *attn_cnt;     /* per (dec seq, kv head): splits finished (self-resetting) */
     size_t attn_cnt_n;
@@ -207,6 +207,10 @@ typedef struct cu_impl {
     int32_t n_moe_tables, cap_moe_tables;
     void *moe_ws;
     size_t moe_ws_bytes;
+
+    /* quantized weights (cuda_quant.cu): activation and dequantization
+     * scratch, created by the first quantized weight's upload */
+    struct cu_quant *quant;
 
     /* options */
     int gemv_max; /* use the GEMV kernel for n <= gemv_max */
@@ -400,5 +404,28 @@ void cu_moe_free(cu_impl *c);
 /* matmul: out[n,m] = in[n,k] @ w[m,k]^T with w BF16 and in given as BF16 */
 void cu_gemm(cu_impl *c, float *out, const bf16 *in_bf, const float *in_f32, const bf16 *w, int64_t n, int64_t m,
              int64_t k);
+
+/* ---- quantized weights (cuda_quant.cu) ----
+ * Weights of type Q8_0/Q4_0/Q4_K/Q5_K/Q6_K hold the file's bytes,
+ * rearranged at upload (layout in cuda_quant.cu). Products with n <=
+ * CU_QGEMV_MAX input rows run a GEMV on the blocks; larger n dequantize
+ * the weight into a bf16 scratch and use cuBLASLt (in_bf required). */
+#define CU_QGEMV_MAX 8
+/* Whether rows x cols is a shape the quantized kernels take. */
+bool cu_quant_check_shape(ns_dtype dt, int64_t rows, int64_t cols);
+/* t allocated with its quantized dtype: ggml blocks at src -> device;
+ * also sizes the scratch. False on error (recorded in c). */
+bool cu_quant_upload(cu_impl *c, ns_tensor *t, const void *src);
+/* Random blocks (dummy weights), |value| about <= scale. */
+bool cu_quant_random(cu_impl *c, ns_tensor *t, uint64_t seed, float scale);
+void cu_quant_free(cu_impl *c);
+size_t cu_quant_scratch_bytes(const cu_impl *c);
+void cu_quant_matmul(cu_impl *c, float *out, const float *in, const bf16 *in_bf, const ns_tensor *w, int64_t n);
+/* Up to 3 quantized weights of one type and k sharing the input x [n, k]. */
+void cu_quant_gemv_multi(cu_impl *c, int nseg, float *const *out, const ns_tensor *const *w, const float *x, int n,
+                         int k);
+void cu_quant_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf, const ns_tensor *wg,
+                          const ns_tensor *wu, const float *x, int n, int k);
+void cu_quant_embed(cu_impl *c, float *out, const ns_tensor *table, int n_tokens);
 
 #endif
