@@ -146,8 +146,13 @@ __global__ void k_add_bias(float *__restrict__ out, const float *__restrict__ b,
  * has every router row in flight at once (one block streaming the whole
  * router from HBM was latency-bound: ~4 KB in flight per SM). */
 __global__ __launch_bounds__(256) void k_moe_logits(const float *__restrict__ x, const bf16 *__restrict__ router,
-                                                     int T, int H, int E, float *__restrict__ logits) {
+                                                     int T, int H, int E, float *__restrict__ logits,
+                                                     int32_t *__restrict__ counts) {
     PDL_ENTRY();
+    /* the grouped path's per-expert counts start from zero every time
+     * (k_moe_topk, the next kernel, increments them) */
+    if (counts && blockIdx.x == 0 && blockIdx.y == 0)
+        for (int i = threadIdx.x; i < E; i += blockDim.x) counts[i] = 0;
     const int e = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x & 31, t0 = blockIdx.y * RT;
     if (e >= E) return;
     const int nr = T - t0 < RT ? T - t0 : RT;
@@ -227,8 +232,7 @@ __global__ __launch_bounds__(256) void k_moe_topk(const float *__restrict__ logi
 }
 
 /* Counting sort, step 2 (one block of 1024 threads, E <= 1024): segment
- * starts offs[E+1], 64-row tile starts tile_off[E+1], scatter cursors;
- * resets counts for the next call. */
+ * starts offs[E+1], 64-row tile starts tile_off[E+1], scatter cursors. */
 __global__ __launch_bounds__(1024) void k_moe_scan(int32_t *__restrict__ counts, int32_t *__restrict__ cursor,
                                                     int32_t *__restrict__ offs, int32_t *__restrict__ tile_off, int E) {
     PDL_ENTRY();
@@ -258,7 +262,6 @@ __global__ __launch_bounds__(1024) void k_moe_scan(int32_t *__restrict__ counts,
         offs[e + 1] = ic;
         tile_off[e + 1] = it;
         cursor[e] = ic - c;
-        counts[e] = 0;
     }
     if (e == 0) offs[0] = 0, tile_off[0] = 0;
 }
@@ -270,6 +273,7 @@ __global__ void k_moe_scatter(const int32_t *__restrict__ ids, int32_t *__restri
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= TK) return;
     const int p = atomicAdd(&cursor[ids[i]], 1);
+    if (p >= TK) return; /* cannot happen with consistent counts; never write out of bounds */
     rows[p] = i;
     pos[i] = p;
 }
@@ -405,6 +409,7 @@ struct moe_gemm_args {
     int N, Kd;              /* output columns, reduction length (multiple of 8) */
     const int32_t *offs, *tile_off;
     int E;
+    int rows;               /* T * top_k: no row at or past it is read or written */
     bf16 *out_bf;           /* gate/up: h = silu(gate) * up, BF16 [TK, N] */
     float *out_f;           /* down: y F32 [TK, N] */
 };
@@ -427,7 +432,7 @@ __global__ __launch_bounds__(128) void k_moe_gemm(moe_gemm_args g) {
         else hi = mid;
     }
     const int e = lo;
-    const int m0 = g.offs[e] + (tile - g.tile_off[e]) * MG_BM, m_end = g.offs[e + 1];
+    const int m0 = g.offs[e] + (tile - g.tile_off[e]) * MG_BM, m_end = min(g.offs[e + 1], g.rows);
     const int n0 = blockIdx.x * MG_BN;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, wm = warp / 2, wn = warp % 2;
     const bf16 *W[NB];
@@ -613,7 +618,6 @@ static bool moe_reserve(cu_impl *c, int64_t Tc, int K, int E, int64_t H, int64_t
     cu_bump_generation(c);
     void *p = NULL;
     if (cu_check(c, cudaMalloc(&p, w.bytes), "cudaMalloc(moe scratch)")) return false;
-    /* the counts self-reset after each use (k_moe_scan); start at zero */
     if (cu_check(c, cudaMemsetAsync(p, 0, w.bytes, c->stream), "moe scratch clear")) {
         cudaFree(p);
         return false;
@@ -678,7 +682,7 @@ static void moe_chunk(cu_impl *c, const bf16 *const *tab, const bf16 *router, fl
     const int TK = Tc * K;
     const bool gemv = Tc <= CU_MOE_GEMV_MAX;
     cu_launch(c, k_moe_logits, dim3((unsigned)((E + 7) / 8), (unsigned)((Tc + RT - 1) / RT)), dim3(256), 0, x, router,
-              Tc, H, E, w.logits);
+              Tc, H, E, w.logits, gemv ? (int32_t *)NULL : w.counts);
     if (CU_LAUNCHED(c, "moe router")) return;
     cu_launch(c, k_moe_topk, dim3((unsigned)((Tc + 7) / 8)), dim3(256), 0, (const float *)w.logits, Tc, E, K, (int)norm,
               w.ids, w.wts, gemv ? (int32_t *)NULL : w.counts);
@@ -719,6 +723,7 @@ static void moe_chunk(cu_impl *c, const bf16 *const *tab, const bf16 *router, fl
     g1.offs = w.offs;
     g1.tile_off = w.tile_off;
     g1.E = E;
+    g1.rows = TK;
     g1.out_bf = (bf16 *)w.h;
     cu_launch(c, k_moe_gemm<2>, dim3((unsigned)((F + MG_BN - 1) / MG_BN), (unsigned)max_tiles), dim3(128), 0, g1);
     if (CU_LAUNCHED(c, "moe grouped gemm gate/up")) return;
