@@ -36,27 +36,32 @@ static uint64_t g_tick;
 
 /* ---- grammars ---- */
 
-/* Free text up to and including "</think>" (a byte automaton for "does
- * not contain </think> yet"), from s. */
-static uint32_t think_body(ns_gnfa *n, uint32_t s) {
-    static const char pat[] = "</think>";
-    const int L = (int)sizeof(pat) - 1;
-    uint32_t k[8], done = ns_gnfa_state(n);
+/* Text up to and including pat (a byte automaton for "does not contain
+ * pat yet"; pat's first byte occurs in it only once, so a mismatch falls
+ * back to state 0, or 1 on that byte), from s. strict: the text is
+ * well-formed UTF-8 without control characters other than tab, newline
+ * and carriage return (an XML parameter value); otherwise any bytes (a
+ * reasoning block). */
+static uint32_t text_until(ns_gnfa *n, uint32_t s, const char *pat, bool strict) {
+    const int L = (int)strlen(pat);
+    uint32_t k[32], done = ns_gnfa_state(n);
+    if (L < 1 || L > 32) return 0;
+    const uint8_t first = (uint8_t)pat[0];
     k[0] = s;
     for (int i = 1; i < L; i++) k[i] = ns_gnfa_state(n);
     for (int i = 0; i < L; i++) {
         uint8_t want = (uint8_t)pat[i];
-        uint32_t next = i + 1 < L ? k[i + 1] : done;
-        ns_gnfa_byte(n, k[i], want, want, next);
-        /* any other byte: back to 1 on '<', else to 0 */
-        for (int b = 0; b < 256; b++) {
-            if (b == want) continue;
+        ns_gnfa_byte(n, k[i], want, want, i + 1 < L ? k[i + 1] : done);
+        int top = strict ? 0x7F : 0xFF;
+        for (int b = 0; b <= top; b++) {
+            if (b == want || (strict && b < 0x20 && b != '\t' && b != '\n' && b != '\r')) continue;
             int hi = b;
-            while (hi + 1 < 256 && hi + 1 != want && hi + 1 != '<') hi++;
-            if (b == '<') hi = b;
-            ns_gnfa_byte(n, k[i], (uint8_t)b, (uint8_t)hi, b == '<' ? k[1] : k[0]);
+            if (b != first)
+                while (hi + 1 <= top && hi + 1 != want && hi + 1 != first && (!strict || hi + 1 >= 0x20)) hi++;
+            ns_gnfa_byte(n, k[i], (uint8_t)b, (uint8_t)hi, b == first ? k[1] : k[0]);
             b = hi;
         }
+        if (strict) ns_gnfa_utf8_multi(n, k[i], k[0], false);
     }
     return done;
 }
@@ -74,12 +79,132 @@ static uint32_t after_think(ns_gnfa *n, uint32_t s) {
 
 /* The reasoning block the answer may (or must) start with, from s. */
 static uint32_t think_prefix(ns_gnfa *n, uint32_t s, const ns_gen_opts *o) {
-    if (o->in_think) return after_think(n, think_body(n, s));
+    if (o->in_think) return after_think(n, text_until(n, s, "</think>", false));
     if (!o->reasoning || o->think_closed) return s;
     uint32_t e = ns_gnfa_state(n);
     ns_gnfa_eps(n, s, e);
-    ns_gnfa_eps(n, after_think(n, think_body(n, ns_gnfa_lits(n, s, "<think>"))), e);
+    ns_gnfa_eps(n, after_think(n, text_until(n, ns_gnfa_lits(n, s, "<think>"), "</think>", false)), e);
     return e;
+}
+
+/* ---- Qwen3-Coder XML calls ----
+ * <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...
+ * </function>\n</tool_call>. The parser (toolcall.c) keeps a value as
+ * raw text when the parameter's schema allows only strings, and reads it
+ * as JSON otherwise; the grammar writes each value the way it is read. */
+
+enum { XT_STR = 1, XT_OTHER = 2 };
+
+/* Which kinds of JSON values a schema names, as the parser sees it
+ * (types, enum and const values, through anyOf/oneOf/allOf). */
+static unsigned xml_kinds(const json_t *s, int depth) {
+    if (!json_is_object(s) || depth > 16) return 0;
+    unsigned m = 0;
+    const json_t *t = json_object_get(s, "type"), *e;
+    size_t i;
+    if (json_is_string(t)) m |= strcmp(json_string_value(t), "string") ? XT_OTHER : XT_STR;
+    json_array_foreach(t, i, e) m |= json_is_string(e) && !strcmp(json_string_value(e), "string") ? XT_STR : XT_OTHER;
+    static const char *const combos[] = {"anyOf", "oneOf", "allOf"};
+    for (int k = 0; k < 3; k++) json_array_foreach(json_object_get(s, combos[k]), i, e) m |= xml_kinds(e, depth + 1);
+    json_array_foreach(json_object_get(s, "enum"), i, e) m |= json_is_string(e) ? XT_STR : XT_OTHER;
+    if ((e = json_object_get(s, "const"))) m |= json_is_string(e) ? XT_STR : XT_OTHER;
+    return m;
+}
+
+/* A raw string value (then "\n</parameter>"): free text, or one of the
+ * enum / const strings. False with msg set for a constraint raw text
+ * cannot carry here. */
+static bool xml_raw(ns_gnfa *n, const json_t *ps, uint32_t s, uint32_t *end, char *msg, size_t cap) {
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)ps, k, v) {
+        if (!strcmp(k, "type") || !strcmp(k, "enum") || !strcmp(k, "const") || !strcmp(k, "description") ||
+            !strcmp(k, "title") || !strcmp(k, "default") || !strcmp(k, "examples") || !strcmp(k, "$comment"))
+            continue;
+        snprintf(msg, cap, "'%s' on a string parameter is not supported for forced calls in this model's "
+                 "Qwen3-Coder XML format", k);
+        return false;
+    }
+    const json_t *en = json_object_get(ps, "enum"), *cn = json_object_get(ps, "const");
+    if (!en && !cn) {
+        *end = ns_gnfa_lits(n, text_until(n, s, "\n</parameter>", true), "\n");
+        return true;
+    }
+    uint32_t e = ns_gnfa_state(n);
+    size_t i;
+    json_array_foreach(en, i, v) if (json_is_string(v)) ns_gnfa_eps(n, ns_gnfa_lits(n, s, json_string_value(v)), e);
+    if (json_is_string(cn)) ns_gnfa_eps(n, ns_gnfa_lits(n, s, json_string_value(cn)), e);
+    *end = ns_gnfa_lits(n, e, "\n</parameter>\n");
+    return true;
+}
+
+/* The parameters of one XML call (tool schema `params`), from s. */
+static bool xml_params(ns_gnfa *n, const json_t *params, uint32_t s, uint32_t *end, char *msg, size_t cap) {
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)params, k, v) {
+        static const char *const ok[] = {"type", "properties", "required", "additionalProperties", "$defs",
+                                         "definitions", "$schema", "$id", "$comment", "title", "description",
+                                         "default", "examples", NULL};
+        bool known = false;
+        for (int j = 0; ok[j]; j++) known |= !strcmp(ok[j], k);
+        if (!known) {
+            snprintf(msg, cap, "'%s' at the top of the parameters is not supported for forced calls in this "
+                     "model's Qwen3-Coder XML format", k);
+            return false;
+        }
+    }
+    const json_t *props = json_object_get(params, "properties"), *req = json_object_get(params, "required");
+    size_t i;
+    json_array_foreach(req, i, v) if (!json_is_string(v) || !json_object_get(props, json_string_value(v))) {
+        snprintf(msg, cap, "a required parameter missing from 'properties' is not supported for forced calls in "
+                 "this model's Qwen3-Coder XML format");
+        return false;
+    }
+    json_object_foreach((json_t *)props, k, v) {
+        bool required = false;
+        const json_t *r;
+        json_array_foreach(req, i, r) required |= json_is_string(r) && !strcmp(json_string_value(r), k);
+        uint32_t skip = ns_gnfa_state(n);
+        if (!required) ns_gnfa_eps(n, s, skip);
+        char open[300];
+        if (snprintf(open, sizeof(open), "<parameter=%s>\n", k) >= (int)sizeof(open)) {
+            snprintf(msg, cap, "a parameter name is too long");
+            return false;
+        }
+        uint32_t t = ns_gnfa_lits(n, s, open), e;
+        if (xml_kinds(v, 0) == XT_STR) {
+            if (!xml_raw(n, v, t, &e, msg, cap)) return false;
+        } else {
+            char path[300], err[384];
+            snprintf(path, sizeof(path), "/properties/%s", k);
+            if (!ns_gschema_emit_in(n, params, v, path, t, &e, err, sizeof(err))) {
+                snprintf(msg, cap, "%s", err);
+                return false;
+            }
+            e = ns_gnfa_lits(n, e, "\n</parameter>\n");
+        }
+        ns_gnfa_eps(n, e, skip);
+        s = skip;
+    }
+    *end = s;
+    return true;
+}
+
+static bool emit_xml_call(ns_gnfa *n, const json_t *name, const json_t *params, uint32_t s, uint32_t *end, char *msg,
+                          size_t cap) {
+    char open[300];
+    if (snprintf(open, sizeof(open), "<tool_call>\n<function=%s>\n", json_string_value(name)) >= (int)sizeof(open)) {
+        snprintf(msg, cap, "a tool name is too long");
+        return false;
+    }
+    char err[400];
+    if (!xml_params(n, params, ns_gnfa_lits(n, s, open), &s, err, sizeof(err))) {
+        snprintf(msg, cap, "tool '%s' parameters: %s", json_string_value(name), err);
+        return false;
+    }
+    *end = ns_gnfa_lits(n, s, "</function>\n</tool_call>");
+    return true;
 }
 
 static const json_t *tool_fn(const json_t *tool) {
@@ -97,6 +222,11 @@ static bool emit_call(ns_gnfa *n, ns_toolfmt fmt, const json_t *tool, uint32_t s
     }
     json_t *obj_any = NULL;
     if (!params || json_is_null(params)) params = obj_any = json_pack("{s:s}", "type", "object");
+    if (fmt == NS_TOOLFMT_QWEN_XML) {
+        bool r = emit_xml_call(n, name, params, s, end, msg, cap);
+        json_decref(obj_any);
+        return r;
+    }
     char *nj = json_dumps(name, JSON_COMPACT | JSON_ENCODE_ANY);
     bool ok = nj != NULL;
     if (ok) {
@@ -273,12 +403,12 @@ static bool check_spec(const ns_struct_spec *sp, ns_toolfmt fmt, const ns_gen_op
             ns_http_error_set(e, 400, "tool_choice", "invalid_value", "tool_choice names no function");
             return false;
         }
-        if (fmt != NS_TOOLFMT_HERMES && fmt != NS_TOOLFMT_LLAMA_JSON) {
+        if (fmt != NS_TOOLFMT_HERMES && fmt != NS_TOOLFMT_LLAMA_JSON && fmt != NS_TOOLFMT_QWEN_XML) {
             ns_http_error_set(e, 400, "tool_choice", fmt == NS_TOOLFMT_NONE ? "tools_not_supported" : "unsupported_value",
                               fmt == NS_TOOLFMT_NONE
                                   ? "this model's chat template has no tool-call format, so tool calls cannot be forced"
                                   : "forced tool calls are not supported for this model's tool-call format yet "
-                                    "(Hermes <tool_call> and Llama 3 JSON are)");
+                                    "(Hermes <tool_call>, Llama 3 JSON and Qwen3-Coder XML are)");
             return false;
         }
     }

@@ -14,7 +14,9 @@
  * Tool calls are written in the model's own tool-call syntax (o->toolfmt,
  * chosen from the chat template: Hermes `<tool_call>{"name": ...,
  * "arguments": {...}}</tool_call>`, Llama 3 `{"name": ..., "parameters":
- * {...}}`), so the existing tool-call parser reads them back.
+ * {...}}`, Qwen3-Coder XML `<function=NAME><parameter=P>` with raw string
+ * values), so the existing tool-call parser reads them back. Mistral's
+ * [TOOL_CALLS] (a special token) is refused.
  *
  * Thinking models: when the template knows <think> (o->reasoning), the
  * grammar lets the reasoning block come first — an optional

@@ -483,13 +483,19 @@ static uint32_t value(gs *c, const json_t *sch, uint32_t s, int depth) {
 }
 
 bool ns_gschema_emit(ns_gnfa *n, const json_t *schema, uint32_t s, uint32_t *end, char *err, size_t errcap) {
+    return ns_gschema_emit_in(n, schema, schema, "", s, end, err, errcap);
+}
+
+bool ns_gschema_emit_in(ns_gnfa *n, const json_t *root, const json_t *schema, const char *path, uint32_t s,
+                        uint32_t *end, char *err, size_t errcap) {
     gs *c = calloc(1, sizeof(*c));
     if (!c) {
         snprintf(err, errcap, "out of memory");
         return false;
     }
     c->n = n;
-    c->root = schema;
+    c->root = root;
+    snprintf(c->path, sizeof(c->path), "%s", path ? path : "");
     c->err = err;
     c->errcap = errcap;
     uint32_t e = value(c, schema, s, 0);

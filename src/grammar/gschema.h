@@ -39,5 +39,9 @@
  * message naming the keyword and its location) set; the NFA may then hold
  * unused states. */
 bool ns_gschema_emit(ns_gnfa *n, const json_t *schema, uint32_t s, uint32_t *end, char *err, size_t errcap);
+/* The same for a subschema of root: $refs resolve in root, and messages
+ * locate keywords under path (a JSON pointer into root, "" = root). */
+bool ns_gschema_emit_in(ns_gnfa *n, const json_t *root, const json_t *schema, const char *path, uint32_t s,
+                        uint32_t *end, char *err, size_t errcap);
 
 #endif

@@ -8,6 +8,7 @@
 #include <jansson.h>
 
 #include "api/structured.h"
+#include "api/toolcall.h"
 #include "grammar/gmatch.h"
 #include "test.h"
 #include "tokenizer/tokenizer.h"
@@ -144,6 +145,66 @@ TEST(forced_tool_calls_hermes_and_llama) {
     json_decref(tools);
 }
 
+/* Qwen3-Coder XML: string parameters raw, others JSON, and the tool-call
+ * parser reads an accepted call back as valid arguments */
+TEST(forced_tool_calls_qwen_xml) {
+    if (!setup()) return;
+    json_t *tools = json_loads(
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"city\":{\"type\":\"string\",\"description\":\"a city\"},\"unit\":{\"enum\":[\"c\",\"f\"]},"
+        "\"days\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":7},\"opts\":{\"$ref\":\"#/$defs/o\"}},"
+        "\"required\":[\"city\",\"unit\"],\"$defs\":{\"o\":{\"type\":\"object\",\"properties\":{\"x\":"
+        "{\"type\":\"boolean\"}},\"required\":[\"x\"],\"additionalProperties\":false}}}}}]",
+        0, NULL);
+    CHECK(tools != NULL);
+    ns_http_error e;
+    ns_struct_spec req = {.kind = NS_STRUCT_TOOL_REQUIRED, .tools = tools};
+    ns_gen_opts o = {.toolfmt = NS_TOOLFMT_QWEN_XML};
+    ns_gmatch *m = attach(&req, &o, &e);
+    CHECKF(m, "%s", e.message);
+    const char *good = "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York <b> \"x\"\nline 2\n</parameter>\n"
+                       "<parameter=unit>\nc\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=opts>\n"
+                       "{\"x\": true}\n</parameter>\n</function>\n</tool_call>";
+    if (m) {
+        ACCEPT(m, good);
+        ACCEPT(m, "<tool_call>\n<function=get_weather>\n<parameter=city>\n\n</parameter>\n<parameter=unit>\nf\n"
+                  "</parameter>\n</function>\n</tool_call>");
+        REJECT(m, "<tool_call>\n<function=get_weather>\n<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>");
+        REJECT(m, "<tool_call>\n<function=get_weather>\n<parameter=city>\nx\n</parameter>\n<parameter=unit>\nk\n"
+                  "</parameter>\n</function>\n</tool_call>");
+        REJECT(m, "<tool_call>\n<function=get_weather>\n<parameter=city>\nx\n</parameter>\n<parameter=unit>\nc\n"
+                  "</parameter>\n<parameter=days>\n9\n</parameter>\n</function>\n</tool_call>");
+        REJECT(m, "<tool_call>\n<function=get_weather>\n<parameter=city>\nx\x01\n</parameter>\n<parameter=unit>\nc\n"
+                  "</parameter>\n</function>\n</tool_call>");
+        ns_structured_detach(&o);
+    }
+    ns_toolparse tp;
+    CHECK(ns_toolparse_init(&tp, NS_TOOLFMT_QWEN_XML, NULL, 0, 1) == NS_OK);
+    CHECK(ns_toolparse_set_schemas(&tp, tools) == NS_OK);
+    CHECK(ns_toolparse_feed(&tp, good, strlen(good)) == NS_OK && ns_toolparse_finish(&tp) == NS_OK);
+    CHECK_EQ_INT(tp.n_calls, 1);
+    if (tp.n_calls == 1) {
+        json_t *args = json_loadb(tp.calls[0].args.data, tp.calls[0].args.len, 0, NULL);
+        CHECKF(tp.calls[0].valid && args, "%.*s", (int)tp.calls[0].args.len, tp.calls[0].args.data);
+        CHECK(json_is_string(json_object_get(args, "city")) &&
+              !strcmp(json_string_value(json_object_get(args, "city")), "New York <b> \"x\"\nline 2"));
+        CHECK(json_integer_value(json_object_get(args, "days")) == 3);
+        CHECK(json_is_true(json_object_get(json_object_get(args, "opts"), "x")));
+        json_decref(args);
+    }
+    ns_toolparse_free(&tp);
+    /* a constraint raw text cannot carry: named */
+    json_t *t2 = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
+                            "\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"maxLength\":3}}}}}]",
+                            0, NULL);
+    ns_struct_spec r2 = {.kind = NS_STRUCT_TOOL_REQUIRED, .tools = t2};
+    CHECK(!attach(&r2, &o, &e));
+    CHECKF(strstr(e.message, "'maxLength'") != NULL, "%s", e.message);
+    ns_http_error_clear(&e);
+    json_decref(t2);
+    json_decref(tools);
+}
+
 TEST(errors_name_the_problem) {
     if (!setup()) return;
     json_t *tools = json_loads(k_tools, 0, NULL);
@@ -221,6 +282,7 @@ TEST(response_format_and_tool_choice_parsing) {
 int main(void) {
     RUN(schema_answer_and_reasoning_block);
     RUN(forced_tool_calls_hermes_and_llama);
+    RUN(forced_tool_calls_qwen_xml);
     RUN(errors_name_the_problem);
     RUN(response_format_and_tool_choice_parsing);
     TEST_MAIN_END;
