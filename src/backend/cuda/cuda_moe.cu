@@ -58,6 +58,7 @@ using namespace nvcuda;
 #define MG_BN 64
 #define MG_BK 32
 #define MG_LD (MG_BK + 8) /* padded smem row (bf16): 80 bytes, keeps 32-byte fragment alignment */
+#define MG_ST 3           /* cp.async pipeline stages (45 KB of static smem with gate and up) */
 
 struct cu_moe_table {
     const ns_tensor *key;  /* the experts array of the op */
@@ -416,13 +417,13 @@ struct moe_gemm_args {
 
 /* One 64 x 64 output tile (per weight matrix) of one expert's segment:
  * 4 warps as 2 x 2, each 32 x 32 = 2 x 2 WMMA 16x16x16 fragments per
- * matrix; K in steps of 32 through a cp.async double buffer. NB = 2:
+ * matrix; K in steps of 32 through a three-stage cp.async pipeline. NB = 2:
  * gate and up tiles side by side, SwiGLU in the epilogue. */
 template <int NB>
 __global__ __launch_bounds__(128) void k_moe_gemm(moe_gemm_args g) {
     PDL_ENTRY();
-    __shared__ __align__(128) bf16 sA[2][MG_BM * MG_LD];
-    __shared__ __align__(128) bf16 sB[2][NB * MG_BN * MG_LD];
+    __shared__ __align__(128) bf16 sA[MG_ST][MG_BM * MG_LD];
+    __shared__ __align__(128) bf16 sB[MG_ST][NB * MG_BN * MG_LD];
     const int tile = blockIdx.y;
     if (tile >= g.tile_off[g.E]) return; /* past the real tile count */
     int lo = 0, hi = g.E;                /* tile_off[lo] <= tile < tile_off[hi] */
@@ -477,15 +478,20 @@ __global__ __launch_bounds__(128) void k_moe_gemm(moe_gemm_args g) {
 #pragma unroll
             for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[b][i][j], 0.f);
 
+    /* three stages: step kt waits for its own group (two in flight), and
+     * one barrier per step both publishes stage kt and retires stage
+     * kt - 1, which the load for step kt + 2 then overwrites */
     const int nk = (g.Kd + MG_BK - 1) / MG_BK;
     load(0, 0);
     cp_commit();
+    if (nk > 1) load(1, MG_BK);
+    cp_commit();
     for (int kt = 0; kt < nk; kt++) {
-        if (kt + 1 < nk) load((kt + 1) & 1, (kt + 1) * MG_BK);
-        cp_commit();
-        cp_wait1();
+        cp_wait1(); /* groups 0..kt complete (kt + 2 committed) */
         __syncthreads();
-        const bf16 *a = sA[kt & 1], *bb = sB[kt & 1];
+        if (kt + 2 < nk) load((kt + 2) % MG_ST, (kt + 2) * MG_BK);
+        cp_commit();
+        const bf16 *a = sA[kt % MG_ST], *bb = sB[kt % MG_ST];
 #pragma unroll
         for (int kk = 0; kk < MG_BK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
@@ -501,8 +507,9 @@ __global__ __launch_bounds__(128) void k_moe_gemm(moe_gemm_args g) {
                     for (int i = 0; i < 2; i++) wmma::mma_sync(acc[b][i][j], fa[i], fb, acc[b][i][j]);
                 }
         }
-        __syncthreads();
     }
+    asm volatile("cp.async.wait_all;\n" ::); /* only empty groups are left; be explicit */
+    __syncthreads();                           /* every warp is done reading the stages */
 
     /* epilogue through a per-warp staging area in sA (free now):
      * NB x 16 x 16 floats = 2 KB per warp at most */
