@@ -440,7 +440,10 @@ static ns_status gbind(bind_ctx *b, const char *name, int64_t rows, int64_t cols
     mark_used(b, t);
     ns_backend *be = b->m->be;
     if (!be) return NS_OK;
-    if (ns_dtype_is_quant(dt) && strcmp(be->ops->name, "cpu") != 0)
+    /* CUDA keeps quantized dense matrices as blocks (cuda_quant.cu); its
+     * moe_ffn reads a BF16 router and BF16 experts only */
+    if (ns_dtype_is_quant(dt) && strcmp(be->ops->name, "cpu") != 0 &&
+        (strcmp(be->ops->name, "cuda") != 0 || strstr(name, "ffn_gate_inp")))
         return ns_fail(b->err, NS_ERR_UNSUPPORTED, "gguf: %s weights are supported on the CPU backend only (not %s)",
                        ns_ggml_type_name(t->type), be->ops->name);
     const void *src = t->data;

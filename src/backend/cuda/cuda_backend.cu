@@ -282,7 +282,8 @@ static bf16 *conv_scratch(cu_impl *c, size_t n) {
 
 static void op_matmul(cu_impl *c, const ns_tensor *out, const ns_tensor *in, const ns_tensor *w) {
     if (!need_f32(c, out, "matmul") || !need_f32(c, in, "matmul")) return;
-    if (w->dtype != NS_DT_BF16) {
+    const bool quant = ns_dtype_is_quant((ns_dtype)w->dtype); /* GGUF blocks: cuda_quant.cu */
+    if (w->dtype != NS_DT_BF16 && !quant) {
         set_error(c, NS_ERR_UNSUPPORTED, "cuda matmul: weights must be bf16 (got %s)", ns_dtype_name((ns_dtype)w->dtype));
         return;
     }
@@ -294,7 +295,9 @@ static void op_matmul(cu_impl *c, const ns_tensor *out, const ns_tensor *in, con
         return;
     }
     if (n == 0 || m == 0) return;
-    const bool gemv = n <= c->gemv_max && k % 8 == 0 && ((uintptr_t)w->data % 16) == 0 && ((uintptr_t)in->data % 16) == 0;
+    const bool gemv = quant ? n <= CU_QGEMV_MAX
+                            : n <= c->gemv_max && k % 8 == 0 && ((uintptr_t)w->data % 16) == 0 &&
+                                  ((uintptr_t)in->data % 16) == 0;
     const bf16 *in_bf = NULL;
     if (!gemv) {
         cu_shadow *s = cu_shadow_for(c, in->data);
@@ -318,7 +321,8 @@ static void op_matmul(cu_impl *c, const ns_tensor *out, const ns_tensor *in, con
             in_bf = p;
         }
     }
-    cu_gemm(c, (float *)out->data, in_bf, (const float *)in->data, (const bf16 *)w->data, n, m, k);
+    if (quant) cu_quant_matmul(c, (float *)out->data, (const float *)in->data, in_bf, w, n);
+    else cu_gemm(c, (float *)out->data, in_bf, (const float *)in->data, (const bf16 *)w->data, n, m, k);
     cu_note_write(c, out);
 }
 
@@ -357,7 +361,8 @@ static void exec_op(cu_impl *c, const cu_op *op) {
                       (long long)out->cols);
             break;
         }
-        cu_launch_embed(c, (float *)out->data, tab, (int)out->rows, (int)out->cols);
+        if (ns_dtype_is_quant((ns_dtype)tab->dtype)) cu_quant_embed(c, (float *)out->data, tab, (int)out->rows);
+        else cu_launch_embed(c, (float *)out->data, tab, (int)out->rows, (int)out->cols);
         cu_note_write(c, out);
         break;
     }
@@ -547,6 +552,55 @@ static void plan_prefetch(const cu_impl *c, const cu_op *ops, int32_t j, int32_t
     }
 }
 
+/* Would op_matmul take the quantized GEMV path (cuda_quant.cu) for this op? */
+static bool qgemv_eligible(const cu_op *op) {
+    const ns_tensor *out = &op->a, *in = &op->b, *w = &op->c;
+    return op->kind == OP_MATMUL && ns_dtype_is_quant((ns_dtype)w->dtype) && out->dtype == NS_DT_F32 &&
+           in->dtype == NS_DT_F32 && in->rows >= 1 && in->rows <= CU_QGEMV_MAX && w->cols == in->cols &&
+           out->rows == in->rows && out->cols == w->rows && out->data != in->data;
+}
+
+/* try_fuse's GEMV patterns on quantized weights: gate/up + SwiGLU in one
+ * launch, and up to 3 matmuls sharing the input in one launch (one
+ * activation quantization each). Weights of a group must share the type;
+ * anything else runs unfused through op_matmul. */
+static int32_t try_fuse_quant(cu_impl *c, const cu_op *ops, int32_t i, int32_t n) {
+    const cu_op *o = &ops[i];
+    int pi;
+    int32_t g = 1;
+    while (g < 3 && i + g < n && qgemv_eligible(&ops[i + g]) && same_view(&ops[i + g].b, &o->b) &&
+           ops[i + g].c.dtype == o->c.dtype)
+        g++;
+    if (g >= 2 && i + 2 < n && ops[i + 2].kind == OP_SWIGLU) {
+        const cu_op *u = &ops[i + 1], *sw = &ops[i + 2];
+        const ns_tensor *gt = &o->a, *up = &u->a, *out = &sw->a;
+        if (same_view(&sw->b, gt) && same_view(&sw->c, up) && gt->cols == up->cols && out->dtype == NS_DT_F32 &&
+            out->rows == gt->rows && out->cols == gt->cols && gt->data != up->data && out->data != up->data &&
+            out->data != o->b.data) {
+            prof_begin(c, "fused qgemv gate/up+swiglu", &pi);
+            cu_note_write(c, gt);
+            cu_note_write(c, up);
+            bf16 *obf = cu_shadow_produce(c, out);
+            cu_quant_gemv_swiglu(c, (float *)gt->data, (float *)up->data, (float *)out->data, obf, &o->c, &u->c,
+                                 (const float *)o->b.data, (int)o->b.rows, (int)o->b.cols);
+            prof_end(c, pi);
+            return 3;
+        }
+    }
+    if (g < 2) return 0;
+    float *outs[3];
+    const ns_tensor *ws[3];
+    for (int32_t j = 0; j < g; j++) {
+        outs[j] = (float *)ops[i + j].a.data;
+        ws[j] = &ops[i + j].c;
+    }
+    prof_begin(c, "fused qgemv", &pi);
+    cu_quant_gemv_multi(c, g, outs, ws, (const float *)o->b.data, (int)o->b.rows, (int)o->b.cols);
+    prof_end(c, pi);
+    for (int32_t j = 0; j < g; j++) cu_note_write(c, &ops[i + j].a);
+    return g;
+}
+
 /* Runs the engine's fixed op sequences of a recorded tape as fused
  * kernels (see cuda_fused.cu). Returns the number of ops consumed, 0 when
  * nothing at ops[i] can be fused. Each pattern is checked completely
@@ -555,6 +609,7 @@ static int32_t try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n) 
     cu_impl *c = IMPL(be);
     const cu_op *o = &ops[i];
     int pi;
+    if (qgemv_eligible(o)) return try_fuse_quant(c, ops, i, n);
     /* 1a. gate and up GEMVs followed by swiglu: one launch with the
      * SwiGLU epilogue */
     if (gemv_eligible(c, o) && i + 2 < n && gemv_eligible(c, &ops[i + 1]) && same_view(&ops[i + 1].b, &o->b) &&
@@ -827,7 +882,7 @@ static ns_status cu_tensor_alloc(ns_backend *be, ns_tensor *t, ns_dtype dt, int6
     memset(t, 0, sizeof *t);
     if (rows < 0 || cols < 0 || (cols && (uint64_t)rows > ((uint64_t)1 << 40) / (uint64_t)cols))
         return ns_fail(err, NS_ERR_RANGE, "tensor of %lld x %lld is too large", (long long)rows, (long long)cols);
-    size_t bytes = (size_t)rows * (size_t)cols * ns_dtype_size(dt);
+    size_t bytes = (size_t)rows * ns_dtype_row_bytes(dt, cols); /* block types: whole blocks */
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
     if (e != cudaSuccess) {
@@ -898,11 +953,38 @@ static float host_to_f32(const void *src, ns_dtype dt, size_t i) {
     return f;
 }
 
+/* A quantized matrix (GGUF blocks, cuda_quant.cu) from host blocks src,
+ * or random blocks when src is NULL. Synchronous; on failure t is freed
+ * and the error is returned, not left sticky. */
+static ns_status cu_weight_quant(ns_backend *be, ns_tensor *t, ns_dtype dt, int64_t rows, int64_t cols,
+                                 const void *src, uint64_t seed, float scale, ns_error *err) {
+    cu_impl *c = IMPL(be);
+    if (!cu_quant_check_shape(dt, rows, cols))
+        return ns_fail(err, NS_ERR_INVALID, "cuda: %s weight of %lld x %lld is not made of whole blocks",
+                       ns_dtype_name(dt), (long long)rows, (long long)cols);
+    ns_status rc = cu_tensor_alloc(be, t, dt, rows, cols, err);
+    if (rc != NS_OK) return rc;
+    bool ok = src ? cu_quant_upload(c, t, src) : cu_quant_random(c, t, seed, scale);
+    if (ok) ok = !cu_check(c, cudaStreamSynchronize(c->stream), "quantized weight");
+    if (ok) return NS_OK;
+    cu_tensor_free(be, t);
+    rc = report(c, err);
+    c->err_status = NS_OK; /* reported to the caller; not sticky for later ops */
+    return rc;
+}
+
 /* Matrices are stored BF16 (what the GEMMs read); vectors (norm weights,
- * rows == 1) F32, so elementwise ops read them exactly as given. */
+ * rows == 1) F32, so elementwise ops read them exactly as given.
+ * Quantized matrices keep their blocks (cuda_quant.cu). */
 static ns_status cu_weight_from_host(ns_backend *be, ns_tensor *t, const void *src, ns_dtype src_dt, int64_t rows,
                                      int64_t cols, ns_error *err) {
     cu_impl *c = IMPL(be);
+    if (ns_dtype_is_quant(src_dt)) {
+        if (rows > 1) return cu_weight_quant(be, t, src_dt, rows, cols, src, 0, 0.f, err);
+        memset(t, 0, sizeof *t);
+        return ns_fail(err, NS_ERR_UNSUPPORTED, "cuda: quantized vectors (%s, 1 x %lld) are not supported",
+                       ns_dtype_name(src_dt), (long long)cols);
+    }
     ns_dtype store = rows > 1 ? NS_DT_BF16 : NS_DT_F32;
     ns_status rc = cu_tensor_alloc(be, t, store, rows, cols, err);
     if (rc != NS_OK) return rc;
@@ -945,6 +1027,7 @@ fail:
 static ns_status cu_weight_random(ns_backend *be, ns_tensor *t, ns_dtype dt, int64_t rows, int64_t cols, uint64_t seed,
                                   float scale, ns_error *err) {
     cu_impl *c = IMPL(be);
+    if (ns_dtype_is_quant(dt) && rows > 1) return cu_weight_quant(be, t, dt, rows, cols, NULL, seed, scale, err);
     ns_dtype store = rows > 1 ? NS_DT_BF16 : NS_DT_F32;
     ns_status rc = cu_tensor_alloc(be, t, store, rows, cols, err);
     if (rc != NS_OK) return rc;
@@ -1526,6 +1609,7 @@ static void cu_destroy(ns_backend *be) {
         if (c->meta.d_base) cudaFree(c->meta.d_base);
         if (c->meta.h_base) cudaFreeHost(c->meta.h_base);
         if (c->conv) cudaFree(c->conv);
+        cu_quant_free(c);
         if (c->attn_ws) cudaFree(c->attn_ws);
         if (c->attn_cnt) cudaFree(c->attn_cnt);
         if (c->d_argmax) cudaFree(c->d_argmax);

@@ -1,0 +1,741 @@
+/* cuda_quant.cu — GGUF block-quantized weights (Q8_0, Q4_0, Q4_K, Q5_K,
+ * Q6_K) on the CUDA backend: upload, decode GEMV on the blocks, prefill
+ * through a bf16 dequantization scratch and cuBLASLt, embedding lookup.
+ *
+ * Device layout. A quantized weight holds exactly the file's bytes
+ * (ns_tensor_bytes), but rearranged at upload from ggml's array of blocks
+ * into up to three arrays over all nbt blocks of the tensor, so that every
+ * load of the GEMV is an aligned, coalesced 16-byte load (ggml blocks of
+ * 34, 18 and 210 bytes are not 16-byte aligned):
+ *   A: the quant bytes of each block      Q8_0 qs[32]; Q4_0 qs[16];
+ *                                          Q4_K qs[128]; Q5_K qh[32] qs[128];
+ *                                          Q6_K ql[128] qh[64]
+ *   B: 16 bytes of per-block scales        Q4_K/Q5_K d, dmin, scales[12];
+ *                                          Q6_K scales[16]
+ *   C: the f16 block scale                 Q8_0, Q4_0, Q6_K d
+ * A = base, B = A + nbt*|A|, C = B + nbt*|B|. Nothing else is stored: no
+ * dequantized copy of a weight stays in device memory.
+ *
+ * Decode GEMV (n <= CU_QGEMV_MAX rows). The activation rows are quantized
+ * once per launch group (k_quant_x) into int8 blocks of 32 with an f32
+ * scale dx and, per 16 values, s16 = dx * sum(q) (the k-quants' min term
+ * and the Q4_0/Q6_K offsets need it). One warp per weight row; lane l
+ * takes 16-byte chunks l, l+32, ... of the row's A bytes (fully
+ * coalesced), unpacks them to int8 in registers, dots them with the int8
+ * activations (dp4a) and accumulates in f32 with the block scales. The
+ * result is exactly the product of the dequantized weights with the
+ * 8-bit-quantized activations, up to f32 rounding: the same scheme as
+ * llama.cpp and the CPU backend (whose activation blocks are Q8_0 / Q8_K;
+ * ours have per-32 f32 scales, so results agree to the activation
+ * rounding, ~1e-3 relative).
+ *
+ * Prefill (n > CU_QGEMV_MAX): the weight is dequantized into one bf16
+ * scratch (sized for the largest quantized matrix, allocated at upload so
+ * graph capture never allocates) and multiplied by cuBLASLt (cu_gemm).
+ * That costs one extra pass of 2 bytes per weight written and read per
+ * matmul; see docs/cuda.md.
+ *
+ * All kernels are graph-capturable (fixed scratch addresses, no host
+ * synchronization) and their loops are bounded by the shapes.
+ */
+#include <cuda_fp16.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.cuh"
+
+/* ------------------------------------------------------------ layout */
+
+struct cu_quant {
+    int8_t *xq;      /* [CU_QGEMV_MAX][x_k] quantized activations */
+    float *xd;       /* [CU_QGEMV_MAX][x_k / 32] block scales */
+    float *xs;       /* [CU_QGEMV_MAX][x_k / 16] dx * sum of 16 quants */
+    int64_t x_k;     /* capacity in columns */
+    bf16 *deq;       /* dequantization scratch for prefill */
+    size_t deq_elems;
+};
+
+typedef struct qlayout {
+    int qe;              /* values per block */
+    int a, b, c;         /* bytes per block in the A/B/C arrays */
+    int a_off, b_off, c_off; /* where they sit in ggml's block */
+    int gb;              /* ggml block bytes */
+} qlayout;
+
+static bool layout_of(ns_dtype dt, qlayout *l) {
+    switch (dt) {
+    case NS_DT_Q8_0: *l = {32, 32, 0, 2, 2, 0, 0, 34}; return true;
+    case NS_DT_Q4_0: *l = {32, 16, 0, 2, 2, 0, 0, 18}; return true;
+    case NS_DT_Q4_K: *l = {256, 128, 16, 0, 16, 0, 0, 144}; return true;
+    case NS_DT_Q5_K: *l = {256, 160, 16, 0, 16, 0, 0, 176}; return true;
+    case NS_DT_Q6_K: *l = {256, 192, 16, 2, 0, 192, 208, 210}; return true;
+    default: return false;
+    }
+}
+
+/* Compile-time traits for the kernels (same numbers as layout_of). */
+template <int T> struct QT;
+template <> struct QT<NS_DT_Q8_0> { enum { QE = 32, A = 32, B = 0, CPB = 2 }; };
+template <> struct QT<NS_DT_Q4_0> { enum { QE = 32, A = 16, B = 0, CPB = 1 }; };
+template <> struct QT<NS_DT_Q4_K> { enum { QE = 256, A = 128, B = 16, CPB = 8 }; };
+template <> struct QT<NS_DT_Q5_K> { enum { QE = 256, A = 160, B = 16, CPB = 8 }; };
+template <> struct QT<NS_DT_Q6_K> { enum { QE = 256, A = 192, B = 16, CPB = 8 }; };
+
+/* The three arrays of a weight of nbt blocks. */
+struct qview {
+    const uint8_t *a, *b, *c;
+};
+
+template <int T> __device__ __forceinline__ qview make_view(const uint8_t *base, size_t nbt) {
+    qview v;
+    v.a = base;
+    v.b = base + nbt * QT<T>::A;
+    v.c = v.b + nbt * QT<T>::B;
+    return v;
+}
+
+__device__ __forceinline__ float ld_f16(const uint8_t *p) {
+    return __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short *>(p))));
+}
+
+__device__ __forceinline__ uint4 ldg4(const uint8_t *p) { return __ldg(reinterpret_cast<const uint4 *>(p)); }
+
+/* 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block from the
+ * scale words q[0..3] = m.y, q[4..7] = m.z, q[8..11] = m.w (ggml's
+ * get_scale_min_k4 without indexing a register array). */
+__device__ __forceinline__ void scale_min(int j, const uint4 &m, int &sc, int &mn) {
+    const int jj = j & 3, sh = 8 * jj;
+    const uint32_t a = (m.y >> sh) & 0xFF, b = (m.z >> sh) & 0xFF, c = (m.w >> sh) & 0xFF;
+    if (j < 4) {
+        sc = (int)(a & 63);
+        mn = (int)(b & 63);
+    } else {
+        sc = (int)((c & 0xF) | ((a >> 6) << 4));
+        mn = (int)((c >> 4) | ((b >> 6) << 4));
+    }
+}
+
+/* --------------------------------------------- activation quantization */
+
+/* One warp per block of 32 values: dx = amax / 127, q = rint(x / dx);
+ * s16 = dx * sum of each half's quants. A non-finite value gives dx = NaN
+ * (q = 0), so the products stay NaN and the engine reports the row. */
+__global__ void k_quant_x(const float *__restrict__ x, int8_t *__restrict__ xq, float *__restrict__ xd,
+                          float *__restrict__ xs, int64_t n_blocks) {
+    PDL_ENTRY();
+    const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (b >= n_blocks) return;
+    const float v = x[b * 32 + lane];
+    float amax = fabsf(v);
+    bool finite = amax <= 3.402823466e38f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    finite = __all_sync(0xffffffffu, finite);
+    int q = 0;
+    float d = 0.f;
+    if (!finite) {
+        d = __int_as_float(0x7fc00000);
+    } else if (amax > 0.f) {
+        d = amax / 127.f;
+        q = __float2int_rn(v * (127.f / amax));
+        q = q > 127 ? 127 : q < -127 ? -127 : q;
+    }
+    xq[b * 32 + lane] = (int8_t)q;
+    int s = q;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) xd[b] = d;
+    if ((lane & 15) == 0) xs[b * 2 + lane / 16] = finite ? d * (float)s : d;
+}
+
+/* ------------------------------------------------------------ GEMV */
+
+/* One 16-byte chunk of a weight row with what it needs besides. */
+struct qraw {
+    uint4 w;   /* A bytes */
+    uint4 h;   /* Q5_K/Q6_K high bits; Q4_K/Q5_K/Q6_K: m = B bytes */
+    uint4 m;
+    float d;   /* C scale (Q8_0, Q4_0, Q6_K) */
+};
+
+template <int T> __device__ __forceinline__ void chunk_load(const qview &v, size_t blk, int c, qraw &r) {
+    if constexpr (T == NS_DT_Q8_0) {
+        r.w = ldg4(v.a + blk * 32 + 16 * c);
+        r.d = ld_f16(v.c + blk * 2);
+    } else if constexpr (T == NS_DT_Q4_0) {
+        r.w = ldg4(v.a + blk * 16);
+        r.d = ld_f16(v.c + blk * 2);
+    } else if constexpr (T == NS_DT_Q4_K) {
+        r.w = ldg4(v.a + blk * 128 + 16 * c);
+        r.m = ldg4(v.b + blk * 16);
+    } else if constexpr (T == NS_DT_Q5_K) {
+        r.w = ldg4(v.a + blk * 160 + 32 + 16 * c);
+        r.h = ldg4(v.a + blk * 160 + 16 * (c & 1));
+        r.m = ldg4(v.b + blk * 16);
+    } else {
+        const int h = c >> 2, cc = c & 3;
+        r.w = ldg4(v.a + blk * 192 + 64 * h + 16 * cc);
+        r.h = ldg4(v.a + blk * 192 + 128 + 32 * h + 16 * (cc & 1));
+        r.m = ldg4(v.b + blk * 16);
+        r.d = ld_f16(v.c + blk * 2);
+    }
+}
+
+__device__ __forceinline__ int dot16(uint4 q, uint4 x) {
+    int s = __dp4a((int)q.x, (int)x.x, 0);
+    s = __dp4a((int)q.y, (int)x.y, s);
+    s = __dp4a((int)q.z, (int)x.z, s);
+    return __dp4a((int)q.w, (int)x.w, s);
+}
+
+__device__ __forceinline__ uint4 lo4(uint4 w) {
+    return make_uint4(w.x & 0x0F0F0F0Fu, w.y & 0x0F0F0F0Fu, w.z & 0x0F0F0F0Fu, w.w & 0x0F0F0F0Fu);
+}
+__device__ __forceinline__ uint4 hi4(uint4 w) {
+    return make_uint4((w.x >> 4) & 0x0F0F0F0Fu, (w.y >> 4) & 0x0F0F0F0Fu, (w.z >> 4) & 0x0F0F0F0Fu,
+                      (w.w >> 4) & 0x0F0F0F0Fu);
+}
+/* q | ((h >> s) & mask) << 4, per byte */
+__device__ __forceinline__ uint4 addhi(uint4 q, uint4 h, int s, uint32_t mask) {
+    return make_uint4(q.x | (((h.x >> s) & mask) << 4), q.y | (((h.y >> s) & mask) << 4),
+                      q.z | (((h.z >> s) & mask) << 4), q.w | (((h.w >> s) & mask) << 4));
+}
+
+/* Activation rows: n-th row's int8 values, block scales, 16-sums. */
+struct qx {
+    const int8_t *q;
+    const float *d, *s;
+    int K;
+};
+
+/* acc[n] += chunk c of block (row-local element offset xe) . x row n */
+template <int T, int N>
+__device__ __forceinline__ void chunk_dot(const qraw &r, int c, int xe, const qx &x, float (&acc)[N]) {
+    const int K = x.K;
+    if constexpr (T == NS_DT_Q8_0) {
+        const int e = xe + 16 * c;
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            const int s = dot16(r.w, ldg4((const uint8_t *)(x.q + (size_t)n * K + e)));
+            acc[n] += r.d * __ldg(x.d + (size_t)n * (K / 32) + e / 32) * (float)s;
+        }
+    } else if constexpr (T == NS_DT_Q4_0) {
+        const uint4 ql = lo4(r.w), qh = hi4(r.w);
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            const uint8_t *xr = (const uint8_t *)(x.q + (size_t)n * K + xe);
+            const int s = dot16(ql, ldg4(xr)) + dot16(qh, ldg4(xr + 16));
+            const float *s16 = x.s + (size_t)n * (K / 16) + xe / 16;
+            acc[n] += r.d * (__ldg(x.d + (size_t)n * (K / 32) + xe / 32) * (float)s - 8.f * (__ldg(s16) + __ldg(s16 + 1)));
+        }
+    } else if constexpr (T == NS_DT_Q4_K || T == NS_DT_Q5_K) {
+        const int g = c >> 1, hh = c & 1;
+        int sc0, m0, sc1, m1;
+        scale_min(2 * g, r.m, sc0, m0);
+        scale_min(2 * g + 1, r.m, sc1, m1);
+        const float d = __half2float(__ushort_as_half((unsigned short)(r.m.x & 0xFFFF)));
+        const float dmin = __half2float(__ushort_as_half((unsigned short)(r.m.x >> 16)));
+        uint4 q0 = lo4(r.w), q1 = hi4(r.w);
+        if constexpr (T == NS_DT_Q5_K) {
+            q0 = addhi(q0, r.h, 2 * g, 0x01010101u);
+            q1 = addhi(q1, r.h, 2 * g + 1, 0x01010101u);
+        }
+        const int e0 = xe + 64 * g + 16 * hh, e1 = e0 + 32;
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            const int8_t *xr = x.q + (size_t)n * K;
+            const int s0 = dot16(q0, ldg4((const uint8_t *)(xr + e0)));
+            const int s1 = dot16(q1, ldg4((const uint8_t *)(xr + e1)));
+            const float *xd = x.d + (size_t)n * (K / 32), *xs = x.s + (size_t)n * (K / 16);
+            acc[n] += d * ((float)sc0 * __ldg(xd + e0 / 32) * (float)s0 + (float)sc1 * __ldg(xd + e1 / 32) * (float)s1) -
+                      dmin * ((float)m0 * __ldg(xs + e0 / 16) + (float)m1 * __ldg(xs + e1 / 16));
+        }
+    } else {
+        const int h = c >> 2, cc = c & 3, sh = cc >= 2 ? 2 : 0;
+        const uint4 q0 = addhi(lo4(r.w), r.h, sh, 0x03030303u), q1 = addhi(hi4(r.w), r.h, sh + 4, 0x03030303u);
+        const uint32_t wl = h ? r.m.z : r.m.x, wh = h ? r.m.w : r.m.y;
+        const float sc0 = (float)(int8_t)(wl >> (8 * cc)), sc1 = (float)(int8_t)(wh >> (8 * cc));
+        const int e0 = xe + 128 * h + 16 * cc, e1 = e0 + 64;
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            const int8_t *xr = x.q + (size_t)n * K;
+            const int s0 = dot16(q0, ldg4((const uint8_t *)(xr + e0)));
+            const int s1 = dot16(q1, ldg4((const uint8_t *)(xr + e1)));
+            const float *xd = x.d + (size_t)n * (K / 32), *xs = x.s + (size_t)n * (K / 16);
+            acc[n] += r.d * (sc0 * (__ldg(xd + e0 / 32) * (float)s0 - 32.f * __ldg(xs + e0 / 16)) +
+                             sc1 * (__ldg(xd + e1 / 32) * (float)s1 - 32.f * __ldg(xs + e1 / 16)));
+        }
+    }
+}
+
+/* Warp-wide dot products of weight row `row` with the N activation rows
+ * (every lane gets the sums). Loads of 4 chunks per lane are issued
+ * before any is used, so each warp keeps 2 KB in flight. */
+template <int T, int N>
+__device__ __forceinline__ void row_dot(const qview &v, int64_t row, const qx &x, float (&acc)[N]) {
+    constexpr int QE = QT<T>::QE, CPB = QT<T>::CPB;
+    const int lane = threadIdx.x & 31;
+    const int nb = x.K / QE, ch = nb * CPB;
+    const size_t blk0 = (size_t)row * nb;
+#pragma unroll
+    for (int n = 0; n < N; n++) acc[n] = 0.f;
+    for (int base = lane; base < ch; base += 128) {
+        qraw r[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int ci = base + 32 * u;
+            if (ci < ch) chunk_load<T>(v, blk0 + ci / CPB, ci % CPB, r[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int ci = base + 32 * u;
+            if (ci < ch) chunk_dot<T, N>(r[u], ci % CPB, (ci / CPB) * QE, x, acc);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < N; n++) acc[n] = cu_warp_sum(acc[n]);
+}
+
+/* Up to 3 weight matrices of one type sharing the input; SwiGLU mode:
+ * segment 0 is gate, 1 is up, o[2] the SwiGLU output (obf its shadow). */
+struct qsegs {
+    const uint8_t *w[3];
+    size_t nbt[3];
+    float *o[3];
+    bf16 *obf;
+    int end[3]; /* cumulative row ends */
+};
+
+template <int T, int N, bool SW>
+__global__ __launch_bounds__(128) void k_qgemv(qsegs sg, qx x) {
+    PDL_ENTRY();
+    const int64_t warp = (int64_t)blockIdx.x * 4 + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    const int total = SW ? sg.end[0] : sg.end[2];
+    if (warp >= total) return; /* whole warps leave together; no barrier follows */
+    int s = 0;
+    int64_t local = warp;
+    if (!SW) {
+        if (warp >= sg.end[1]) s = 2, local = warp - sg.end[1];
+        else if (warp >= sg.end[0]) s = 1, local = warp - sg.end[0];
+    }
+    const int M = s == 0 ? sg.end[0] : sg.end[s] - sg.end[s - 1];
+    float acc[N];
+    row_dot<T, N>(make_view<T>(sg.w[s], sg.nbt[s]), local, x, acc);
+    if constexpr (SW) {
+        float up[N];
+        row_dot<T, N>(make_view<T>(sg.w[1], sg.nbt[1]), local, x, up);
+        if (lane == 0) {
+#pragma unroll
+            for (int n = 0; n < N; n++) {
+                /* what the unfused ops leave: gate, up, then silu(gate)*up
+                 * (the output may be gate itself, so it is written last) */
+                const float g = acc[n], u = up[n], y = g / (1.0f + expf(-g)) * u;
+                sg.o[0][(size_t)n * M + local] = g;
+                sg.o[1][(size_t)n * M + local] = u;
+                sg.o[2][(size_t)n * M + local] = y;
+                if (sg.obf) sg.obf[(size_t)n * M + local] = __float2bfloat16_rn(y);
+            }
+        }
+    } else if (lane == 0) {
+#pragma unroll
+        for (int n = 0; n < N; n++) sg.o[s][(size_t)n * M + local] = acc[n];
+    }
+}
+
+typedef void (*qgemv_fn)(qsegs, qx);
+
+#define QG_ROW(T, SW)                                                                                            \
+    {k_qgemv<T, 1, SW>, k_qgemv<T, 2, SW>, k_qgemv<T, 3, SW>, k_qgemv<T, 4, SW>, k_qgemv<T, 5, SW>,           \
+     k_qgemv<T, 6, SW>, k_qgemv<T, 7, SW>, k_qgemv<T, 8, SW>}
+
+static int type_index(ns_dtype dt) {
+    switch (dt) {
+    case NS_DT_Q8_0: return 0;
+    case NS_DT_Q4_0: return 1;
+    case NS_DT_Q4_K: return 2;
+    case NS_DT_Q5_K: return 3;
+    case NS_DT_Q6_K: return 4;
+    default: return -1;
+    }
+}
+
+static qgemv_fn pick_gemv(ns_dtype dt, int n, bool sw) {
+    static const qgemv_fn plain[5][8] = {QG_ROW(NS_DT_Q8_0, false), QG_ROW(NS_DT_Q4_0, false), QG_ROW(NS_DT_Q4_K, false),
+                                         QG_ROW(NS_DT_Q5_K, false), QG_ROW(NS_DT_Q6_K, false)};
+    static const qgemv_fn swig[5][8] = {QG_ROW(NS_DT_Q8_0, true), QG_ROW(NS_DT_Q4_0, true), QG_ROW(NS_DT_Q4_K, true),
+                                        QG_ROW(NS_DT_Q5_K, true), QG_ROW(NS_DT_Q6_K, true)};
+    const int ti = type_index(dt);
+    if (ti < 0 || n < 1 || n > CU_QGEMV_MAX) return NULL;
+    return sw ? swig[ti][n - 1] : plain[ti][n - 1];
+}
+
+/* Quantizes rows [0, n) of x (n <= CU_QGEMV_MAX, k <= x_k) into the
+ * activation scratch. */
+static bool quantize_x(cu_impl *c, const float *x, int n, int k, qx *out) {
+    cu_quant *q = c->quant;
+    if (!q || !q->xq || k > q->x_k || k % 32) {
+        cu_check(c, cudaErrorInvalidValue, "quantized GEMV: activation scratch missing or too small");
+        return false;
+    }
+    const int64_t nblk = (int64_t)n * (k / 32);
+    cu_launch(c, k_quant_x, dim3((unsigned)((nblk + 7) / 8)), dim3(256), 0, x, q->xq, q->xd, q->xs, nblk);
+    if (CU_LAUNCHED(c, "quantize activations")) return false;
+    out->q = q->xq;
+    out->d = q->xd;
+    out->s = q->xs;
+    out->K = k;
+    return true;
+}
+
+static size_t nblocks(const ns_tensor *w) {
+    qlayout l;
+    if (!layout_of((ns_dtype)w->dtype, &l)) return 0;
+    return (size_t)w->rows * (size_t)(w->cols / l.qe);
+}
+
+void cu_quant_gemv_multi(cu_impl *c, int nseg, float *const *out, const ns_tensor *const *w, const float *x, int n,
+                         int k) {
+    const ns_dtype dt = (ns_dtype)w[0]->dtype;
+    for (int n0 = 0; n0 < n; n0 += CU_QGEMV_MAX) {
+        const int nn = n - n0 < CU_QGEMV_MAX ? n - n0 : CU_QGEMV_MAX;
+        qx xv;
+        if (!quantize_x(c, x + (size_t)n0 * k, nn, k, &xv)) return;
+        qsegs sg;
+        memset(&sg, 0, sizeof sg);
+        int end = 0;
+        for (int s = 0; s < 3; s++) {
+            if (s < nseg) {
+                sg.w[s] = (const uint8_t *)w[s]->data;
+                sg.nbt[s] = nblocks(w[s]);
+                sg.o[s] = out[s] + (size_t)n0 * w[s]->rows;
+                end += (int)w[s]->rows;
+            }
+            sg.end[s] = end;
+        }
+        const qgemv_fn fn = pick_gemv(dt, nn, false);
+        if (!fn) {
+            cu_check(c, cudaErrorInvalidValue, "quantized GEMV: unsupported type");
+            return;
+        }
+        cu_launch(c, fn, dim3((unsigned)((end + 3) / 4)), dim3(128), 0, sg, xv);
+        if (CU_LAUNCHED(c, "quantized GEMV")) return;
+    }
+}
+
+void cu_quant_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf, const ns_tensor *wg,
+                          const ns_tensor *wu, const float *x, int n, int k) {
+    const int64_t m = wg->rows;
+    for (int n0 = 0; n0 < n; n0 += CU_QGEMV_MAX) {
+        const int nn = n - n0 < CU_QGEMV_MAX ? n - n0 : CU_QGEMV_MAX;
+        qx xv;
+        if (!quantize_x(c, x + (size_t)n0 * k, nn, k, &xv)) return;
+        qsegs sg;
+        memset(&sg, 0, sizeof sg);
+        sg.w[0] = (const uint8_t *)wg->data;
+        sg.w[1] = (const uint8_t *)wu->data;
+        sg.nbt[0] = nblocks(wg);
+        sg.nbt[1] = nblocks(wu);
+        sg.o[0] = gate + (size_t)n0 * m;
+        sg.o[1] = up + (size_t)n0 * m;
+        sg.o[2] = out + (size_t)n0 * m;
+        sg.obf = out_bf ? out_bf + (size_t)n0 * m : NULL;
+        sg.end[0] = (int)m;
+        sg.end[1] = sg.end[2] = (int)(2 * m);
+        const qgemv_fn fn = pick_gemv((ns_dtype)wg->dtype, nn, true);
+        if (!fn) {
+            cu_check(c, cudaErrorInvalidValue, "quantized GEMV: unsupported type");
+            return;
+        }
+        cu_launch(c, fn, dim3((unsigned)((m + 3) / 4)), dim3(128), 0, sg, xv);
+        if (CU_LAUNCHED(c, "quantized GEMV+SwiGLU")) return;
+    }
+}
+
+/* ------------------------------------------------------- dequantization */
+
+/* The 16 values of group g (0 .. QE/16-1) of block blk. */
+template <int T> __device__ __forceinline__ void deq16(const qview &v, size_t blk, int g, float (&y)[16]) {
+    uint8_t q[16];
+    if constexpr (T == NS_DT_Q8_0) {
+        const float d = ld_f16(v.c + blk * 2);
+        *reinterpret_cast<uint4 *>(q) = ldg4(v.a + blk * 32 + 16 * g);
+#pragma unroll
+        for (int i = 0; i < 16; i++) y[i] = d * (float)(int8_t)q[i];
+    } else if constexpr (T == NS_DT_Q4_0) {
+        const float d = ld_f16(v.c + blk * 2);
+        *reinterpret_cast<uint4 *>(q) = ldg4(v.a + blk * 16);
+#pragma unroll
+        for (int i = 0; i < 16; i++) y[i] = d * (float)((g ? q[i] >> 4 : q[i] & 0xF) - 8);
+    } else if constexpr (T == NS_DT_Q4_K || T == NS_DT_Q5_K) {
+        const uint4 m = ldg4(v.b + blk * 16);
+        const int j = g >> 1, hh = g & 1;
+        int sc, mn;
+        scale_min(j, m, sc, mn);
+        const float d = __half2float(__ushort_as_half((unsigned short)(m.x & 0xFFFF))) * (float)sc;
+        const float dm = __half2float(__ushort_as_half((unsigned short)(m.x >> 16))) * (float)mn;
+        const int qoff = T == NS_DT_Q5_K ? 32 : 0, bb = T == NS_DT_Q5_K ? 160 : 128;
+        *reinterpret_cast<uint4 *>(q) = ldg4(v.a + blk * bb + qoff + 32 * (j >> 1) + 16 * hh);
+        uint8_t qh[16];
+        if constexpr (T == NS_DT_Q5_K) *reinterpret_cast<uint4 *>(qh) = ldg4(v.a + blk * 160 + 16 * hh);
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            int val = (j & 1) ? q[i] >> 4 : q[i] & 0xF;
+            if constexpr (T == NS_DT_Q5_K) val += ((qh[i] >> j) & 1) << 4;
+            y[i] = d * (float)val - dm;
+        }
+    } else {
+        const int h = g >> 3, e = 16 * (g & 7), qq = e >> 5, l = e & 31;
+        const float d = ld_f16(v.c + blk * 2) * (float)(int8_t)__ldg(v.b + blk * 16 + g);
+        *reinterpret_cast<uint4 *>(q) = ldg4(v.a + blk * 192 + 64 * h + l + 32 * (qq & 1));
+        uint8_t qh[16];
+        *reinterpret_cast<uint4 *>(qh) = ldg4(v.a + blk * 192 + 128 + 32 * h + l);
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const int lo = qq >= 2 ? q[i] >> 4 : q[i] & 0xF;
+            y[i] = d * (float)((lo | (((qh[i] >> (2 * qq)) & 3) << 4)) - 32);
+        }
+    }
+}
+
+/* The whole weight (groups of 16) to bf16, row-major. */
+template <int T> __global__ void k_dequant_bf16(const uint8_t *w, size_t nbt, bf16 *out, size_t n_groups) {
+    PDL_ENTRY();
+    const size_t gi = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (gi >= n_groups) return;
+    constexpr int GPB = QT<T>::QE / 16;
+    float y[16];
+    deq16<T>(make_view<T>(w, nbt), gi / GPB, (int)(gi % GPB), y);
+    __align__(16) bf16 o[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) o[i] = __float2bfloat16_rn(y[i]);
+    uint4 *dst = reinterpret_cast<uint4 *>(out + gi * 16);
+    dst[0] = reinterpret_cast<const uint4 *>(o)[0];
+    dst[1] = reinterpret_cast<const uint4 *>(o)[1];
+}
+
+/* out[t, :] = table[tokens[t], :], one block per token. */
+template <int T>
+__global__ void k_qembed(float *out, const uint8_t *w, size_t nbt, const int32_t *tokens, int dim) {
+    PDL_ENTRY();
+    constexpr int GPB = QT<T>::QE / 16;
+    const int t = blockIdx.x;
+    const qview v = make_view<T>(w, nbt);
+    const size_t row_blk = (size_t)tokens[t] * (size_t)(dim / QT<T>::QE);
+    for (int g = threadIdx.x; g < dim / 16; g += blockDim.x) {
+        float y[16];
+        deq16<T>(v, row_blk + g / GPB, g % GPB, y);
+        float4 *dst = reinterpret_cast<float4 *>(out + (size_t)t * dim + 16 * g);
+#pragma unroll
+        for (int i = 0; i < 4; i++) dst[i] = make_float4(y[4 * i], y[4 * i + 1], y[4 * i + 2], y[4 * i + 3]);
+    }
+}
+
+void cu_quant_embed(cu_impl *c, float *out, const ns_tensor *table, int n_tokens) {
+    if (n_tokens <= 0) return;
+    if (n_tokens > c->meta.n_tokens) {
+        cu_check(c, cudaErrorInvalidValue, "embed: more rows than the batch has tokens");
+        return;
+    }
+    const size_t nbt = nblocks(table);
+    const uint8_t *w = (const uint8_t *)table->data;
+    const int dim = (int)table->cols;
+    switch ((ns_dtype)table->dtype) {
+    case NS_DT_Q8_0: cu_launch(c, k_qembed<NS_DT_Q8_0>, dim3(n_tokens), dim3(128), 0, out, w, nbt, c->meta.tokens, dim); break;
+    case NS_DT_Q4_0: cu_launch(c, k_qembed<NS_DT_Q4_0>, dim3(n_tokens), dim3(128), 0, out, w, nbt, c->meta.tokens, dim); break;
+    case NS_DT_Q4_K: cu_launch(c, k_qembed<NS_DT_Q4_K>, dim3(n_tokens), dim3(128), 0, out, w, nbt, c->meta.tokens, dim); break;
+    case NS_DT_Q5_K: cu_launch(c, k_qembed<NS_DT_Q5_K>, dim3(n_tokens), dim3(128), 0, out, w, nbt, c->meta.tokens, dim); break;
+    case NS_DT_Q6_K: cu_launch(c, k_qembed<NS_DT_Q6_K>, dim3(n_tokens), dim3(128), 0, out, w, nbt, c->meta.tokens, dim); break;
+    default: cu_check(c, cudaErrorInvalidValue, "embed: not a quantized table"); return;
+    }
+    CU_LAUNCHED(c, "quantized embed");
+}
+
+static void launch_dequant(cu_impl *c, const ns_tensor *w, bf16 *dst) {
+    const size_t nbt = nblocks(w), groups = (size_t)w->rows * (size_t)w->cols / 16;
+    const dim3 grid((unsigned)((groups + 255) / 256)), block(256);
+    const uint8_t *p = (const uint8_t *)w->data;
+    switch ((ns_dtype)w->dtype) {
+    case NS_DT_Q8_0: cu_launch(c, k_dequant_bf16<NS_DT_Q8_0>, grid, block, 0, p, nbt, dst, groups); break;
+    case NS_DT_Q4_0: cu_launch(c, k_dequant_bf16<NS_DT_Q4_0>, grid, block, 0, p, nbt, dst, groups); break;
+    case NS_DT_Q4_K: cu_launch(c, k_dequant_bf16<NS_DT_Q4_K>, grid, block, 0, p, nbt, dst, groups); break;
+    case NS_DT_Q5_K: cu_launch(c, k_dequant_bf16<NS_DT_Q5_K>, grid, block, 0, p, nbt, dst, groups); break;
+    case NS_DT_Q6_K: cu_launch(c, k_dequant_bf16<NS_DT_Q6_K>, grid, block, 0, p, nbt, dst, groups); break;
+    default: cu_check(c, cudaErrorInvalidValue, "dequantize: not a quantized weight"); return;
+    }
+    CU_LAUNCHED(c, "dequantize weight");
+}
+
+void cu_quant_matmul(cu_impl *c, float *out, const float *in, const bf16 *in_bf, const ns_tensor *w, int64_t n) {
+    const int64_t m = w->rows, k = w->cols;
+    if (n <= CU_QGEMV_MAX) {
+        float *o[1] = {out};
+        const ns_tensor *ws[1] = {w};
+        cu_quant_gemv_multi(c, 1, o, ws, in, (int)n, (int)k);
+        return;
+    }
+    cu_quant *q = c->quant;
+    if (!q || !q->deq || (size_t)(m * k) > q->deq_elems || !in_bf) {
+        cu_check(c, cudaErrorInvalidValue, "quantized matmul: dequantization scratch missing or too small");
+        return;
+    }
+    launch_dequant(c, w, q->deq);
+    if (c->err_status != NS_OK) return;
+    cu_gemm(c, out, in_bf, in, q->deq, n, m, k);
+}
+
+/* ------------------------------------------------------------- memory */
+
+/* Grows the scratch buffers for a quantized weight of rows x cols. Runs
+ * at upload, before any step, so graphs never see an allocation; growth
+ * drops captured graphs anyway (they would hold the old addresses). */
+static bool reserve(cu_impl *c, int64_t rows, int64_t cols) {
+    if (!c->quant) {
+        c->quant = (cu_quant *)calloc(1, sizeof *c->quant);
+        if (!c->quant) return !cu_check(c, cudaErrorMemoryAllocation, "quant state");
+    }
+    cu_quant *q = c->quant;
+    bool grew = false;
+    if (cols > q->x_k) {
+        const size_t nq = (size_t)CU_QGEMV_MAX * (size_t)cols;
+        int8_t *xq = NULL;
+        float *xd = NULL, *xs = NULL;
+        if (cu_check(c, cudaStreamSynchronize(c->stream), "sync") || cu_check(c, cudaMalloc(&xq, nq), "cudaMalloc(xq)"))
+            return false;
+        if (cu_check(c, cudaMalloc(&xd, nq / 32 * sizeof(float)), "cudaMalloc(xd)") ||
+            cu_check(c, cudaMalloc(&xs, nq / 16 * sizeof(float)), "cudaMalloc(xs)")) {
+            cudaFree(xq);
+            if (xd) cudaFree(xd);
+            return false;
+        }
+        if (q->xq) cudaFree(q->xq);
+        if (q->xd) cudaFree(q->xd);
+        if (q->xs) cudaFree(q->xs);
+        q->xq = xq, q->xd = xd, q->xs = xs, q->x_k = cols;
+        grew = true;
+    }
+    const size_t elems = (size_t)rows * (size_t)cols;
+    if (elems > q->deq_elems) {
+        bf16 *p = NULL;
+        if (cu_check(c, cudaStreamSynchronize(c->stream), "sync")) return false;
+        if (q->deq) cudaFree(q->deq);
+        q->deq = NULL;
+        q->deq_elems = 0;
+        if (cu_check(c, cudaMalloc(&p, elems * sizeof(bf16)), "cudaMalloc(dequantization scratch)")) return false;
+        q->deq = p;
+        q->deq_elems = elems;
+        grew = true;
+    }
+    if (grew) cu_bump_generation(c);
+    return true;
+}
+
+void cu_quant_free(cu_impl *c) {
+    cu_quant *q = c->quant;
+    if (!q) return;
+    if (q->xq) cudaFree(q->xq);
+    if (q->xd) cudaFree(q->xd);
+    if (q->xs) cudaFree(q->xs);
+    if (q->deq) cudaFree(q->deq);
+    free(q);
+    c->quant = NULL;
+}
+
+size_t cu_quant_scratch_bytes(const cu_impl *c) {
+    const cu_quant *q = c->quant;
+    if (!q) return 0;
+    return (size_t)q->x_k * CU_QGEMV_MAX * (1 + 4 / 32.0 + 4 / 16.0) + q->deq_elems * sizeof(bf16);
+}
+
+bool cu_quant_check_shape(ns_dtype dt, int64_t rows, int64_t cols) {
+    qlayout l;
+    return layout_of(dt, &l) && rows >= 1 && cols >= l.qe && cols % l.qe == 0 && cols <= (1 << 30) &&
+           rows <= (1 << 30);
+}
+
+/* Host ggml blocks -> the A/B/C arrays of t (already allocated), through
+ * a bounded staging buffer. */
+bool cu_quant_upload(cu_impl *c, ns_tensor *t, const void *src) {
+    qlayout l;
+    if (!layout_of((ns_dtype)t->dtype, &l)) return !cu_check(c, cudaErrorInvalidValue, "upload: not a quantized type");
+    if (!reserve(c, t->rows, t->cols)) return false;
+    const size_t nbt = nblocks(t), chunk = 1 << 16; /* blocks per staging round */
+    uint8_t *stage = (uint8_t *)malloc(chunk * (size_t)(l.a + l.b + l.c));
+    if (!stage) return !cu_check(c, cudaErrorMemoryAllocation, "upload staging");
+    uint8_t *dst = (uint8_t *)t->data, *sa = stage, *sb = stage + chunk * l.a, *sc = sb + chunk * l.b;
+    const uint8_t *s = (const uint8_t *)src;
+    bool ok = true;
+    for (size_t b0 = 0; b0 < nbt && ok; b0 += chunk) {
+        const size_t nb = nbt - b0 < chunk ? nbt - b0 : chunk;
+        for (size_t i = 0; i < nb; i++) {
+            const uint8_t *g = s + (b0 + i) * (size_t)l.gb;
+            memcpy(sa + i * l.a, g + l.a_off, (size_t)l.a);
+            if (l.b) memcpy(sb + i * l.b, g + l.b_off, (size_t)l.b);
+            if (l.c) memcpy(sc + i * l.c, g + l.c_off, (size_t)l.c);
+        }
+        ok = !cu_check(c, cudaMemcpy(dst + b0 * l.a, sa, nb * l.a, cudaMemcpyHostToDevice), "upload weight");
+        if (ok && l.b)
+            ok = !cu_check(c, cudaMemcpy(dst + nbt * l.a + b0 * l.b, sb, nb * l.b, cudaMemcpyHostToDevice),
+                           "upload weight");
+        if (ok && l.c)
+            ok = !cu_check(c,
+                           cudaMemcpy(dst + nbt * (l.a + l.b) + b0 * l.c, sc, nb * l.c, cudaMemcpyHostToDevice),
+                           "upload weight");
+    }
+    free(stage);
+    return ok;
+}
+
+/* Random blocks for --dummy-weights: random quants and sub-block scales,
+ * block scales chosen so |value| <= about `scale` with mean about 0. One
+ * thread per block writes its A/B/C bytes. */
+template <int T> __global__ void k_qrandom(uint8_t *base, size_t nbt, uint64_t seed, float scale) {
+    const size_t blk = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (blk >= nbt) return;
+    uint8_t *a = base + blk * QT<T>::A, *b = base + nbt * QT<T>::A + blk * QT<T>::B;
+    uint8_t *cc = base + nbt * (QT<T>::A + QT<T>::B) + blk * 2;
+    const uint64_t s0 = seed * 0x9e3779b97f4a7c15ULL + blk * 0x100000001b3ULL;
+    for (int i = 0; i < QT<T>::A / 8; i++) {
+        const uint64_t r = ns_splitmix64_mix(s0 + (uint64_t)i);
+        uint8_t by[8];
+        memcpy(by, &r, 8);
+#pragma unroll
+        for (int j = 0; j < 8; j++) a[8 * i + j] = (T == NS_DT_Q8_0 && by[j] == 0x80) ? 0x81 : by[j];
+    }
+    const uint64_t r = ns_splitmix64_mix(s0 + 1000);
+    if constexpr (T == NS_DT_Q8_0 || T == NS_DT_Q4_0) {
+        const __half d = __float2half_rn(scale / (T == NS_DT_Q8_0 ? 127.f : 8.f));
+        memcpy(cc, &d, 2);
+    } else if constexpr (T == NS_DT_Q4_K || T == NS_DT_Q5_K) {
+        const float dv = scale / (T == NS_DT_Q4_K ? 63.f * 15.f : 63.f * 31.f);
+        const __half d = __float2half_rn(dv), dm = __float2half_rn(dv * (T == NS_DT_Q4_K ? 7.5f : 15.5f));
+        memcpy(b, &d, 2);
+        memcpy(b + 2, &dm, 2);
+        const uint64_t r2 = ns_splitmix64_mix(s0 + 1001);
+        memcpy(b + 4, &r, 8);
+        memcpy(b + 12, &r2, 4);
+    } else {
+        const uint64_t r2 = ns_splitmix64_mix(s0 + 1001);
+        memcpy(b, &r, 8);
+        memcpy(b + 8, &r2, 8);
+        const __half d = __float2half_rn(scale / (128.f * 32.f));
+        memcpy(cc, &d, 2);
+    }
+}
+
+bool cu_quant_random(cu_impl *c, ns_tensor *t, uint64_t seed, float scale) {
+    if (!reserve(c, t->rows, t->cols)) return false;
+    const size_t nbt = nblocks(t);
+    const dim3 grid((unsigned)((nbt + 255) / 256)), block(256);
+    uint8_t *p = (uint8_t *)t->data;
+    switch ((ns_dtype)t->dtype) {
+    case NS_DT_Q8_0: k_qrandom<NS_DT_Q8_0><<<grid, block, 0, c->stream>>>(p, nbt, seed, scale); break;
+    case NS_DT_Q4_0: k_qrandom<NS_DT_Q4_0><<<grid, block, 0, c->stream>>>(p, nbt, seed, scale); break;
+    case NS_DT_Q4_K: k_qrandom<NS_DT_Q4_K><<<grid, block, 0, c->stream>>>(p, nbt, seed, scale); break;
+    case NS_DT_Q5_K: k_qrandom<NS_DT_Q5_K><<<grid, block, 0, c->stream>>>(p, nbt, seed, scale); break;
+    case NS_DT_Q6_K: k_qrandom<NS_DT_Q6_K><<<grid, block, 0, c->stream>>>(p, nbt, seed, scale); break;
+    default: return !cu_check(c, cudaErrorInvalidValue, "random: not a quantized type");
+    }
+    return !CU_LAUNCHED(c, "random quantized weight");
+}
