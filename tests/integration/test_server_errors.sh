@@ -25,7 +25,10 @@ expect_error $C "{$M,\"top_p\":0}" 400 top_p
 expect_error $C "{$M,\"n\":2}" 400 n
 expect_error $C "{$M,\"stream\":\"yes\"}" 400 stream
 expect_error $C "{$M,\"stop\":[1]}" 400 stop
-expect_error $C "{$M,\"response_format\":{\"type\":\"json_object\"}}" 400 response_format
+expect_error $C "{$M,\"response_format\":{\"type\":\"yaml\"}}" 400 response_format unsupported_value
+# json_object / json_schema are enforced by a grammar (tests/node/structured.test.mjs); a bad schema is a 400
+expect_error $C "{$M,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}}" 400 response_format.json_schema.schema
+expect_error $C "{$M,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"string\",\"format\":\"uri\"}}}}" 400 response_format unsupported_schema
 expect_error $C "{$M,\"tools\":{}}" 400 tools
 expect_error $C "{$M,\"tools\":[{\"type\":\"function\",\"function\":{}}]}" 400 'tools[0].function.name'
 expect_error $C "{$M,\"tool_choice\":\"sometimes\"}" 400 tool_choice
