@@ -39,12 +39,12 @@ static void cpu_tensor_free(ns_backend *be, ns_tensor *t) {
 
 static ns_status cpu_weight_from_host(ns_backend *be, ns_tensor *t, const void *src, ns_dtype src_dt, int64_t rows,
                                       int64_t cols, ns_error *err) {
-    /* Matrices in F32/BF16 are used in place (zero copy from the mmap)
+    /* Matrices in F32/BF16/F16 are used in place (zero copy from the mmap)
      * when suitably aligned. The safetensors format does not promise
      * alignment (a header whose length is not a multiple of 4 shifts all
      * data), so misaligned matrices are copied into aligned memory.
-     * Vectors (norm weights) and F16 data are converted to owned F32 so
-     * the elementwise ops only ever see F32. */
+     * Vectors (norm weights) are converted to owned F32 so the
+     * elementwise ops only ever see F32. */
     if (ns_dtype_is_quant(src_dt)) { /* GGUF blocks: byte-addressed, used in place (quant.h) */
         memset(t, 0, sizeof *t);
         t->dtype = src_dt;
@@ -55,7 +55,7 @@ static ns_status cpu_weight_from_host(ns_backend *be, ns_tensor *t, const void *
     }
     const size_t esz = ns_dtype_size(src_dt), n = (size_t)rows * (size_t)cols;
     const bool aligned = ((uintptr_t)src % esz) == 0;
-    if (rows > 1 && (src_dt == NS_DT_F32 || src_dt == NS_DT_BF16)) {
+    if (rows > 1 && (src_dt == NS_DT_F32 || src_dt == NS_DT_BF16 || src_dt == NS_DT_F16)) {
         if (aligned) {
             memset(t, 0, sizeof *t);
             t->dtype = src_dt;

@@ -74,7 +74,7 @@ static inline float f16_to_f32(uint16_t h) {
  * rows converted into buf (cols floats). */
 static inline const float *row_f32(const ns_tensor *w, int64_t r, float *buf) {
     if (w->dtype == NS_DT_F32) return (const float *)w->data + r * w->cols;
-    if (ns_dtype_is_quant(w->dtype)) { /* GGUF blocks (quant.h) */
+    if (ns_dtype_is_quant(w->dtype) || w->dtype == NS_DT_F16) { /* GGUF blocks, F16 (quant.h) */
         ns_quant_dequant_row(w->dtype, (const uint8_t *)w->data + (size_t)r * ns_dtype_row_bytes(w->dtype, w->cols), buf,
                              w->cols);
         return buf;

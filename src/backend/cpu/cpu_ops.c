@@ -84,6 +84,12 @@ static void mm_task(void *p, int64_t b, int64_t e, int tid) {
             for (int64_t i = 0; i < n; i++) out[i * m + j] = dot_bf16(in + i * k, w + j * k, k);
         return;
     }
+    if (x->w->dtype == NS_DT_F16 && n <= 2) { /* F16 in place (quant.h) */
+        const uint16_t *w = x->w->data;
+        for (int64_t j = b; j < e; j++)
+            for (int64_t i = 0; i < n; i++) out[i * m + j] = ns_dot_f16(in + i * k, w + j * k, k);
+        return;
+    }
     for (int64_t j = b; j < e; j++) {
         const float *wr = row_f32(x->w, j, scratch);
         for (int64_t i = 0; i < n; i++) out[i * m + j] = dot(in + i * k, wr, k);

@@ -152,8 +152,34 @@ void ns_quant_dequant_row(ns_dtype dt, const void *src, float *dst, int64_t n) {
     case NS_DT_Q4_K: deq_q4_k(b, dst, n / QKK); break;
     case NS_DT_Q5_K: deq_q5_k(b, dst, n / QKK); break;
     case NS_DT_Q6_K: deq_q6_k(b, dst, n / QKK); break;
+    case NS_DT_F16: {
+        const uint16_t *h = src;
+        int64_t i = 0;
+#ifdef __F16C__
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#endif
+        for (; i < n; i++) dst[i] = f16_to_f32(h[i]);
+        break;
+    }
     default: memset(dst, 0, (size_t)n * sizeof *dst); break;
     }
+}
+
+float ns_dot_f16(const float *a, const uint16_t *b, int64_t n) {
+    int64_t i = 0;
+    float s = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        const __m256 b0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i)));
+        const __m256 b1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i + 8)));
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), b0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), b1, acc1);
+    }
+    s = hsum8(_mm256_add_ps(acc0, acc1));
+#endif
+    for (; i < n; i++) s += a[i] * f16_to_f32(b[i]);
+    return s;
 }
 
 /* ------------------------------------------------ activation quantization */

@@ -33,8 +33,13 @@ float ns_fp16_to_fp32(uint16_t h);
 uint16_t ns_fp32_to_fp16(float f);
 
 /* dst[0..n) = the values of a row of n (a multiple of the block size)
- * quantized values of type dt starting at src. */
+ * quantized values of type dt starting at src. Also F16 (block of 1):
+ * F16 matrices are used in place too. */
 void ns_quant_dequant_row(ns_dtype dt, const void *src, float *dst, int64_t n);
+
+/* dot(a (f32), b (f16)) without materializing b as f32 (decode reads
+ * each weight once). F16C conversion where available. */
+float ns_dot_f16(const float *a, const uint16_t *b, int64_t n);
 
 /* Bytes needed to hold one activation row of n values quantized for
  * products with weights of type dt (Q8_0 or Q8_K blocks). */

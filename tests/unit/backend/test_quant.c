@@ -235,6 +235,26 @@ TEST(non_finite_activations) {
     }
 }
 
+/* F16 rows: dequantized and dotted in place, against the scalar
+ * conversion (f16 values are exact in f32). */
+TEST(f16_rows) {
+    static uint16_t h[100];
+    static float a[100], y[100];
+    for (int i = 0; i < 100; i++) {
+        h[i] = ns_fp32_to_fp16(frnd() * 4.0f);
+        a[i] = frnd();
+    }
+    ns_quant_dequant_row(NS_DT_F16, h, y, 100);
+    double ref = 0;
+    int bad = 0;
+    for (int i = 0; i < 100; i++) {
+        if (y[i] != ns_fp16_to_fp32(h[i])) bad++;
+        ref += (double)a[i] * ns_fp16_to_fp32(h[i]);
+    }
+    CHECK_EQ_INT(bad, 0);
+    CHECK_NEAR(ns_dot_f16(a, h, 100), ref, 1e-4);
+}
+
 int main(void) {
     RUN(dot_matches_dequantized);
     RUN(activation_quantization_error);
@@ -242,5 +262,6 @@ int main(void) {
     RUN(fp16_conversion);
     RUN(reference_weight_quantizers);
     RUN(non_finite_activations);
+    RUN(f16_rows);
     TEST_MAIN_END;
 }

@@ -633,6 +633,38 @@ TEST(fingerprint_covers_quantization) {
     be->ops->destroy(be);
 }
 
+/* No dequantized copy of the model: quantized and F16 matrices are used
+ * in place from the file's mapping (only llama's un-permuted q/k rows are a
+ * copy, still in the file's type), and the model's weight bytes are about
+ * the file's size. */
+TEST(weights_stay_in_file_format) {
+    const struct {
+        const char *file;
+        ns_dtype dt;
+    } cases[] = {{"gguf/stories260K-F16.gguf", NS_DT_F16},
+                 {"gguf/stories260K-Q8_0.gguf", NS_DT_Q8_0},
+                 {"gguf/tiny-qwen3-k-Q4_K.gguf", NS_DT_Q4_K},
+                 {"gguf/tiny-qwen3-k-Q6_K.gguf", NS_DT_Q6_K}};
+    ns_backend *be = NULL;
+    ns_error err = {0};
+    CHECK(ns_backend_cpu_create(1, &be, &err) == NS_OK);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char p[1024];
+        snprintf(p, sizeof p, "%s", test_shared_path(cases[i].file));
+        ns_model *m = NULL;
+        CHECKF(ns_model_load(p, be, &m, &err) == NS_OK, "%s", err.msg);
+        if (!m) continue;
+        const ns_layer_weights *w = &m->layers[0];
+        CHECKF(w->w_up.dtype == cases[i].dt && w->w_up.alloc == NULL && w->wq.dtype == cases[i].dt &&
+                   w->wq.alloc == NULL,
+               "%s: ffn_up %s, alloc %p", cases[i].file, ns_dtype_name(w->w_up.dtype), w->w_up.alloc);
+        struct stat sb;
+        CHECK(stat(p, &sb) == 0 && m->weight_bytes <= (size_t)sb.st_size);
+        ns_model_free(m);
+    }
+    be->ops->destroy(be);
+}
+
 int main(void) {
     RUN(parse_every_type);
     RUN(truncated_everywhere);
@@ -642,5 +674,6 @@ int main(void) {
     RUN(model_binding_errors);
     RUN(gpt2_tokenizer_matches_hf);
     RUN(fingerprint_covers_quantization);
+    RUN(weights_stay_in_file_format);
     TEST_MAIN_END;
 }
