@@ -9,7 +9,8 @@
  * tokens, as a decode batch (one token per sequence): decode steps are
  * recorded, so the same step runs eagerly, is captured into a CUDA graph
  * and is replayed, each time with new inputs, and each result must match
- * the CPU — and a replay must actually have happened.
+ * the CPU — and a replay must actually have happened. Decode routing
+ * runs fused (default) and, on a second backend, unfused.
  *
  * Tolerances (relative L2 per comparison): the gathered-GEMV path (up to
  * 4 tokens) keeps activations in F32: 1e-4. The grouped-GEMM path rounds
@@ -345,6 +346,23 @@ TEST(test_moe_chunked_prefill) {
     moe_cases(64, 32, cs, 1, "H=64 F=32");
 }
 
+TEST(test_moe_unfused_routing) {
+    /* NS_CUDA_MOE_FUSE=0: decode routing as two launches (router logits,
+     * then top-k) instead of the fused router whose last block selects */
+    setenv("NS_CUDA_MOE_FUSE", "0", 1);
+    ns_backend *g2 = NULL, *keep = gpu;
+    ns_error err = {0};
+    ns_status rc = ns_backend_cuda_create(0, &g2, &err);
+    unsetenv("NS_CUDA_MOE_FUSE");
+    CHECKF(rc == NS_OK, "second cuda backend: %s", err.msg);
+    if (rc != NS_OK) return;
+    gpu = g2;
+    static const moe_case cs[] = {{1, 128, 8, true}, {2, 8, 2, false}, {4, 64, 8, true}};
+    moe_cases(200, 104, cs, (int)(sizeof cs / sizeof cs[0]), "unfused routing H=200 F=104");
+    gpu = keep;
+    g2->ops->destroy(g2);
+}
+
 TEST(test_moe_bad_shapes_fail) {
     /* a hidden size that is not a multiple of 8 is refused with an error
      * at the next sync, never run */
@@ -392,6 +410,7 @@ int main(void) {
     RUN(test_moe_shapes);
     RUN(test_moe_qwen3_30b_layer);
     RUN(test_moe_chunked_prefill);
+    RUN(test_moe_unfused_routing);
     RUN(test_moe_bad_shapes_fail);
     cpu->ops->destroy(cpu);
     gpu->ops->destroy(gpu);

@@ -207,6 +207,7 @@ typedef struct cu_impl {
     int32_t n_moe_tables, cap_moe_tables;
     void *moe_ws;
     size_t moe_ws_bytes;
+    int moe_fuse; /* CU_SW_*: decode router + top-k in one launch (NS_CUDA_MOE_FUSE=0: off) */
 
     /* quantized weights (cuda_quant.cu): activation and dequantization
      * scratch, created by the first quantized weight's upload */

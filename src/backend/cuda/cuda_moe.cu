@@ -74,7 +74,7 @@ static inline size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 /* Scratch layout for one chunk of Tc tokens. */
 struct moe_ws {
-    int32_t *counts, *cursor, *offs, *tile_off, *ids, *rows, *pos;
+    int32_t *done, *counts, *cursor, *offs, *tile_off, *ids, *rows, *pos;
     float *wts, *logits;
     bf16 *xbf;
     void *h; /* F32 [TK, F] (GEMV path) or BF16 [TK, F] (GEMM path) */
@@ -89,6 +89,7 @@ static moe_ws ws_layout(uint8_t *base, int64_t Tc, int K, int E, int64_t H, int6
 #define TAKE(field, type, n)                       \
     w.field = (type *)(base ? base + o : NULL);    \
     o += al256((size_t)(n) * sizeof(type));
+    TAKE(done, int32_t, 1);
     TAKE(counts, int32_t, E);
     TAKE(cursor, int32_t, E);
     TAKE(offs, int32_t, E + 1);
@@ -141,54 +142,15 @@ __global__ void k_add_bias(float *__restrict__ out, const float *__restrict__ b,
         out[i] += b[i % cols];
 }
 
-/* Router logits [T, E]: warp w of block (bx, by) computes expert
- * bx*8 + w for tokens by*RT .. by*RT+RT-1, streaming the router row once
- * for all of them. Spread over E/8 x T/RT blocks so that even one token
- * has every router row in flight at once (one block streaming the whole
- * router from HBM was latency-bound: ~4 KB in flight per SM). */
-__global__ __launch_bounds__(256) void k_moe_logits(const float *__restrict__ x, const bf16 *__restrict__ router,
-                                                     int T, int H, int E, float *__restrict__ logits,
-                                                     int32_t *__restrict__ counts) {
-    PDL_ENTRY();
-    /* the grouped path's per-expert counts start from zero every time
-     * (k_moe_topk, the next kernel, increments them) */
-    if (counts && blockIdx.x == 0 && blockIdx.y == 0)
-        for (int i = threadIdx.x; i < E; i += blockDim.x) counts[i] = 0;
-    const int e = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x & 31, t0 = blockIdx.y * RT;
-    if (e >= E) return;
-    const int nr = T - t0 < RT ? T - t0 : RT;
-    const int nch = H / 8;
-    const uint4 *wr = reinterpret_cast<const uint4 *>(router + (size_t)e * H);
-    float acc[RT];
-#pragma unroll
-    for (int r = 0; r < RT; r++) acc[r] = 0.f;
-#pragma unroll 4
-    for (int c = lane; c < nch; c += 32) {
-        const uint4 w = moe_ld(wr + c);
-#pragma unroll
-        for (int r = 0; r < RT; r++)
-            if (r < nr) acc[r] += moe_dot8(w, x + (size_t)(t0 + r) * H + 8 * c);
-    }
-#pragma unroll
-    for (int r = 0; r < RT; r++) {
-        const float s = cu_warp_sum(acc[r]);
-        if (lane == 0 && r < nr) logits[(size_t)(t0 + r) * E + e] = s;
-    }
-}
-
-/* Softmax and top k, one warp per token (8 per block): ids and weights
- * of the token's k slots, renormalized when norm; counts (grouped path
- * only) gets one atomic increment per chosen slot. */
-__global__ __launch_bounds__(256) void k_moe_topk(const float *__restrict__ logits, int T, int E, int K, int norm,
-                                                   int32_t *__restrict__ ids, float *__restrict__ wts,
-                                                   int32_t *__restrict__ counts) {
-    PDL_ENTRY();
-    __shared__ float lg[8 * CU_MOE_MAX_E];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, t = blockIdx.x * 8 + warp;
-    if (t >= T) return;
-    float *p = lg + warp * CU_MOE_MAX_E;
-    const float *src = logits + (size_t)t * E;
-    for (int e = lane; e < E; e += 32) p[e] = src[e];
+/* Softmax and top k of one token, by one warp: src = its E logits (read
+ * through L2: in the fused router they come from other blocks), p = E
+ * floats of the warp's shared memory. Writes the token's k ids and
+ * weights (ties to the lower expert; renormalized when norm); counts
+ * (grouped path only) gets one atomic increment per chosen slot. */
+__device__ __forceinline__ void topk_warp(const float *src, float *p, int E, int K, int norm, int32_t *ids,
+                                          float *wts, int32_t *counts) {
+    const int lane = threadIdx.x & 31;
+    for (int e = lane; e < E; e += 32) p[e] = __ldcg(src + e);
     __syncwarp();
     float mx = p[0];
     for (int e = lane; e < E; e += 32) mx = p[e] > mx ? p[e] : mx;
@@ -226,10 +188,78 @@ __global__ __launch_bounds__(256) void k_moe_topk(const float *__restrict__ logi
     }
     if (lane < K) {
         if (norm) wsel /= ksum;
-        ids[(size_t)t * K + lane] = isel;
-        wts[(size_t)t * K + lane] = wsel;
+        ids[lane] = isel;
+        wts[lane] = wsel;
         if (counts) atomicAdd(&counts[isel], 1);
     }
+}
+
+/* Router logits [T, E]: warp w of block (bx, by) computes expert
+ * bx*8 + w for tokens by*RT .. by*RT+RT-1, streaming the router row once
+ * for all of them. Spread over E/8 x T/RT blocks so that even one token
+ * has every router row in flight at once (one block streaming the whole
+ * router from HBM was latency-bound: ~4 KB in flight per SM).
+ * FUSE (decode, T <= RT, one block row): the last block to finish (a
+ * self-resetting counter, done) runs the top k of every token, which
+ * saves a launch per layer. */
+template <bool FUSE>
+__global__ __launch_bounds__(256) void k_moe_logits(const float *__restrict__ x, const bf16 *__restrict__ router,
+                                                     int T, int H, int E, float *__restrict__ logits,
+                                                     int32_t *__restrict__ counts, int K, int norm,
+                                                     int32_t *__restrict__ ids, float *__restrict__ wts,
+                                                     int32_t *__restrict__ done) {
+    PDL_ENTRY();
+    /* the grouped path's per-expert counts start from zero every time
+     * (k_moe_topk, the next kernel, increments them) */
+    if (counts && blockIdx.x == 0 && blockIdx.y == 0)
+        for (int i = threadIdx.x; i < E; i += blockDim.x) counts[i] = 0;
+    const int e = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x & 31, t0 = blockIdx.y * RT;
+    const int nr = T - t0 < RT ? T - t0 : RT;
+    if (e < E) {
+        const int nch = H / 8;
+        const uint4 *wr = reinterpret_cast<const uint4 *>(router + (size_t)e * H);
+        float acc[RT];
+#pragma unroll
+        for (int r = 0; r < RT; r++) acc[r] = 0.f;
+#pragma unroll 4
+        for (int c = lane; c < nch; c += 32) {
+            const uint4 w = moe_ld(wr + c);
+#pragma unroll
+            for (int r = 0; r < RT; r++)
+                if (r < nr) acc[r] += moe_dot8(w, x + (size_t)(t0 + r) * H + 8 * c);
+        }
+#pragma unroll
+        for (int r = 0; r < RT; r++) {
+            const float s = cu_warp_sum(acc[r]);
+            if (lane == 0 && r < nr) logits[(size_t)(t0 + r) * E + e] = s;
+        }
+    }
+    if (!FUSE) return;
+    __shared__ float lg[RT * CU_MOE_MAX_E];
+    __shared__ int last;
+    __threadfence(); /* this block's logits are visible before it counts itself done */
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1) == (int)(gridDim.x * gridDim.y) - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x == 0) *done = 0; /* for the next call */
+    const int w = threadIdx.x / 32;
+    if (w < T && w < RT)
+        topk_warp(logits + (size_t)w * E, lg + w * CU_MOE_MAX_E, E, K, norm, ids + (size_t)w * K,
+                  wts + (size_t)w * K, NULL);
+}
+
+/* Softmax and top k, one warp per token (8 per block). */
+__global__ __launch_bounds__(256) void k_moe_topk(const float *__restrict__ logits, int T, int E, int K, int norm,
+                                                   int32_t *__restrict__ ids, float *__restrict__ wts,
+                                                   int32_t *__restrict__ counts) {
+    PDL_ENTRY();
+    __shared__ float lg[8 * CU_MOE_MAX_E];
+    const int warp = threadIdx.x / 32, t = blockIdx.x * 8 + warp;
+    if (t >= T) return;
+    topk_warp(logits + (size_t)t * E, lg + warp * CU_MOE_MAX_E, E, K, norm, ids + (size_t)t * K, wts + (size_t)t * K,
+              counts);
 }
 
 /* Counting sort, step 2 (one block of 1024 threads, E <= 1024): segment
@@ -625,6 +655,7 @@ static bool moe_reserve(cu_impl *c, int64_t Tc, int K, int E, int64_t H, int64_t
     cu_bump_generation(c);
     void *p = NULL;
     if (cu_check(c, cudaMalloc(&p, w.bytes), "cudaMalloc(moe scratch)")) return false;
+    /* zeroed: the fused router's done counter starts at 0 (and resets itself) */
     if (cu_check(c, cudaMemsetAsync(p, 0, w.bytes, c->stream), "moe scratch clear")) {
         cudaFree(p);
         return false;
@@ -667,6 +698,11 @@ int32_t cu_moe_prepare(cu_impl *c, const ns_tensor *out, const ns_tensor *in, co
         }
     }
     if (T == 0) return -1;
+    /* NS_CUDA_MOE_FUSE=0: decode routing in two launches (A/B, tests) */
+    if (c->moe_fuse == CU_SW_UNSET) {
+        const char *v = getenv("NS_CUDA_MOE_FUSE");
+        c->moe_fuse = v && *v == '0' ? CU_SW_OFF : CU_SW_ON;
+    }
     const int32_t idx = moe_table(c, experts, E);
     if (idx < 0) return -1;
     const int64_t Tc = T < CU_MOE_CHUNK ? T : CU_MOE_CHUNK;
@@ -688,12 +724,19 @@ static void moe_chunk(cu_impl *c, const bf16 *const *tab, const bf16 *router, fl
     const float *x = (const float *)in->data + (size_t)r0 * H;
     const int TK = Tc * K;
     const bool gemv = Tc <= CU_MOE_GEMV_MAX;
-    cu_launch(c, k_moe_logits, dim3((unsigned)((E + 7) / 8), (unsigned)((Tc + RT - 1) / RT)), dim3(256), 0, x, router,
-              Tc, H, E, w.logits, gemv ? (int32_t *)NULL : w.counts);
-    if (CU_LAUNCHED(c, "moe router")) return;
-    cu_launch(c, k_moe_topk, dim3((unsigned)((Tc + 7) / 8)), dim3(256), 0, (const float *)w.logits, Tc, E, K, (int)norm,
-              w.ids, w.wts, gemv ? (int32_t *)NULL : w.counts);
-    if (CU_LAUNCHED(c, "moe top-k")) return;
+    const dim3 rgrid((unsigned)((E + 7) / 8), (unsigned)((Tc + RT - 1) / RT));
+    if (gemv && Tc <= RT && c->moe_fuse == CU_SW_ON) {
+        cu_launch(c, k_moe_logits<true>, rgrid, dim3(256), 0, x, router, Tc, H, E, w.logits, (int32_t *)NULL, K,
+                  (int)norm, w.ids, w.wts, w.done);
+        if (CU_LAUNCHED(c, "moe router+top-k")) return;
+    } else {
+        cu_launch(c, k_moe_logits<false>, rgrid, dim3(256), 0, x, router, Tc, H, E, w.logits,
+                  gemv ? (int32_t *)NULL : w.counts, K, (int)norm, (int32_t *)NULL, (float *)NULL, (int32_t *)NULL);
+        if (CU_LAUNCHED(c, "moe router")) return;
+        cu_launch(c, k_moe_topk, dim3((unsigned)((Tc + 7) / 8)), dim3(256), 0, (const float *)w.logits, Tc, E, K,
+                  (int)norm, w.ids, w.wts, gemv ? (int32_t *)NULL : w.counts);
+        if (CU_LAUNCHED(c, "moe top-k")) return;
+    }
     if (gemv) {
         float *h = (float *)w.h;
         cu_launch(c, k_moe_gemv_gu, dim3((unsigned)((F + 7) / 8), (unsigned)TK), dim3(256), 0, x, tab,
