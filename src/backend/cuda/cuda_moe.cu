@@ -690,6 +690,13 @@ int32_t cu_moe_prepare(cu_impl *c, const ns_tensor *out, const ns_tensor *in, co
     for (int i = 0; i < 3 * E; i++) {
         const ns_tensor *w = &experts[i];
         const bool down = i >= 2 * E;
+        if (ns_dtype_is_quant((ns_dtype)w->dtype)) {
+            cu_set_error(c, NS_ERR_UNSUPPORTED,
+                         "cuda moe_ffn: quantized (%s) expert weights are not supported on the cuda device yet; "
+                         "use a bf16/f16 model or the cpu device",
+                         ns_dtype_name((ns_dtype)w->dtype));
+            return -1;
+        }
         if (w->dtype != NS_DT_BF16 || w->rows != (down ? H : F) || w->cols != (down ? F : H) ||
             ((uintptr_t)w->data % 16)) {
             cu_set_error(c, NS_ERR_INVALID, "cuda moe_ffn: expert weight %d is not BF16 [%lld,%lld]", i,
