@@ -164,6 +164,12 @@ static ns_status skip_array(rd *r, uint32_t t, uint64_t n, int depth, uint64_t *
     return NS_OK;
 }
 
+bool ns_gguf_printable(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) return false;
+    return true;
+}
+
 /* -------------------------------------------------------------- parse */
 
 /* Uniqueness of keys / tensor names: a small open-addressing hash set of
@@ -211,7 +217,7 @@ static ns_status parse_kv(ns_gguf *g, rd *r) {
         const char *key;
         uint64_t klen;
         if (rd_str(r, &key, &klen, "metadata key") != NS_OK) return NS_ERR_FORMAT;
-        if (klen == 0 || klen > GGUF_MAX_NAME || memchr(key, 0, (size_t)klen))
+        if (klen == 0 || klen > GGUF_MAX_NAME || !ns_gguf_printable(key, (size_t)klen))
             return ns_fail(r->err, NS_ERR_FORMAT, "%s: metadata entry %llu has an invalid key (length %llu)", g->path,
                            (unsigned long long)i, (unsigned long long)klen);
         kv->key = key;
@@ -278,7 +284,7 @@ static ns_status parse_tensor_info(ns_gguf *g, rd *r, uint64_t i) {
     const char *name;
     uint64_t nlen;
     if (rd_str(r, &name, &nlen, "tensor name") != NS_OK) return NS_ERR_FORMAT;
-    if (nlen == 0 || nlen > GGUF_MAX_NAME || memchr(name, 0, (size_t)nlen))
+    if (nlen == 0 || nlen > GGUF_MAX_NAME || !ns_gguf_printable(name, (size_t)nlen))
         return ns_fail(r->err, NS_ERR_FORMAT, "%s: tensor %llu has an invalid name (length %llu)", g->path,
                        (unsigned long long)i, (unsigned long long)nlen);
     t->name = name;

@@ -11,7 +11,8 @@
  * message naming what is wrong, never a crash or an out-of-bounds read):
  *  - every string, array and tensor lies inside the file; every count,
  *    length, product and offset has been overflow-checked before use;
- *  - metadata keys and tensor names are unique and non-empty;
+ *  - metadata keys and tensor names are unique, non-empty and free of
+ *    control bytes (so messages that quote them cannot forge log lines);
  *  - every tensor has 1..4 dims, each >= 1, a known ggml type, a first
  *    dim that is a multiple of the type's block size, an offset that is a
  *    multiple of the alignment, and nbytes = elements / block * block
@@ -125,6 +126,10 @@ ns_status ns_gguf_open(const char *path, ns_gguf **out, ns_error *err);
 /* Same over a caller-owned buffer that must outlive *out (fuzzing, tests). */
 ns_status ns_gguf_open_mem(const void *buf, size_t len, ns_gguf **out, ns_error *err);
 void ns_gguf_close(ns_gguf *g);
+
+/* True when s[0..n) has no control bytes (< 0x20, 0x7f): safe to quote in
+ * a message or log line. */
+bool ns_gguf_printable(const char *s, size_t n);
 
 /* Lookup by exact key; NULL if absent. */
 const ns_gguf_kv *ns_gguf_find(const ns_gguf *g, const char *key);

@@ -265,7 +265,8 @@ static ns_status rope_config(const ns_gguf *g, const char *arch, ns_model_config
         cfg->rope_factor = 1;
         rc = arch_float(g, arch, "rope.scaling.factor", 1e-6, 1e6, &cfg->rope_factor, err);
     } else if (type && strcmp(type, "none") != 0) {
-        rc = ns_fail(err, NS_ERR_UNSUPPORTED, "%s: rope scaling \"%s\" is not supported (none, linear)", g->path, type);
+        rc = ns_fail(err, NS_ERR_UNSUPPORTED, "%s: rope scaling \"%.64s\" is not supported (none, linear)", g->path,
+                     ns_gguf_printable(type, strlen(type)) ? type : "?");
     }
     free(type);
     return rc;
@@ -313,7 +314,8 @@ ns_status ns_gguf_config(const ns_gguf *g, ns_model_config *cfg, ns_error *err) 
         snprintf(cfg->arch_name, sizeof cfg->arch_name, "Qwen3MoeForCausalLM");
     } else {
         rc = ns_fail(err, NS_ERR_UNSUPPORTED,
-                     "%s: GGUF architecture \"%.64s\" is not supported (llama, qwen2, qwen3, qwen3moe)", g->path, arch);
+                     "%s: GGUF architecture \"%.64s\" is not supported (llama, qwen2, qwen3, qwen3moe)", g->path,
+                     ns_gguf_printable(arch, strlen(arch)) ? arch : "?");
         free(arch);
         return rc;
     }

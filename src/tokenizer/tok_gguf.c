@@ -225,7 +225,7 @@ static ns_status build(const ns_gguf *g, json_t **tok_out, json_t **cfg_out, ns_
     const bool spm = strcmp(model, "llama") == 0;
     if (!spm && strcmp(model, "gpt2") != 0) {
         rc = ns_fail(err, NS_ERR_UNSUPPORTED, "%s: tokenizer model \"%.64s\" is not supported (llama, gpt2)", g->path,
-                     model);
+                     ns_gguf_printable(model, strlen(model)) ? model : "?");
         goto done;
     }
     if ((rc = build_vocab(&v, added)) != NS_OK) goto done;
@@ -246,7 +246,8 @@ static ns_status build(const ns_gguf *g, json_t **tok_out, json_t **cfg_out, ns_
     } else {
         pretok = gpt2_pretok(pre);
         if (!pretok) {
-            rc = ns_fail(err, NS_ERR_UNSUPPORTED, "%s: pre-tokenizer \"%.64s\" is not supported", g->path, pre);
+            rc = ns_fail(err, NS_ERR_UNSUPPORTED, "%s: pre-tokenizer \"%.64s\" is not supported", g->path,
+                         ns_gguf_printable(pre, strlen(pre)) ? pre : "?");
             goto done;
         }
         dec = bytelevel(true);

@@ -245,6 +245,9 @@ TEST(corrupt_headers) {
     size_t k2 = find_str("a.i8");
     expect_patch(k2 + 8, 0x38752e61, 4, "twice"); /* "a.u8" */
     expect_patch(m + 8, 'v', 1, "twice");
+    /* control bytes in a key or tensor name (they would reach log lines) */
+    expect_patch(k2 + 9, '\n', 1, "invalid key");
+    expect_patch(m + 8, 0x1b, 1, "invalid name");
 }
 
 /* A few thousand random mutations of a real file (stories260K-Q4_0: SPM
