@@ -43,9 +43,8 @@ struct ns_grammar {
     int32_t **set_trans;
     uint32_t **set_mask;
     bool *set_end;
-    int8_t *set_loop; /* loops on every plain string byte: 1 yes, 0 no, -1 not known yet */
-    int8_t *set_uloop; /* ... and on every whole UTF-8 character (same encoding) */
-    int16_t *set_prun; /* plain-byte run: see plain_run; -1 not known yet */
+    int16_t *set_prun; /* plain-byte run: see run_len; -1 not known yet */
+    int16_t *set_crun; /* the same for whole characters (plain bytes and UTF-8) */
     uint32_t n_set, cap_set;
     uint32_t *items;
     size_t n_items, cap_items;
@@ -262,11 +261,9 @@ static int32_t set_intern(ns_grammar *g, size_t n) {
     c = g->cap_set;
     if (!grow_arr((void **)&g->set_end, &c, need, sizeof(bool), &b)) return -1;
     c = g->cap_set;
-    if (!grow_arr((void **)&g->set_loop, &c, need, sizeof(int8_t), &b)) return -1;
-    c = g->cap_set;
-    if (!grow_arr((void **)&g->set_uloop, &c, need, sizeof(int8_t), &b)) return -1;
-    c = g->cap_set;
     if (!grow_arr((void **)&g->set_prun, &c, need, sizeof(int16_t), &b)) return -1;
+    c = g->cap_set;
+    if (!grow_arr((void **)&g->set_crun, &c, need, sizeof(int16_t), &b)) return -1;
     g->cap_set = c;
     g->bytes += b;
     uint32_t s = g->n_set++;
@@ -277,9 +274,8 @@ static int32_t set_intern(ns_grammar *g, size_t n) {
     g->set_trans[s] = NULL;
     g->set_mask[s] = NULL;
     g->set_end[s] = n > 0 && g->out[0] == 0;
-    g->set_loop[s] = -1;
-    g->set_uloop[s] = -1;
     g->set_prun[s] = -1;
+    g->set_crun[s] = -1;
     g->set_ht[h] = s + 1;
     return (int32_t)s;
 }
@@ -463,9 +459,8 @@ void ns_grammar_release(ns_grammar *g) {
     free(g->set_trans);
     free(g->set_mask);
     free(g->set_end);
-    free(g->set_loop);
-    free(g->set_uloop);
     free(g->set_prun);
+    free(g->set_crun);
     free(g->items);
     free(g->set_ht);
     free(g->work);
@@ -499,22 +494,6 @@ void ns_grammar_get_stats(ns_grammar *g, ns_grammar_stats *out) {
 
 /* ---- masks ---- */
 
-/* Whether set s steps to itself on every plain string byte (inside an
- * unbounded JSON string): then a trie subtree of plain bytes is allowed
- * whole. 1 / 0, or < 0 on an automaton failure. */
-static int loops_plain(ns_grammar *g, int32_t s) {
-    if (g->set_loop[s] >= 0) return g->set_loop[s];
-    int r = 1;
-    for (int b = 0x20; b <= 0x7F && r == 1; b++) {
-        if (!ns_gvocab_plain_byte((uint8_t)b)) continue;
-        int32_t t = step(g, s, (uint8_t)b);
-        if (t < T_DEAD) return -1;
-        r = t == s;
-    }
-    g->set_loop[s] = (int8_t)r;
-    return r;
-}
-
 /* step() for checks: the target, or -9 for dead / failure (never a set). */
 static int32_t st(ns_grammar *g, int32_t s, int b) {
     if (s < 0) return -9;
@@ -528,34 +507,6 @@ static bool all_to(ns_grammar *g, int32_t from, int lo, int hi, int32_t want) {
     for (int b = lo; b <= hi; b++)
         if (st(g, from, b) != want) return false;
     return true;
-}
-
-/* Whether set s returns to itself after every plain byte and every
- * well-formed UTF-8 character, each continuation state being shared by
- * all characters of its shape (checked exhaustively per byte range, RFC
- * 3629 table), so any string-safe trie subtree (gvocab.h sok) is allowed
- * whole. 1 / 0. */
-static int loops_utf8(ns_grammar *g, int32_t s) {
-    if (g->set_uloop[s] >= 0) return g->set_uloop[s];
-    int r = loops_plain(g, s) == 1;
-    if (r) { /* two bytes: C2..DF -> T -> S */
-        int32_t T = st(g, s, 0xC2);
-        r = all_to(g, s, 0xC2, 0xDF, T) && all_to(g, T, 0x80, 0xBF, s);
-    }
-    if (r) { /* three: E1..EC, EE..EF -> U -> U2 -> S; E0 A0..BF, ED 80..9F -> U2 */
-        int32_t U = st(g, s, 0xE1), U2 = st(g, U, 0x80);
-        r = all_to(g, s, 0xE1, 0xEC, U) && all_to(g, s, 0xEE, 0xEF, U) && all_to(g, U, 0x80, 0xBF, U2) &&
-            all_to(g, U2, 0x80, 0xBF, s) && all_to(g, st(g, s, 0xE0), 0xA0, 0xBF, U2) &&
-            all_to(g, st(g, s, 0xED), 0x80, 0x9F, U2);
-    }
-    if (r) { /* four: F1..F3 -> V -> V2 -> V3 -> S; F0 90..BF, F4 80..8F -> V2 */
-        int32_t V = st(g, s, 0xF1), V2 = st(g, V, 0x80), V3 = st(g, V2, 0x80);
-        r = all_to(g, s, 0xF1, 0xF3, V) && all_to(g, V, 0x80, 0xBF, V2) && all_to(g, V2, 0x80, 0xBF, V3) &&
-            all_to(g, V3, 0x80, 0xBF, s) && all_to(g, st(g, s, 0xF0), 0x90, 0xBF, V2) &&
-            all_to(g, st(g, s, 0xF4), 0x80, 0x8F, V2);
-    }
-    g->set_uloop[s] = (int8_t)r;
-    return r;
 }
 
 /* Plain-byte runs. When every plain string byte takes set s to one and
@@ -586,8 +537,14 @@ static int32_t plain_next(ns_grammar *g, int32_t s) {
     return t0;
 }
 
-static int plain_run(ns_grammar *g, int32_t s, bool *dead) {
-    int16_t known = g->set_prun[s];
+static int32_t char_next(ns_grammar *g, int32_t s);
+
+/* See "Plain-byte runs" above; chars: the run over whole characters
+ * (char_next, set_crun) instead of plain bytes (plain_next, set_prun). */
+static int run_len(ns_grammar *g, int32_t s, bool *dead, bool chars) {
+    /* the memo array is fetched at each use: steps may grow (move) it */
+#define MEMO (chars ? g->set_crun : g->set_prun)
+    int16_t known = MEMO[s];
     if (known < 0) {
         /* follow the chain (at most PRUN_MAX steps), then fill it backwards */
         int32_t chain[65];
@@ -595,32 +552,32 @@ static int plain_run(ns_grammar *g, int32_t s, bool *dead) {
         bool ends_dead = false;
         int32_t cur = s;
         for (;;) {
-            int16_t k = g->set_prun[cur];
+            int16_t k = MEMO[cur];
             if (k >= 0) {
                 val = k == PRUN_INF ? PRUN_INF : (k & ~PRUN_DEAD);
                 ends_dead = k != PRUN_INF && (k & PRUN_DEAD);
                 break;
             }
-            int32_t t = plain_next(g, cur);
+            int32_t t = chars ? char_next(g, cur) : plain_next(g, cur);
             if (t < -3) {
-                for (int j = 0; j < n; j++) g->set_prun[chain[j]] = -1; /* drop the on-chain marks */
+                for (int j = 0; j < n; j++) MEMO[chain[j]] = -1; /* drop the on-chain marks */
                 return -1;
             }
             if (t == -3 || t == T_DEAD) {
-                g->set_prun[cur] = (int16_t)(t == T_DEAD ? PRUN_DEAD : 0);
+                MEMO[cur] = (int16_t)(t == T_DEAD ? PRUN_DEAD : 0);
                 val = 0;
                 ends_dead = t == T_DEAD;
                 break;
             }
             if (t == cur) {
-                g->set_prun[cur] = PRUN_INF;
+                MEMO[cur] = PRUN_INF;
                 val = PRUN_INF;
                 break;
             }
             if (n == 64) { /* long chain: memoize in pieces */
-                int r = plain_run(g, t, dead);
+                int r = run_len(g, t, dead, chars);
                 if (r < 0) {
-                    for (int j = 0; j < n; j++) g->set_prun[chain[j]] = -1;
+                    for (int j = 0; j < n; j++) MEMO[chain[j]] = -1;
                     return -1;
                 }
                 val = r;
@@ -628,16 +585,16 @@ static int plain_run(ns_grammar *g, int32_t s, bool *dead) {
                 chain[n++] = cur;
                 break;
             }
-            g->set_prun[cur] = PRUN_INF; /* on the stack: a cycle back here never dies */
+            MEMO[cur] = PRUN_INF; /* on the stack: a cycle back here never dies */
             chain[n++] = cur;
             cur = t;
         }
         for (int j = n - 1; j >= 0; j--) {
             if (val != PRUN_INF) val = val + 1 > PRUN_MAX ? PRUN_MAX : val + 1;
             if (val == PRUN_MAX) ends_dead = false;
-            g->set_prun[chain[j]] = (int16_t)(val == PRUN_INF ? PRUN_INF : (val | (ends_dead ? PRUN_DEAD : 0)));
+            MEMO[chain[j]] = (int16_t)(val == PRUN_INF ? PRUN_INF : (val | (ends_dead ? PRUN_DEAD : 0)));
         }
-        known = g->set_prun[s];
+        known = MEMO[s];
     }
     if (known == PRUN_INF) {
         *dead = false;
@@ -646,6 +603,7 @@ static int plain_run(ns_grammar *g, int32_t s, bool *dead) {
     *dead = (known & PRUN_DEAD) != 0;
     return known & ~PRUN_DEAD;
 }
+#undef MEMO
 
 /* Sets the bits of the tokens of node i's subtree no deeper than levels
  * below it (levels 1: node i's own tokens). */
@@ -666,6 +624,33 @@ static void allow_subtree(const ns_gvocab *v, uint32_t i, int levels, uint32_t *
     }
 }
 
+/* The common target of every whole character from s (plain bytes and
+ * well-formed UTF-8, through continuation states shared by characters of
+ * one shape, every byte range checked exhaustively, RFC 3629 table): a set, T_DEAD
+ * when every character dies, -3 otherwise (< -3: failure). */
+static int32_t char_next(ns_grammar *g, int32_t s) {
+    int32_t t = plain_next(g, s);
+    if (t < -3 || t == -3) return t;
+    if (t == T_DEAD) {
+        for (int b = 0xC2; b <= 0xF4; b++) {
+            int32_t r = step(g, s, (uint8_t)b);
+            if (r < T_DEAD) return -4;
+            if (r != T_DEAD) return -3;
+        }
+        return T_DEAD;
+    }
+    int32_t T2 = st(g, s, 0xC2);
+    int32_t U = st(g, s, 0xE1), U2 = st(g, U, 0x80);
+    int32_t V = st(g, s, 0xF1), V2 = st(g, V, 0x80), V3 = st(g, V2, 0x80);
+    bool ok = all_to(g, s, 0xC2, 0xDF, T2) && all_to(g, T2, 0x80, 0xBF, t) && all_to(g, s, 0xE1, 0xEC, U) &&
+              all_to(g, s, 0xEE, 0xEF, U) && all_to(g, U, 0x80, 0xBF, U2) && all_to(g, U2, 0x80, 0xBF, t) &&
+              all_to(g, st(g, s, 0xE0), 0xA0, 0xBF, U2) && all_to(g, st(g, s, 0xED), 0x80, 0x9F, U2) &&
+              all_to(g, s, 0xF1, 0xF3, V) && all_to(g, V, 0x80, 0xBF, V2) && all_to(g, V2, 0x80, 0xBF, V3) &&
+              all_to(g, V3, 0x80, 0xBF, t) && all_to(g, st(g, s, 0xF0), 0x90, 0xBF, V2) &&
+              all_to(g, st(g, s, 0xF4), 0x80, 0x8F, V2);
+    return ok ? t : -3;
+}
+
 /* The mask of set s, computed by walking the vocabulary trie. */
 static ns_status compute_mask(ns_grammar *g, int32_t s, uint32_t *mask, ns_error *err) {
     const ns_gvocab *v = g->v;
@@ -677,17 +662,18 @@ static ns_status compute_mask(ns_grammar *g, int32_t s, uint32_t *mask, ns_error
         int32_t from = at[v->depth[i] - 1];
         if (v->plain[i]) { /* a subtree of plain bytes: decided by the run from here */
             bool dead;
-            int r = plain_run(g, from, &dead);
+            int r = run_len(g, from, &dead, false);
             if (r < 0) return ns_fail(err, NS_ERR_NOMEM, "grammar: out of memory");
             if (r >= v->height[i] || dead) {
                 allow_subtree(v, i, r, mask);
                 i = v->end[i];
                 continue;
             }
-        } else if (v->sok[i]) {
-            int lp = loops_utf8(g, from);
-            if (lp < 0) return ns_fail(err, NS_ERR_NOMEM, "grammar: out of memory");
-            if (lp) { /* every token below returns to this state (or stays inside a character) */
+        } else if (v->sok[i]) { /* whole characters: enough of a run for the longest token below */
+            bool dead;
+            int r = run_len(g, from, &dead, true);
+            if (r < 0) return ns_fail(err, NS_ERR_NOMEM, "grammar: out of memory");
+            if (r >= v->maxch[i]) {
                 allow_subtree(v, i, PRUN_INF, mask);
                 i = v->end[i];
                 continue;

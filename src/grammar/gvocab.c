@@ -27,6 +27,7 @@ void ns_gvocab_free(ns_gvocab *v) {
     free(v->plain);
     free(v->sok);
     free(v->height);
+    free(v->maxch);
     free(v->tok_start);
     free(v->sub_toks);
     free(v);
@@ -121,6 +122,27 @@ static ns_status subtree_tables(ns_gvocab *v, int32_t n_tok) {
         }
         stack[sp++] = i;
     }
+    /* maxch, bottom-up: a node's own character plus its deepest child's */
+    v->maxch = calloc(nn ? nn : 1, sizeof(uint16_t));
+    uint32_t *parent = malloc((size_t)(nn ? nn : 1) * sizeof(uint32_t));
+    if (!v->maxch || !parent) {
+        free(stack);
+        free(parent);
+        return NS_ERR_NOMEM;
+    }
+    sp = 0;
+    for (uint32_t i = 0; i < nn; i++) {
+        while (sp > 0 && v->depth[stack[sp - 1]] >= v->depth[i]) sp--;
+        parent[i] = sp > 0 ? stack[sp - 1] : UINT32_MAX;
+        stack[sp++] = i;
+    }
+    for (uint32_t i = nn; i-- > 0;) {
+        uint8_t b = v->byte[i];
+        uint16_t own = (uint16_t)(v->maxch[i] + (b < 0x80 || b >= 0xC0));
+        v->maxch[i] = own;
+        if (parent[i] != UINT32_MAX && v->maxch[parent[i]] < own) v->maxch[parent[i]] = own;
+    }
+    free(parent);
     free(stack);
     return NS_OK;
 }

@@ -54,6 +54,8 @@ typedef struct ns_gvocab {
      * to itself after any such character allows the subtree whole */
     uint8_t *sok;
     uint16_t *height; /* [n_nodes] levels of node i's subtree (1: a leaf) */
+    uint16_t *maxch;  /* [n_nodes] most characters (UTF-8 lead or ASCII bytes) on a
+                       * path from node i down to a token end */
     uint32_t *tok_start; /* [n_nodes + 1] */
     int32_t *sub_toks;
     uint16_t max_depth;
