@@ -624,7 +624,7 @@ TEST(fingerprint_covers_quantization) {
     CHECK(ns_backend_cpu_create(1, &be, &err) == NS_OK);
     for (int i = 0; i < 3; i++)
         for (int k = 0; k < 2; k++) {
-            char p[1024];
+            char p[4200];
             snprintf(p, sizeof p, "%s", test_shared_path(files[i]));
             ns_model *m = NULL;
             CHECKF(ns_model_load(p, be, &m, &err) == NS_OK, "%s", err.msg);
@@ -652,7 +652,7 @@ TEST(weights_stay_in_file_format) {
     ns_error err = {0};
     CHECK(ns_backend_cpu_create(1, &be, &err) == NS_OK);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char p[1024];
+        char p[4200];
         snprintf(p, sizeof p, "%s", test_shared_path(cases[i].file));
         ns_model *m = NULL;
         CHECKF(ns_model_load(p, be, &m, &err) == NS_OK, "%s", err.msg);
