@@ -13,8 +13,9 @@
  *
  * Seeds (tests/fuzz/corpus/fuzz_gguf/): tiny llama and qwen3 models (hidden
  * 32, one layer, vocabulary of 8) with F32, F16, Q8_0 and Q4_0 weights and
- * SentencePiece or gpt2 tokenizers, written with llama.cpp's gguf-py (see
- * tests/fixtures/gguf/README.md). */
+ * SentencePiece or gpt2 tokenizers, written by
+ * tests/fixtures/tools/make_gguf_fuzz_seeds.py with llama.cpp's gguf-py;
+ * regress-* are inputs that once failed. */
 #include <fcntl.h>
 #include <stdint.h>
 #include <sys/stat.h>
