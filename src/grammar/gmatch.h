@@ -8,7 +8,9 @@
  * one id); its byte transitions and its token mask are computed on first
  * use and cached. Masks come from one depth-first walk of the vocabulary
  * trie through the cached transitions, skipping every subtree the grammar
- * rejects; a later visit of the same state costs a copy.
+ * rejects, and deciding string subtrees whole where every character leads
+ * to one same next state (see run_len in gmatch.c); a later visit of the
+ * same state costs a copy.
  *
  * ns_gmatch is one generation's position in the grammar. The end-of-
  * sequence tokens are allowed exactly where the grammar may end; once it
