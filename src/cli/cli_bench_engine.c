@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "backend/backend.h"
@@ -52,6 +53,7 @@ typedef struct bopts {
     bool profile, micro;
     uint64_t seed;
     double kv_gb; /* cpu: KV pool budget */
+    ns_dtype weight_type; /* dummy weights: bf16, or a GGUF block type (cuda) */
 } bopts;
 
 typedef struct bench {
@@ -103,6 +105,9 @@ static void usage(FILE *f) {
             "  --profile                per-kernel times for decode b1@1k and prefill 8k (cuda; default off)\n"
             "  --micro                  matmul path micro-benchmark (cuda; default off)\n"
             "  --seed N                 dummy-weight seed (default 1)\n"
+            "  --weight-type T          dummy-weight type: bf16 (default), or GGUF blocks q8_0, q4_0,\n"
+            "                           q4_k, q5_k, q6_k (cuda; every matrix of that type, random\n"
+            "                           blocks; the roofline counts the quantized bytes)\n"
             "  LIST: comma-separated counts, k = 1024 (e.g. 512,8k)\n",
             default_device);
 }
@@ -143,6 +148,7 @@ static int parse_args(int argc, char **argv, bopts *o) {
     o->steps = 24;
     o->seed = 1;
     o->kv_gb = 4;
+    o->weight_type = NS_DT_BF16;
     o->n_prefill = 3;
     o->prefill[0] = 512, o->prefill[1] = 8192, o->prefill[2] = 32768;
     o->n_batches = 4;
@@ -219,6 +225,21 @@ static int parse_args(int argc, char **argv, bopts *o) {
                 fprintf(stderr, "nightshift bench-engine: --seed must be a non-negative integer, not \"%s\"\n", v);
                 return -1;
             }
+        } else if (!strcmp(a, "--weight-type")) {
+            NEED_VALUE;
+            static const struct {
+                const char *name;
+                ns_dtype dt;
+            } types[] = {{"bf16", NS_DT_BF16}, {"q8_0", NS_DT_Q8_0}, {"q4_0", NS_DT_Q4_0},
+                         {"q4_k", NS_DT_Q4_K}, {"q5_k", NS_DT_Q5_K}, {"q6_k", NS_DT_Q6_K}};
+            size_t t = 0;
+            while (t < sizeof types / sizeof types[0] && strcasecmp(v, types[t].name) != 0) t++;
+            if (t == sizeof types / sizeof types[0]) {
+                fprintf(stderr, "nightshift bench-engine: --weight-type must be bf16, q8_0, q4_0, q4_k, q5_k or q6_k, "
+                                "not \"%s\"\n", v);
+                return -1;
+            }
+            o->weight_type = types[t].dt;
         } else if (!strcmp(a, "--profile")) {
             o->profile = true;
         } else if (!strcmp(a, "--micro")) {
@@ -231,6 +252,13 @@ static int parse_args(int argc, char **argv, bopts *o) {
     }
     if (!!o->model_dir == !!o->dummy_cfg) {
         fprintf(stderr, "nightshift bench-engine: give exactly one of --model DIR or --dummy-weights CONFIG_JSON\n");
+        return -1;
+    }
+    /* the CPU backend's random weights are bf16/f32 only; a checkpoint
+     * brings its own types */
+    if (o->weight_type != NS_DT_BF16 && (!o->dummy_cfg || strcmp(o->device, "cuda") != 0)) {
+        fprintf(stderr, "nightshift bench-engine: --weight-type applies to --dummy-weights on --device cuda "
+                        "(use --model FILE.gguf for a quantized checkpoint)\n");
         return -1;
     }
     return 0;
@@ -334,8 +362,10 @@ static ns_status open_model(bench *B, ns_error *err) {
     json_decref(root);
     if (rc != NS_OK) return rc;
     double t0 = ns_clock_now();
-    rc = ns_model_create_random(&cfg, B->be, NS_DT_BF16, B->o.seed, &B->m, err);
-    if (rc == NS_OK) printf("dummy weights generated on the device in %.2f s\n", ns_clock_now() - t0);
+    rc = ns_model_create_random(&cfg, B->be, B->o.weight_type, B->o.seed, &B->m, err);
+    if (rc == NS_OK)
+        printf("dummy %s weights generated on the device in %.2f s\n", ns_dtype_name(B->o.weight_type),
+               ns_clock_now() - t0);
     return rc;
 }
 

@@ -959,6 +959,10 @@ static float host_to_f32(const void *src, ns_dtype dt, size_t i) {
 static ns_status cu_weight_quant(ns_backend *be, ns_tensor *t, ns_dtype dt, int64_t rows, int64_t cols,
                                  const void *src, uint64_t seed, float scale, ns_error *err) {
     cu_impl *c = IMPL(be);
+    memset(t, 0, sizeof *t);
+    if (!cu_quant_type_ok(dt))
+        return ns_fail(err, NS_ERR_UNSUPPORTED, "cuda: %s weights are not supported (Q8_0, Q4_0, Q4_K, Q5_K and Q6_K are)",
+                       ns_dtype_name(dt));
     if (!cu_quant_check_shape(dt, rows, cols))
         return ns_fail(err, NS_ERR_INVALID, "cuda: %s weight of %lld x %lld is not made of whole blocks",
                        ns_dtype_name(dt), (long long)rows, (long long)cols);

@@ -412,6 +412,8 @@ void cu_gemm(cu_impl *c, float *out, const bf16 *in_bf, const float *in_f32, con
  * CU_QGEMV_MAX input rows run a GEMV on the blocks; larger n dequantize
  * the weight into a bf16 scratch and use cuBLASLt (in_bf required). */
 #define CU_QGEMV_MAX 8
+/* Whether the quantized kernels take type dt at all. */
+bool cu_quant_type_ok(ns_dtype dt);
 /* Whether rows x cols is a shape the quantized kernels take. */
 bool cu_quant_check_shape(ns_dtype dt, int64_t rows, int64_t cols);
 /* t allocated with its quantized dtype: ggml blocks at src -> device;

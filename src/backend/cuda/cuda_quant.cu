@@ -648,6 +648,11 @@ size_t cu_quant_scratch_bytes(const cu_impl *c) {
     return (size_t)q->x_k * CU_QGEMV_MAX * (1 + 4 / 32.0 + 4 / 16.0) + q->deq_elems * sizeof(bf16);
 }
 
+bool cu_quant_type_ok(ns_dtype dt) {
+    qlayout l;
+    return layout_of(dt, &l);
+}
+
 bool cu_quant_check_shape(ns_dtype dt, int64_t rows, int64_t cols) {
     qlayout l;
     return layout_of(dt, &l) && rows >= 1 && cols >= l.qe && cols % l.qe == 0 && cols <= (1 << 30) &&
