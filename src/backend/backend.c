@@ -12,6 +12,9 @@ const char *ns_dtype_name(ns_dtype dt) {
     case NS_DT_Q4_K: return "q4_k";
     case NS_DT_Q5_K: return "q5_k";
     case NS_DT_Q6_K: return "q6_k";
+    case NS_DT_Q4_1: return "q4_1";
+    case NS_DT_Q5_0: return "q5_0";
+    case NS_DT_Q5_1: return "q5_1";
     }
     return "?";
 }

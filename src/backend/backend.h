@@ -47,7 +47,10 @@ typedef enum {
     NS_DT_Q4_0 = 4, /* 32 values: f16 scale + 16 bytes of nibbles (18 bytes) */
     NS_DT_Q4_K = 5, /* 256 values, 144 bytes */
     NS_DT_Q5_K = 6, /* 256 values, 176 bytes */
-    NS_DT_Q6_K = 7  /* 256 values, 210 bytes */
+    NS_DT_Q6_K = 7, /* 256 values, 210 bytes */
+    NS_DT_Q4_1 = 8, /* 32 values: f16 scale, f16 min + nibbles (20 bytes) */
+    NS_DT_Q5_0 = 9, /* 32 values: f16 scale + 5th bits + nibbles (22 bytes) */
+    NS_DT_Q5_1 = 10 /* 32 values: f16 scale, f16 min + 5th bits + nibbles (24 bytes) */
 } ns_dtype;
 
 /* Inline: it sits inside ns_kv_offset, on the attention hot path. Only
@@ -64,6 +67,9 @@ static inline size_t ns_dtype_row_bytes(ns_dtype dt, int64_t cols) {
     case NS_DT_Q4_K: return (size_t)(cols / 256) * 144;
     case NS_DT_Q5_K: return (size_t)(cols / 256) * 176;
     case NS_DT_Q6_K: return (size_t)(cols / 256) * 210;
+    case NS_DT_Q4_1: return (size_t)(cols / 32) * 20;
+    case NS_DT_Q5_0: return (size_t)(cols / 32) * 22;
+    case NS_DT_Q5_1: return (size_t)(cols / 32) * 24;
     default: return (size_t)cols * ns_dtype_size(dt);
     }
 }

@@ -378,6 +378,9 @@ static bool ggml_to_ns(uint32_t t, ns_dtype *dt) {
     case NS_GGML_Q4_K: *dt = NS_DT_Q4_K; return true;
     case NS_GGML_Q5_K: *dt = NS_DT_Q5_K; return true;
     case NS_GGML_Q6_K: *dt = NS_DT_Q6_K; return true;
+    case NS_GGML_Q4_1: *dt = NS_DT_Q4_1; return true;
+    case NS_GGML_Q5_0: *dt = NS_DT_Q5_0; return true;
+    case NS_GGML_Q5_1: *dt = NS_DT_Q5_1; return true;
     default: return false;
     }
 }
@@ -434,7 +437,7 @@ static ns_status gbind(bind_ctx *b, const char *name, int64_t rows, int64_t cols
     ns_dtype dt;
     if (!ggml_to_ns(t->type, &dt))
         return ns_fail(b->err, NS_ERR_UNSUPPORTED,
-                       "gguf: tensor \"%s\" is %s (supported: F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K)", name,
+                       "gguf: tensor \"%s\" is %s (supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K)", name,
                        ns_ggml_type_name(t->type));
     if (rows == 1 && ns_dtype_is_quant(dt))
         return ns_fail(b->err, NS_ERR_UNSUPPORTED, "gguf: vector \"%s\" is quantized (%s)", name,

@@ -10,7 +10,11 @@
  *         with a fifth bit from qh
  *   Q6_K  { u8 ql[128]; u8 qh[64]; int8 scales[16]; f16 d; } 16 groups of
  *         16: x = d*sc*(q - 32), q 6-bit
- * Activation blocks: Q8_0 as above; Q8_K { f32 d; int8 qs[256];
+ *   Q4_1  { f16 d, m; u8 qs[16]; }                        x = d*q + m, q 0..15
+ *   Q5_0  { f16 d; u32 qh; u8 qs[16]; }  q = nibble | bit j of qh << 4, x = d*(q - 16)
+ *   Q5_1  { f16 d, m; u32 qh; u8 qs[16]; }                 x = d*q + m, q 0..31
+ * Activation blocks: Q8_0 as above; Q8_1 { f16 d; f16 s = d*Σq; int8
+ * qs[32]; } for the weights with a min (Q4_1, Q5_1); Q8_K { f32 d; int8 qs[256];
  * int16 bsums[16]; } (bsums = sums of 16 consecutive qs, for the k-quants'
  * min and offset terms).
  */
@@ -31,6 +35,10 @@
 #define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
 #define Q8_K_BYTES (4 + 256 + 32)
+#define Q4_1_BYTES 20
+#define Q5_0_BYTES 22
+#define Q5_1_BYTES 24
+#define Q8_1_BYTES 36
 
 float ns_fp16_to_fp32(uint16_t h) { return f16_to_f32(h); }
 
@@ -89,6 +97,29 @@ static void deq_q4_0(const uint8_t *b, float *y, int64_t nb) {
             y[j] = d * (float)((b[2 + j] & 0xF) - 8);
             y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
         }
+    }
+}
+
+/* The 32 codes of a Q4_1 / Q5_0 / Q5_1 block in element order: 0..15 or
+ * 0..31 (Q5_0 still to be offset by -16). */
+static inline void legacy_codes(ns_dtype dt, const uint8_t *b, uint8_t *q) {
+    const uint8_t *qs = b + (dt == NS_DT_Q4_1 ? 4 : dt == NS_DT_Q5_0 ? 6 : 8);
+    uint32_t qh = 0;
+    if (dt != NS_DT_Q4_1) memcpy(&qh, b + (dt == NS_DT_Q5_0 ? 2 : 4), 4);
+    for (int j = 0; j < 16; j++) {
+        q[j] = (uint8_t)((qs[j] & 0xF) | (((qh >> j) & 1) << 4));
+        q[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+    }
+}
+
+static size_t legacy_bytes(ns_dtype dt) { return dt == NS_DT_Q4_1 ? Q4_1_BYTES : dt == NS_DT_Q5_0 ? Q5_0_BYTES : Q5_1_BYTES; }
+
+static void deq_legacy(ns_dtype dt, const uint8_t *b, float *y, int64_t nb) {
+    uint8_t q[32];
+    for (int64_t i = 0; i < nb; i++, b += legacy_bytes(dt), y += QK) {
+        const float d = ld_f16(b), m = dt == NS_DT_Q5_0 ? 0.f : ld_f16(b + 2);
+        legacy_codes(dt, b, q);
+        for (int j = 0; j < QK; j++) y[j] = dt == NS_DT_Q5_0 ? d * (float)(q[j] - 16) : (float)q[j] * d + m;
     }
 }
 
@@ -152,6 +183,7 @@ void ns_quant_dequant_row(ns_dtype dt, const void *src, float *dst, int64_t n) {
     case NS_DT_Q4_K: deq_q4_k(b, dst, n / QKK); break;
     case NS_DT_Q5_K: deq_q5_k(b, dst, n / QKK); break;
     case NS_DT_Q6_K: deq_q6_k(b, dst, n / QKK); break;
+    case NS_DT_Q4_1: case NS_DT_Q5_0: case NS_DT_Q5_1: deq_legacy(dt, b, dst, n / QK); break;
     case NS_DT_F16: {
         const uint16_t *h = src;
         int64_t i = 0;
@@ -186,8 +218,10 @@ float ns_dot_f16(const float *a, const uint16_t *b, int64_t n) {
 
 static bool is_k(ns_dtype dt) { return dt == NS_DT_Q4_K || dt == NS_DT_Q5_K || dt == NS_DT_Q6_K; }
 
+static bool has_min(ns_dtype dt) { return dt == NS_DT_Q4_1 || dt == NS_DT_Q5_1; }
+
 size_t ns_quant_act_row_bytes(ns_dtype dt, int64_t n) {
-    return is_k(dt) ? (size_t)(n / QKK) * Q8_K_BYTES : (size_t)(n / QK) * Q8_0_BYTES;
+    return is_k(dt) ? (size_t)(n / QKK) * Q8_K_BYTES : (size_t)(n / QK) * (has_min(dt) ? Q8_1_BYTES : Q8_0_BYTES);
 }
 
 /* Q8_0: d = amax/127 stored as f16; q = round-half-even(x * 127/amax),
@@ -253,8 +287,28 @@ static void act_q8_k(const float *x, uint8_t *b, int64_t nb) {
     }
 }
 
+/* Q8_1: Q8_0's codes with the block's f16 sum d*Σq after the scale. */
+static void act_q8_1(const float *x, uint8_t *b, int64_t nb) {
+    uint8_t tmp[Q8_0_BYTES];
+    for (int64_t i = 0; i < nb; i++, x += QK, b += Q8_1_BYTES) {
+        act_q8_0(x, tmp, 1);
+        int sum = 0;
+        float amax = 0;
+        for (int j = 0; j < QK; j++) {
+            sum += (int8_t)tmp[2 + j];
+            amax = fmaxf(amax, fabsf(x[j]));
+        }
+        memcpy(b, tmp, 2);
+        /* s from the unrounded scale amax/127, as llama.cpp computes it */
+        const uint16_t s = (tmp[1] & 0x7c) == 0x7c ? 0x7e00 : ns_fp32_to_fp16(amax / 127.f * (float)sum);
+        memcpy(b + 2, &s, 2);
+        memcpy(b + 4, tmp + 2, QK);
+    }
+}
+
 void ns_quant_act_row(ns_dtype dt, const float *x, void *dst, int64_t n) {
     if (is_k(dt)) act_q8_k(x, dst, n / QKK);
+    else if (has_min(dt)) act_q8_1(x, dst, n / QK);
     else act_q8_0(x, dst, n / QK);
 }
 
@@ -435,6 +489,36 @@ static float dot_q6_k(const uint8_t *w, const uint8_t *a, int64_t nb) {
     return s;
 }
 
+/* Q4_1 / Q5_0 / Q5_1: codes unpacked per block, then an integer dot with
+ * the activation codes; Q5_0 offsets its codes by -16 (activation Q8_0),
+ * the others add min * (the activation block's d*Σq) (activation Q8_1). */
+static float dot_legacy(ns_dtype dt, const uint8_t *w, const uint8_t *a, int64_t nb) {
+    float s = 0;
+    uint8_t q[32];
+    const bool q50 = dt == NS_DT_Q5_0;
+    const size_t ab = q50 ? Q8_0_BYTES : Q8_1_BYTES, qoff = q50 ? 2 : 4;
+    for (int64_t i = 0; i < nb; i++, w += legacy_bytes(dt), a += ab) {
+        legacy_codes(dt, w, q);
+        const int8_t *y = (const int8_t *)(a + qoff);
+        int sumi;
+#ifdef __AVX2__
+        const __m256i x = _mm256_loadu_si256((const __m256i *)q), yv = _mm256_loadu_si256((const __m256i *)y);
+        sumi = hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(x, yv), _mm256_set1_epi16(1)));
+#else
+        sumi = 0;
+        for (int j = 0; j < QK; j++) sumi += q[j] * y[j];
+#endif
+        if (q50) {
+            int ysum = 0;
+            for (int j = 0; j < QK; j++) ysum += y[j];
+            s += (float)(sumi - 16 * ysum) * (ld_f16(w) * ld_f16(a));
+        } else {
+            s += (float)sumi * (ld_f16(w) * ld_f16(a)) + ld_f16(w + 2) * ld_f16(a + 2);
+        }
+    }
+    return s;
+}
+
 float ns_quant_dot(ns_dtype dt, const void *w, const void *act, int64_t n) {
     switch (dt) {
     case NS_DT_Q8_0: return dot_q8_0(w, act, n / QK);
@@ -442,6 +526,7 @@ float ns_quant_dot(ns_dtype dt, const void *w, const void *act, int64_t n) {
     case NS_DT_Q4_K: return dot_q45_k(w, act, n / QKK, false);
     case NS_DT_Q5_K: return dot_q45_k(w, act, n / QKK, true);
     case NS_DT_Q6_K: return dot_q6_k(w, act, n / QKK);
+    case NS_DT_Q4_1: case NS_DT_Q5_0: case NS_DT_Q5_1: return dot_legacy(dt, w, act, n / QK);
     default: return NAN;
     }
 }

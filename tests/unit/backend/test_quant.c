@@ -34,12 +34,13 @@ static void put_f16(uint8_t *p, float f) {
 static void random_blocks(ns_dtype dt, uint8_t *b, int64_t n) {
     size_t bytes = ns_dtype_row_bytes(dt, n);
     for (size_t i = 0; i < bytes; i++) b[i] = (uint8_t)rnd();
-    int64_t nb = dt == NS_DT_Q8_0 || dt == NS_DT_Q4_0 ? n / 32 : n / 256;
+    int64_t nb = dt == NS_DT_Q4_K || dt == NS_DT_Q5_K || dt == NS_DT_Q6_K ? n / 256 : n / 32;
     size_t bb = bytes / (size_t)nb;
     for (int64_t i = 0; i < nb; i++) {
         uint8_t *p = b + (size_t)i * bb;
         switch (dt) {
-        case NS_DT_Q8_0: case NS_DT_Q4_0: put_f16(p, 0.01f + 0.02f * frnd()); break;
+        case NS_DT_Q8_0: case NS_DT_Q4_0: case NS_DT_Q5_0: put_f16(p, 0.01f + 0.02f * frnd()); break;
+        case NS_DT_Q4_1: case NS_DT_Q5_1: put_f16(p, 0.01f + 0.02f * frnd()); put_f16(p + 2, 0.1f * frnd()); break;
         case NS_DT_Q4_K: case NS_DT_Q5_K: put_f16(p, 0.003f * (1 + frnd())); put_f16(p + 2, 0.002f * (1 + frnd())); break;
         case NS_DT_Q6_K: put_f16(p + 208, 0.002f * (1 + frnd())); break;
         default: break;
@@ -47,9 +48,20 @@ static void random_blocks(ns_dtype dt, uint8_t *b, int64_t n) {
     }
 }
 
-/* The activation blocks' values: Q8_0 {f16 d; int8[32]}, Q8_K {f32 d; int8[256]; int16[16]}. */
+/* The activation blocks' values: Q8_0 {f16 d; int8[32]}, Q8_1 {f16 d;
+ * f16 s; int8[32]}, Q8_K {f32 d; int8[256]; int16[16]}. The dot of a
+ * weight with a min m against Q8_1 is d_w*d_a*Σq_w*q_a + m*s, so for
+ * Q8_1 the values are d*q and the test's reference uses s for the min. */
 static void act_values(ns_dtype dt, const uint8_t *a, float *y, int64_t n) {
-    if (dt == NS_DT_Q8_0 || dt == NS_DT_Q4_0) {
+    if (dt == NS_DT_Q4_1 || dt == NS_DT_Q5_1) {
+        for (int64_t i = 0; i < n / 32; i++, a += 36) {
+            uint16_t h;
+            memcpy(&h, a, 2);
+            for (int j = 0; j < 32; j++) y[i * 32 + j] = ns_fp16_to_fp32(h) * (float)(int8_t)a[4 + j];
+        }
+        return;
+    }
+    if (dt == NS_DT_Q8_0 || dt == NS_DT_Q4_0 || dt == NS_DT_Q5_0) {
         for (int64_t i = 0; i < n / 32; i++, a += 34) {
             uint16_t h;
             memcpy(&h, a, 2);
@@ -74,7 +86,8 @@ static void act_values(ns_dtype dt, const uint8_t *a, float *y, int64_t n) {
 }
 
 TEST(dot_matches_dequantized) {
-    const ns_dtype types[] = {NS_DT_Q8_0, NS_DT_Q4_0, NS_DT_Q4_K, NS_DT_Q5_K, NS_DT_Q6_K};
+    const ns_dtype types[] = {NS_DT_Q8_0, NS_DT_Q4_0, NS_DT_Q4_K, NS_DT_Q5_K, NS_DT_Q6_K,
+                              NS_DT_Q4_1, NS_DT_Q5_0, NS_DT_Q5_1};
     const int64_t n = 1024;
     static uint8_t w[2048], act[2048];
     static float wf[1024], x[1024], y[1024];
@@ -92,6 +105,19 @@ TEST(dot_matches_dequantized) {
             for (int64_t i = 0; i < n; i++) {
                 ref += (double)wf[i] * y[i];
                 mag += fabs((double)wf[i] * y[i]);
+            }
+            if (types[t] == NS_DT_Q4_1 || types[t] == NS_DT_Q5_1) {
+                /* min terms: the dequantized value is d*q + m; the kernel
+                 * takes m * s (s = the f16 of d_a*Σq_a) instead of m * Σ y */
+                for (int64_t b = 0; b < n / 32; b++) {
+                    uint16_t hm, hs;
+                    memcpy(&hm, w + b * (types[t] == NS_DT_Q4_1 ? 20 : 24) + 2, 2);
+                    memcpy(&hs, act + b * 36 + 2, 2);
+                    double ysum = 0;
+                    for (int j = 0; j < 32; j++) ysum += y[b * 32 + j];
+                    ref += (double)ns_fp16_to_fp32(hm) * ((double)ns_fp16_to_fp32(hs) - ysum);
+                    mag += fabs((double)ns_fp16_to_fp32(hm) * ysum);
+                }
             }
             double got = ns_quant_dot(types[t], w, act, n), e = fabs(got - ref) / (mag + 1e-30);
             if (e > worst) worst = e;
@@ -221,7 +247,8 @@ TEST(reference_weight_quantizers) {
 /* A NaN or Inf activation (a corrupt model) makes the product NaN, and is
  * never cast to an 8-bit code (undefined behaviour; found by fuzz_gguf). */
 TEST(non_finite_activations) {
-    const ns_dtype types[] = {NS_DT_Q8_0, NS_DT_Q4_0, NS_DT_Q4_K, NS_DT_Q5_K, NS_DT_Q6_K};
+    const ns_dtype types[] = {NS_DT_Q8_0, NS_DT_Q4_0, NS_DT_Q4_K, NS_DT_Q5_K, NS_DT_Q6_K,
+                              NS_DT_Q4_1, NS_DT_Q5_0, NS_DT_Q5_1};
     static uint8_t w[2048], act[2048];
     static float x[256];
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {

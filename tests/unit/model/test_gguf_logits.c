@@ -212,6 +212,9 @@ static const fixture FIXTURES[] = {
     /* architectures: qwen2 (q/k/v biases) and qwen3moe (experts), F32 and Q8_0 */
     {"tiny-qwen2-F32", 1e-3},                 {"tiny-qwen2-Q8_0", QTOL_SHALLOW},     {"tiny-qwen3moe-F32", 1e-3},
     {"tiny-qwen3moe-Q8_0", QTOL_SHALLOW},
+    /* the fallbacks llama-quantize uses in Q4_K_M / Q5_K_M files for rows
+     * that are not a multiple of 256 (Q5_0, Q5_1), and Q4_1 */
+    {"stories260K-Q4_1", QTOL},               {"stories260K-Q5_0", QTOL},            {"stories260K-Q5_1", QTOL},
 };
 
 TEST(gguf_f32) {
@@ -228,6 +231,11 @@ TEST(gguf_q4_0) { check_fixture(&FIXTURES[5]); }
 TEST(gguf_q4_k) { check_fixture(&FIXTURES[7]); }
 TEST(gguf_q5_k) { check_fixture(&FIXTURES[8]); }
 TEST(gguf_q6_k) { check_fixture(&FIXTURES[9]); }
+TEST(gguf_q4_1_q5_0_q5_1) {
+    check_fixture(&FIXTURES[14]);
+    check_fixture(&FIXTURES[15]);
+    check_fixture(&FIXTURES[16]);
+}
 TEST(gguf_qwen2) {
     check_fixture(&FIXTURES[10]);
     check_fixture(&FIXTURES[11]);
@@ -367,6 +375,7 @@ int main(void) {
     RUN(gguf_q4_k);
     RUN(gguf_q5_k);
     RUN(gguf_q6_k);
+    RUN(gguf_q4_1_q5_0_q5_1);
     RUN(gguf_qwen2);
     RUN(gguf_qwen3moe);
     RUN(gguf_f32_matches_safetensors);
