@@ -8,7 +8,7 @@
  * biases), qwen3 (q/k norms) and qwen3moe (every layer a softmax-routed
  * mixture of experts, top-k weights renormalized, as llama.cpp runs it).
  *
- * Weights: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, used in place
+ * Weights: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, used in place
  * from the memory map where the backend allows (the CPU backend computes
  * on quantized blocks; other backends refuse quantized weights with
  * NS_ERR_UNSUPPORTED). Norm vectors must be F32/F16/BF16.

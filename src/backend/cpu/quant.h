@@ -3,13 +3,15 @@
  * quantized blocks.
  *
  * Formats (ggml's, bit for bit, so GGUF data is used straight from the
- * memory map): Q8_0 and Q4_0 (blocks of 32 with an f16 scale), Q4_K,
- * Q5_K, Q6_K (super-blocks of 256 with 6/8-bit sub-block scales). A weight
- * row is a whole number of blocks (the loader checks).
+ * memory map): Q8_0, Q4_0, Q5_0 (blocks of 32 with an f16 scale), Q4_1,
+ * Q5_1 (blocks of 32 with an f16 scale and min), Q4_K, Q5_K, Q6_K
+ * (super-blocks of 256 with 6/8-bit sub-block scales); F16 rows too. A
+ * weight row is a whole number of blocks (the loader checks).
  *
  * Products: like llama.cpp, the activation row is quantized once per
- * matmul to 8 bits (Q8_0 blocks for Q8_0/Q4_0 weights, Q8_K super-blocks
- * with block sums for the k-quants) and each output is an integer dot
+ * matmul to 8 bits (Q8_0 blocks for Q8_0/Q4_0/Q5_0 weights, Q8_1 blocks
+ * with their sums for Q4_1/Q5_1, Q8_K super-blocks with block sums for the
+ * k-quants) and each output is an integer dot
  * product per block scaled by the two block scales. That keeps the weights
  * in their quantized bytes (no dequantized copy of the model) and gives
  * the same arithmetic as the reference implementation up to the order of
