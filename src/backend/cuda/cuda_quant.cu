@@ -73,13 +73,16 @@ static bool layout_of(ns_dtype dt, qlayout *l) {
     }
 }
 
-/* Compile-time traits for the kernels (same numbers as layout_of). */
+/* Compile-time traits for the kernels (same numbers as layout_of).
+ * MINB: CTAs of 128 threads per SM the GEMV is compiled for (its register
+ * budget) for 1-2 input rows: as many warps as fit without spilling;
+ * 3-8 rows (small decode batches) get more registers. */
 template <int T> struct QT;
-template <> struct QT<NS_DT_Q8_0> { enum { QE = 32, A = 32, B = 0, CPB = 2 }; };
-template <> struct QT<NS_DT_Q4_0> { enum { QE = 32, A = 16, B = 0, CPB = 1 }; };
-template <> struct QT<NS_DT_Q4_K> { enum { QE = 256, A = 128, B = 16, CPB = 8 }; };
-template <> struct QT<NS_DT_Q5_K> { enum { QE = 256, A = 160, B = 16, CPB = 8 }; };
-template <> struct QT<NS_DT_Q6_K> { enum { QE = 256, A = 192, B = 16, CPB = 8 }; };
+template <> struct QT<NS_DT_Q8_0> { enum { QE = 32, A = 32, B = 0, CPB = 2, MINB = 8 }; };
+template <> struct QT<NS_DT_Q4_0> { enum { QE = 32, A = 16, B = 0, CPB = 1, MINB = 8 }; };
+template <> struct QT<NS_DT_Q4_K> { enum { QE = 256, A = 128, B = 16, CPB = 8, MINB = 5 }; };
+template <> struct QT<NS_DT_Q5_K> { enum { QE = 256, A = 160, B = 16, CPB = 8, MINB = 5 }; };
+template <> struct QT<NS_DT_Q6_K> { enum { QE = 256, A = 192, B = 16, CPB = 8, MINB = 5 }; };
 
 /* The three arrays of a weight of nbt blocks. */
 struct qview {
@@ -308,7 +311,7 @@ struct qsegs {
 };
 
 template <int T, int N, bool SW>
-__global__ __launch_bounds__(128) void k_qgemv(qsegs sg, qx x) {
+__global__ __launch_bounds__(128, N <= 2 ? (int)QT<T>::MINB : N <= 4 ? 4 : 3) void k_qgemv(qsegs sg, qx x) {
     PDL_ENTRY();
     const int64_t warp = (int64_t)blockIdx.x * 4 + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
