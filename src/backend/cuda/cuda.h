@@ -51,17 +51,17 @@ void ns_cuda_set_prefetch(ns_backend *be, int on);
  * wait, overlapping the previous kernel: on (default) or off. */
 void ns_cuda_set_early_loads(ns_backend *be, int on);
 /* Prefill attention on Hopper (wgmma, warp-specialized; head dim 128,
- * even GQA ratio, compute capability 9.0): 1 = on (default), 0 = off (the
- * mma.sync kernel), 2 = on with intra-warpgroup pipelining (S of tile k
- * with PV of tile k - 1), 3 = that plus ping-pong between the consumer
- * warp groups, 4 = as 1 with one producer warp per K/V tile (env
- * NS_CUDA_ATTN_SM90 takes the same values). For A/B runs and tests; all
- * give the same results within bf16 rounding. */
+ * even GQA ratio, compute capability 9.0): 0 = off (the mma.sync kernel);
+ * on: 1 = S, softmax, PV in order per tile (default), 2 = pipelined (S of
+ * tile k issued with PV of tile k - 1), 3 = pipelined with ping-pong
+ * between the consumer warp groups; 4, 5, 6 = 1, 2, 3 with one producer
+ * warp per K/V tile. Env NS_CUDA_ATTN_SM90 takes the same values. For A/B
+ * runs and tests; all give the same results within bf16 rounding. */
 void ns_cuda_set_attn_sm90(ns_backend *be, int on);
 /* Decode attention on tensor cores (mma.sync; the GQA group's query heads
  * as the MMA N dimension, each K/V tile read once per group): 1 = where it
- * is faster (default: long contexts, large batches), 2 = always, 0 = never
- * (CUDA cores); env NS_CUDA_ATTN_DEC_MMA takes the same values. */
+ * measured faster (default: >= 32 splits or >= 16 decode rows), 2 =
+ * always, 0 = never (CUDA cores); env NS_CUDA_ATTN_DEC_MMA likewise. */
 void ns_cuda_set_attn_dec_mma(ns_backend *be, int on);
 void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager);
 

@@ -948,25 +948,30 @@ static bool launch_decode(cu_impl *c, const attn_params &p, dim3 grid, int gb) {
     }
 }
 
-bool cu_attn_switch(int *field, const char *env) {
-    if (*field == CU_SW_UNSET) {
+int cu_attn_switch(int *field, const char *env, int max, int def) {
+    if (*field == 0) {
         const char *e = getenv(env);
-        const int v = e ? atoi(e) : 1;
-        *field = v == 0 ? CU_SW_OFF : v == 2 ? CU_SW_ON_ALT : v == 3 ? CU_SW_ON_ALT2 : v == 4 ? CU_SW_ON_ALT3 : CU_SW_ON;
+        int v = e ? atoi(e) : def;
+        if (v < 0 || v > max) v = def;
+        *field = 1 + v;
     }
-    return *field != CU_SW_OFF;
+    return *field - 1;
 }
 
 /* Switch setters (cuda.h). Graphs bake the kernel choice: drop them. A
  * tape already recorded runs with the new setting, which only picks
  * between kernels with the same semantics. */
-static void set_attn_switch(ns_backend *be, int cu_impl::*field, int on) {
+static void set_attn_switch(ns_backend *be, int cu_impl::*field, int on, int max, int def) {
     cu_impl *c = (cu_impl *)be->impl;
     cu_bump_generation(c);
-    c->*field = on == 0 ? CU_SW_OFF : on == 2 ? CU_SW_ON_ALT : on == 3 ? CU_SW_ON_ALT2 : on == 4 ? CU_SW_ON_ALT3 : CU_SW_ON;
+    c->*field = 1 + (on < 0 || on > max ? def : on);
 }
-extern "C" void ns_cuda_set_attn_sm90(ns_backend *be, int on) { set_attn_switch(be, &cu_impl::attn_sm90, on); }
-extern "C" void ns_cuda_set_attn_dec_mma(ns_backend *be, int on) { set_attn_switch(be, &cu_impl::attn_dec_mma, on); }
+extern "C" void ns_cuda_set_attn_sm90(ns_backend *be, int on) {
+    set_attn_switch(be, &cu_impl::attn_sm90, on, CU_ATTN_SM90_MAX, 1);
+}
+extern "C" void ns_cuda_set_attn_dec_mma(ns_backend *be, int on) {
+    set_attn_switch(be, &cu_impl::attn_dec_mma, on, CU_ATTN_DEC_MMA_MAX, 1);
+}
 
 void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer, int n_heads,
                   float scale) {
@@ -1052,9 +1057,9 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
         /* tensor cores where they measured faster: long contexts (many
          * splits) and large batches; at 1k batch 1 the CUDA-core kernel
          * was 2% faster per step (docs/cuda.md v13) */
-        const bool use_mma = (D == 64 || D == 128) && G <= 8 &&
-                             cu_attn_switch(&c->attn_dec_mma, "NS_CUDA_ATTN_DEC_MMA") &&
-                             (c->attn_dec_mma == CU_SW_ON_ALT || m->n_splits >= 32 || m->n_dec >= 16);
+        const int dm = cu_attn_switch(&c->attn_dec_mma, "NS_CUDA_ATTN_DEC_MMA", CU_ATTN_DEC_MMA_MAX, 1);
+        const bool use_mma =
+            (D == 64 || D == 128) && G <= 8 && (dm == 2 || (dm == 1 && (m->n_splits >= 32 || m->n_dec >= 16)));
         int nsp = use_mma ? decode_mma_splits(m->n_splits) : m->n_splits;
         if (nsp > 1) {
             size_t need = (size_t)m->n_dec * n_heads * nsp * CU_WS_ROW(D);

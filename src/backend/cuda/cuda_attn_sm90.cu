@@ -541,17 +541,20 @@ static bool s9_set_smem(cu_impl *c, void (*k)(cu_sm90_params)) {
 }
 
 bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
-    if (head_dim != S9_D || G < 2 || G % 2 != 0 || !cu_attn_switch(&c->attn_sm90, "NS_CUDA_ATTN_SM90")) return false;
+    if (head_dim != S9_D || G < 2 || G % 2 != 0 || !cu_attn_switch(&c->attn_sm90, "NS_CUDA_ATTN_SM90", CU_ATTN_SM90_MAX, 1))
+        return false;
     if (c->attn_sm90_cc == 0) {
         int major = 0, minor = 0;
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device);
         /* sm_90a code runs on exactly 9.0 */
         c->attn_sm90_cc = (major == 9 && minor == 0 && c->smem_optin >= (size_t)S9_SMEM) ? 1 : 2;
-        if (c->attn_sm90_cc == 1 && !(s9_set_smem(c, k_attn_prefill_sm90<true, false, false>) &&
-                                      s9_set_smem(c, k_attn_prefill_sm90<false, false, false>) &&
+        if (c->attn_sm90_cc == 1 && !(s9_set_smem(c, k_attn_prefill_sm90<false, false, false>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<true, false, false>) &&
                                       s9_set_smem(c, k_attn_prefill_sm90<true, true, false>) &&
-                                      s9_set_smem(c, k_attn_prefill_sm90<false, false, true>)))
+                                      s9_set_smem(c, k_attn_prefill_sm90<false, false, true>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<true, false, true>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<true, true, true>)))
             c->attn_sm90_cc = 2;
     }
     return c->attn_sm90_cc == 1;
@@ -561,9 +564,16 @@ bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
     const dim3 grid((unsigned)(p->G / 2), (unsigned)n_tiles, (unsigned)(p->H / p->G)), block(384);
     /* default: unpipelined (measured fastest, docs/cuda.md v13) */
     const size_t sm = (size_t)S9_SMEM;
-    if (c->attn_sm90 == CU_SW_ON_ALT) cu_launch(c, k_attn_prefill_sm90<true, false, false>, grid, block, sm, *p);
-    else if (c->attn_sm90 == CU_SW_ON_ALT2) cu_launch(c, k_attn_prefill_sm90<true, true, false>, grid, block, sm, *p);
-    else if (c->attn_sm90 == CU_SW_ON_ALT3) cu_launch(c, k_attn_prefill_sm90<false, false, true>, grid, block, sm, *p);
-    else cu_launch(c, k_attn_prefill_sm90<false, false, false>, grid, block, sm, *p);
+    /* variants (cuda.h): 1 in order per tile (default: measured fastest
+     * in run 1), 2 pipelined, 3 pipelined + ping-pong; 4-6 the same with
+     * one producer warp per tile */
+    switch (c->attn_sm90 - 1) {
+    case 2: cu_launch(c, k_attn_prefill_sm90<true, false, false>, grid, block, sm, *p); break;
+    case 3: cu_launch(c, k_attn_prefill_sm90<true, true, false>, grid, block, sm, *p); break;
+    case 4: cu_launch(c, k_attn_prefill_sm90<false, false, true>, grid, block, sm, *p); break;
+    case 5: cu_launch(c, k_attn_prefill_sm90<true, false, true>, grid, block, sm, *p); break;
+    case 6: cu_launch(c, k_attn_prefill_sm90<true, true, true>, grid, block, sm, *p); break;
+    default: cu_launch(c, k_attn_prefill_sm90<false, false, false>, grid, block, sm, *p); break;
+    }
     return !CU_LAUNCHED(c, "attention prefill sm90");
 }

@@ -183,14 +183,9 @@ typedef struct cu_impl {
     int pdl;    /* programmatic dependent launch between our kernels */
     int prefetch; /* L2 prefetch of the next GEMV's weights in small kernels */
     int split_keys; /* fewest keys per decode-attention split */
-    /* attention kernel switches (cuda_attention.cu): CU_SW_UNSET (the env
-     * default is read at first use), CU_SW_ON, CU_SW_OFF, CU_SW_ON_ALT /
-     * CU_SW_ON_ALT2 (on, alternative variants). Hopper prefill: ON runs S,
-     * softmax, PV in order per tile; ALT pipelines S of tile k with PV of
-     * tile k - 1; ALT2 adds ping-pong between its consumer warp groups;
-     * ALT3 is ON with one producer warp per tile.
-     * Tensor-core decode: ON where it measured faster (n_splits >= 32 or
-     * >= 16 decode rows), ALT always. */
+    /* attention kernel switches (cuda.h: ns_cuda_set_attn_sm90,
+     * ns_cuda_set_attn_dec_mma): 1 + the switch value once set, 0 = not
+     * set yet (the env var decides at first use); see cu_attn_switch */
     int attn_sm90;    /* Hopper prefill attention (cuda_attn_sm90.cu) where usable */
     int attn_sm90_cc; /* 0 = not checked yet, 1 = this device runs the sm_90a kernel, 2 = it does not */
     int attn_dec_mma; /* decode attention on tensor cores (GQA group as the MMA N dimension) */
@@ -369,11 +364,16 @@ typedef struct cu_sm90_params {
 /* Whether the Hopper kernel runs here for this shape (and the switch is
  * on); the first call checks the device and sets the kernel's smem limit. */
 bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G);
-enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2, CU_SW_ON_ALT = 3, CU_SW_ON_ALT2 = 4, CU_SW_ON_ALT3 = 5 };
-/* Resolves a switch: unset takes env var `env` (0 = off, 2 / 3 / 4 = on
- * with the first / second / third alternative variant, anything else or
- * absent = on); true when on. */
-bool cu_attn_switch(int *field, const char *env);
+/* Tri-state feature switch (also used outside attention, e.g. cuda_moe.cu):
+ * not set yet (env decides at first use), on, off. */
+enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2 };
+/* The value of an attention kernel switch (0 = off): once set, *field
+ * holds 1 + the value; unset, env var `env` gives it (absent or outside
+ * [0, max]: def). Values: Hopper prefill 0 off / 1..6 variants (cuda.h),
+ * decode 0 off / 1 auto / 2 always. */
+int cu_attn_switch(int *field, const char *env, int max, int def);
+#define CU_ATTN_SM90_MAX 6
+#define CU_ATTN_DEC_MMA_MAX 2
 /* grid (G / 2, n_tiles, KVH); returns false on a launch error (recorded). */
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles);
 /* GEMV over up to 3 weight matrices sharing the F32 input x [n, k]:
