@@ -556,13 +556,28 @@ static void qmm_task(void *p, int64_t b, int64_t e, int tid) {
 void ns_cpu_quant_matmul(struct cpu_impl *c, ns_tensor *out, const ns_tensor *in, const ns_tensor *w) {
     const int64_t n = in->rows, k = in->cols;
     const size_t act_row = ns_quant_act_row_bytes(w->dtype, k);
-    const size_t need = (act_row * (size_t)n + sizeof(float) - 1) / sizeof(float);
-    if (ns_cpu_scratch_reserve(c, need) != 0) {
+    /* The quantized activations live in scratch[0]; every thread's scratch
+     * grows to the same size, so cap it at what a prefill BLAS block
+     * already takes (64 rows of k floats) and walk the input rows in tiles
+     * of that many quantized rows (each tile re-reads the weights, which a
+     * tile of >= 60 rows amortizes). */
+    const size_t cap_floats = (size_t)k * 64, want = (act_row * (size_t)n + sizeof(float) - 1) / sizeof(float);
+    const size_t reserve = want < cap_floats ? want : cap_floats;
+    if (ns_cpu_scratch_reserve(c, reserve) != 0) {
         for (int64_t i = 0; i < out->rows * out->cols; i++) ((float *)out->data)[i] = NAN;
         return;
     }
+    int64_t tile = (int64_t)(reserve * sizeof(float) / act_row);
+    if (tile < 1) tile = 1;
     uint8_t *act = (uint8_t *)c->scratch[0];
-    for (int64_t i = 0; i < n; i++) ns_quant_act_row(w->dtype, (const float *)in->data + i * k, act + (size_t)i * act_row, k);
-    qmm_ctx x = {out, w, act, act_row, ns_dtype_row_bytes(w->dtype, k), n};
-    ns_pool_run(c->pool, w->rows, 4, qmm_task, &x);
+    for (int64_t r0 = 0; r0 < n; r0 += tile) {
+        const int64_t nr = n - r0 < tile ? n - r0 : tile;
+        for (int64_t i = 0; i < nr; i++)
+            ns_quant_act_row(w->dtype, (const float *)in->data + (r0 + i) * k, act + (size_t)i * act_row, k);
+        ns_tensor o = *out;
+        o.data = (float *)out->data + r0 * out->cols;
+        o.rows = nr;
+        qmm_ctx x = {&o, w, act, act_row, ns_dtype_row_bytes(w->dtype, k), nr};
+        ns_pool_run(c->pool, w->rows, 4, qmm_task, &x);
+    }
 }

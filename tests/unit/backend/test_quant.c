@@ -282,6 +282,46 @@ TEST(f16_rows) {
     CHECK_NEAR(ns_dot_f16(a, h, 100), ref, 1e-4);
 }
 
+/* The backend's matmul on quantized weights, for more input rows than one
+ * tile of quantized activations holds (k = 64: 240 rows per tile; 600
+ * rows = 3 tiles), equals the per-row dot products, for 1, 2 and 4
+ * threads. */
+TEST(matmul_tiles) {
+    const int64_t k = 64, m = 40, n = 600;
+    static uint8_t w[40 * 68], act[68];
+    static float x[600 * 64], got[600 * 40];
+    for (int64_t j = 0; j < m; j++) {
+        float row[64];
+        for (int i = 0; i < 64; i++) row[i] = frnd();
+        ns_quant_weight_row_ref(NS_DT_Q8_0, row, w + j * 68, k);
+    }
+    for (int64_t i = 0; i < n * k; i++) x[i] = frnd() * 2;
+    for (int threads = 1; threads <= 4; threads *= 2) {
+        ns_backend *be = NULL;
+        ns_error err = {0};
+        CHECK(ns_backend_cpu_create(threads, &be, &err) == NS_OK);
+        if (!be) return;
+        ns_tensor wt, in, out;
+        CHECK(be->ops->weight_from_host(be, &wt, w, NS_DT_Q8_0, m, k, &err) == NS_OK);
+        CHECK(be->ops->tensor_alloc(be, &in, NS_DT_F32, n, k, &err) == NS_OK);
+        CHECK(be->ops->tensor_alloc(be, &out, NS_DT_F32, n, m, &err) == NS_OK);
+        CHECK(be->ops->tensor_upload(be, &in, x, &err) == NS_OK);
+        be->ops->matmul(be, &out, &in, &wt);
+        CHECK(be->ops->tensor_download(be, &out, got, &err) == NS_OK);
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            ns_quant_act_row(NS_DT_Q8_0, x + i * k, act, k);
+            for (int64_t j = 0; j < m; j++)
+                if (got[i * m + j] != ns_quant_dot(NS_DT_Q8_0, w + j * 68, act, k)) bad++;
+        }
+        CHECKF(bad == 0, "%d threads: %d outputs differ", threads, bad);
+        be->ops->tensor_free(be, &in);
+        be->ops->tensor_free(be, &out);
+        be->ops->tensor_free(be, &wt);
+        be->ops->destroy(be);
+    }
+}
+
 int main(void) {
     RUN(dot_matches_dequantized);
     RUN(activation_quantization_error);
@@ -290,5 +330,6 @@ int main(void) {
     RUN(reference_weight_quantizers);
     RUN(non_finite_activations);
     RUN(f16_rows);
+    RUN(matmul_tiles);
     TEST_MAIN_END;
 }
