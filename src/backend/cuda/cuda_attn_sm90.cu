@@ -41,6 +41,7 @@
 #define S9_KV_BYTES (2 * S9_BN * 128) /* one K or V tile */
 #define S9_SMEM (1024 + 2 * S9_Q_BYTES + 2 * S9_STAGES * S9_KV_BYTES + 64)
 #define S9_SPIN_MAX (1u << 22)
+static_assert(S9_STAGES <= 4, "one producer warp per stage");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define S9_ENABLED 1
@@ -184,13 +185,17 @@ __device__ __forceinline__ void s9_producer(const cu_sm90_params &p, uint8_t *sm
     s9_mbar_arrive(bar_full + 8 * ((nt - 1) % S9_STAGES));
 }
 
-/* Producer, one warp per tile: warp w of the producer group fills tiles
- * w, w + 4, ... on its own (16 lanes per row, two rows per instruction),
- * waits for its copies and arrives on the stage's "full" barrier (32
- * arrivals). The warps do not wait for each other, so all stages can be
- * in flight at once; with the whole group on every tile, a tile's
- * signal waits until the group has issued the next one and at most two
- * tiles are in flight. */
+/* Producer, one warp per stage: warp w of the producer group fills the
+ * tiles of stage w (w, w + S9_STAGES, ...) on its own (16 lanes per row,
+ * two rows per instruction), waits for its copies and arrives on the
+ * stage's "full" barrier (32 arrivals); the last warp idles. The warps do
+ * not wait for each other, so all stages can be in flight at once (with
+ * the whole group on every tile, a tile's signal waits until the group
+ * has issued the next one and at most two tiles are in flight). One warp
+ * per stage, not per tile: a warp that owned tiles of several stages
+ * could reach a stage's "empty" wait two phases early, and a parity wait
+ * cannot tell phase k from phase k + 2 (it passed at once and the warp
+ * overwrote a stage in use: run 2 trapped there). */
 __device__ __forceinline__ void s9_producer_warps(const cu_sm90_params &p, uint8_t *smem, uint32_t bar_full,
                                                   uint32_t bar_empty, int s, int kvh, int n_keys, int nt) {
     const int pw = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -199,8 +204,9 @@ __device__ __forceinline__ void s9_producer_warps(const cu_sm90_params &p, uint8
     const size_t kv_delta = p.v_off - p.k_off;
     const size_t row_bytes = (size_t)S9_D * 2;
     const int32_t *pt = p.page_table + (size_t)s * p.pt_stride;
-    for (int kt = pw; kt < nt; kt += 4) {
-        const int st = kt % S9_STAGES;
+    if (pw >= S9_STAGES) return;
+    for (int kt = pw; kt < nt; kt += S9_STAGES) {
+        const int st = pw;
         if (kt >= S9_STAGES) s9_mbar_wait(bar_empty + 8 * st, (kt / S9_STAGES - 1) & 1);
         const uint32_t kd = kbase + st * S9_KV_BYTES, vd = vbase + st * S9_KV_BYTES;
 #pragma unroll 4
