@@ -877,15 +877,26 @@ TEST(test_attention_prefill_boundaries) {
     const seq_spec small[] = {{15, 15}, {33, 17}, {130, 64}, {300, 300}, {257, 1}};
     const attn_cfg g4 = {128, 2, 8, 16}, g8 = {128, 1, 8, 16}, g1 = {128, 2, 2, 16};
     /* on a device without the Hopper kernel all three run the mma.sync kernel */
-    const gpu_switch k = {ns_cuda_set_attn_sm90,
-                          7,
-                          {1, 2, 3, 4, 5, 6, 0},
-                          {"(hopper)", "(hopper, pipelined)", "(hopper, pipelined, ping-pong)", "(hopper, warp producers)",
-                           "(hopper, pipelined, warp producers)", "(hopper, pipelined, ping-pong, warp producers)",
-                           "(mma.sync)"}};
+    const gpu_switch k = {ns_cuda_set_attn_sm90, 2, {1, 0}, {"(hopper)", "(mma.sync)"}};
     attention_batch(&g4, mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-2, 3e-2, "prefill boundaries GQA4", &k);
     attention_batch(&g8, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA8", &k);
     attention_batch(&g1, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA1 (mma.sync)", NULL);
+}
+
+/* The other Hopper prefill variants (cuda.h) on the same boundary batch.
+ * Run after the other tests: a variant that traps takes the CUDA context
+ * with it. */
+TEST(test_attention_prefill_variants) {
+    const seq_spec mixed[] = {{15, 15}, {32, 16}, {4112, 17}, {4097, 4097}, {4112, 4095}, {4096, 1}, {1, 1}, {18, 17}};
+    const attn_cfg g4 = {128, 2, 8, 16}, g8 = {128, 1, 8, 16};
+    const gpu_switch k = {ns_cuda_set_attn_sm90,
+                          6,
+                          {1, 2, 3, 4, 5, 6},
+                          {"(hopper)", "(hopper, pipelined)", "(hopper, pipelined, ping-pong)", "(hopper, warp producers)",
+                           "(hopper, pipelined, warp producers)", "(hopper, pipelined, ping-pong, warp producers)"}};
+    attention_batch(&g4, mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-2, 3e-2, "prefill variants GQA4", &k);
+    const seq_spec small[] = {{15, 15}, {33, 17}, {130, 64}, {300, 300}, {257, 1}};
+    attention_batch(&g8, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill variants GQA8", &k);
 }
 
 /* A 40000-token prefix: a 17-row prefill chunk and a decode row on top of
@@ -1077,6 +1088,7 @@ int main(void) {
     RUN(test_kv_pages);
     RUN(test_kv_pages_async);
     RUN(test_sample);
+    RUN(test_attention_prefill_variants); /* late: a trapping variant ends the context */
     RUN(test_errors_are_reported); /* last: leaves the backend in error */
     cpu->ops->destroy(cpu);
     gpu->ops->destroy(gpu);
