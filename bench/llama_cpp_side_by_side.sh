@@ -72,7 +72,7 @@ if want 1 && [ ! -x "$BENCH_BIN" ]; then
     echo "phase 1: building llama.cpp (log $WORK/build.log)"
     start=$(date +%s)
     if ! { "$CMAKE" -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DGGML_NATIVE=ON && "$CMAKE" --build "$WORK/build" -j"$NPROC" --target llama-bench llama-server; } \
         >"$WORK/build.log" 2>&1; then
         tail -30 "$WORK/build.log"
