@@ -272,32 +272,43 @@ __device__ __forceinline__ void chunk_dot(const qraw &r, int c, int xe, const qx
     }
 }
 
-/* Warp-wide dot products of weight row `row` with the N activation rows
- * (every lane gets the sums). Loads of 4 chunks per lane are issued
- * before any is used, so each warp keeps 2 KB in flight. */
+/* Warp-wide dot products of two weight rows (v0, r0) and (v1, r1) with
+ * the N activation rows (every lane gets the sums). Per lane, two chunks
+ * of each row are loaded before any is used (2 KB in flight per warp), and
+ * the two rows share the activation loads. */
 template <int T, int N>
-__device__ __forceinline__ void row_dot(const qview &v, int64_t row, const qx &x, float (&acc)[N]) {
+__device__ __forceinline__ void rows_dot2(const qview &v0, int64_t r0, const qview &v1, int64_t r1, const qx &x,
+                                          float (&a0)[N], float (&a1)[N]) {
     constexpr int QE = QT<T>::QE, CPB = QT<T>::CPB;
     const int lane = threadIdx.x & 31;
     const int nb = x.K / QE, ch = nb * CPB;
-    const size_t blk0 = (size_t)row * nb;
+    const size_t b0 = (size_t)r0 * nb, b1 = (size_t)r1 * nb;
 #pragma unroll
-    for (int n = 0; n < N; n++) acc[n] = 0.f;
-    for (int base = lane; base < ch; base += 128) {
-        qraw r[4];
+    for (int n = 0; n < N; n++) a0[n] = a1[n] = 0.f;
+    for (int base = lane; base < ch; base += 64) {
+        qraw p[2], q[2];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < 2; u++) {
             const int ci = base + 32 * u;
-            if (ci < ch) chunk_load<T>(v, blk0 + ci / CPB, ci % CPB, r[u]);
+            if (ci < ch) {
+                chunk_load<T>(v0, b0 + ci / CPB, ci % CPB, p[u]);
+                chunk_load<T>(v1, b1 + ci / CPB, ci % CPB, q[u]);
+            }
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < 2; u++) {
             const int ci = base + 32 * u;
-            if (ci < ch) chunk_dot<T, N>(r[u], ci % CPB, (ci / CPB) * QE, x, acc);
+            if (ci < ch) {
+                chunk_dot<T, N>(p[u], ci % CPB, (ci / CPB) * QE, x, a0);
+                chunk_dot<T, N>(q[u], ci % CPB, (ci / CPB) * QE, x, a1);
+            }
         }
     }
 #pragma unroll
-    for (int n = 0; n < N; n++) acc[n] = cu_warp_sum(acc[n]);
+    for (int n = 0; n < N; n++) {
+        a0[n] = cu_warp_sum(a0[n]);
+        a1[n] = cu_warp_sum(a1[n]);
+    }
 }
 
 /* Up to 3 weight matrices of one type sharing the input; SwiGLU mode:
@@ -310,40 +321,57 @@ struct qsegs {
     int end[3]; /* cumulative row ends */
 };
 
+/* Segment, row inside it and its row count for concatenated row r. */
+template <int T>
+__device__ __forceinline__ qview seg_of(const qsegs &sg, int64_t r, float *&o, int64_t &local, int &M) {
+    const int s = r >= sg.end[1] ? 2 : r >= sg.end[0] ? 1 : 0;
+    local = s == 2 ? r - sg.end[1] : s == 1 ? r - sg.end[0] : r;
+    M = s == 2 ? sg.end[2] - sg.end[1] : s == 1 ? sg.end[1] - sg.end[0] : sg.end[0];
+    o = s == 2 ? sg.o[2] : s == 1 ? sg.o[1] : sg.o[0];
+    return make_view<T>(s == 2 ? sg.w[2] : s == 1 ? sg.w[1] : sg.w[0],
+                        s == 2 ? sg.nbt[2] : s == 1 ? sg.nbt[1] : sg.nbt[0]);
+}
+
+/* One warp per pair of weight rows: rows 2p and 2p+1 of the concatenated
+ * segments, or (SwiGLU) row p of gate and of up. */
 template <int T, int N, bool SW>
-__global__ __launch_bounds__(128, N <= 2 ? (int)QT<T>::MINB : N <= 4 ? 4 : 3) void k_qgemv(qsegs sg, qx x) {
+__global__ __launch_bounds__(128, N == 1 ? (int)QT<T>::MINB : N == 2 ? (int)QT<T>::MINB - 1 : N <= 4 ? 3 : 2) void k_qgemv(qsegs sg, qx x) {
     PDL_ENTRY();
-    const int64_t warp = (int64_t)blockIdx.x * 4 + threadIdx.x / 32;
+    const int64_t pair = (int64_t)blockIdx.x * 4 + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
-    const int total = SW ? sg.end[0] : sg.end[2];
-    if (warp >= total) return; /* whole warps leave together; no barrier follows */
-    int s = 0;
-    int64_t local = warp;
-    if (!SW) {
-        if (warp >= sg.end[1]) s = 2, local = warp - sg.end[1];
-        else if (warp >= sg.end[0]) s = 1, local = warp - sg.end[0];
-    }
-    const int M = s == 0 ? sg.end[0] : sg.end[s] - sg.end[s - 1];
-    float acc[N];
-    row_dot<T, N>(make_view<T>(sg.w[s], sg.nbt[s]), local, x, acc);
+    float a0[N], a1[N];
     if constexpr (SW) {
-        float up[N];
-        row_dot<T, N>(make_view<T>(sg.w[1], sg.nbt[1]), local, x, up);
+        const int M = sg.end[0];
+        if (pair >= M) return; /* whole warps leave together; no barrier follows */
+        rows_dot2<T, N>(make_view<T>(sg.w[0], sg.nbt[0]), pair, make_view<T>(sg.w[1], sg.nbt[1]), pair, x, a0, a1);
         if (lane == 0) {
 #pragma unroll
             for (int n = 0; n < N; n++) {
                 /* what the unfused ops leave: gate, up, then silu(gate)*up
                  * (the output may be gate itself, so it is written last) */
-                const float g = acc[n], u = up[n], y = g / (1.0f + expf(-g)) * u;
-                sg.o[0][(size_t)n * M + local] = g;
-                sg.o[1][(size_t)n * M + local] = u;
-                sg.o[2][(size_t)n * M + local] = y;
-                if (sg.obf) sg.obf[(size_t)n * M + local] = __float2bfloat16_rn(y);
+                const float g = a0[n], u = a1[n], y = g / (1.0f + expf(-g)) * u;
+                sg.o[0][(size_t)n * M + pair] = g;
+                sg.o[1][(size_t)n * M + pair] = u;
+                sg.o[2][(size_t)n * M + pair] = y;
+                if (sg.obf) sg.obf[(size_t)n * M + pair] = __float2bfloat16_rn(y);
             }
         }
-    } else if (lane == 0) {
+    } else {
+        const int64_t ra = 2 * pair;
+        if (ra >= sg.end[2]) return;
+        const int64_t rb = ra + 1 < sg.end[2] ? ra + 1 : ra;
+        float *oa, *ob;
+        int64_t la, lb;
+        int Ma, Mb;
+        const qview va = seg_of<T>(sg, ra, oa, la, Ma), vb = seg_of<T>(sg, rb, ob, lb, Mb);
+        rows_dot2<T, N>(va, la, vb, lb, x, a0, a1);
+        if (lane == 0) {
 #pragma unroll
-        for (int n = 0; n < N; n++) sg.o[s][(size_t)n * M + local] = acc[n];
+            for (int n = 0; n < N; n++) {
+                oa[(size_t)n * Ma + la] = a0[n];
+                if (rb != ra) ob[(size_t)n * Mb + lb] = a1[n];
+            }
+        }
     }
 }
 
@@ -422,7 +450,8 @@ void cu_quant_gemv_multi(cu_impl *c, int nseg, float *const *out, const ns_tenso
             cu_check(c, cudaErrorInvalidValue, "quantized GEMV: unsupported type");
             return;
         }
-        cu_launch(c, fn, dim3((unsigned)((end + 3) / 4)), dim3(128), 0, sg, xv);
+        const int pairs = (end + 1) / 2;
+        cu_launch(c, fn, dim3((unsigned)((pairs + 3) / 4)), dim3(128), 0, sg, xv);
         if (CU_LAUNCHED(c, "quantized GEMV")) return;
     }
 }
