@@ -103,7 +103,8 @@ void ns_cli_engine_usage(FILE *f, const ns_cli_engine_opts *d) {
     fprintf(f,
             "engine options:\n"
             "  --model DIR              Hugging Face checkpoint directory: config.json, *.safetensors,\n"
-            "                           tokenizer.json (default: the built-in demo model, RANDOM weights)\n"
+            "                           tokenizer.json; or a GGUF file (FILE.gguf, NAME-00001-of-0000N.gguf)\n"
+            "                           (default: the built-in demo model, RANDOM weights)\n"
             "  --device cpu|cuda        backend (default %s)\n"
             "  --threads N              CPU threads (default: one per core, at most 64; %d here)\n"
             "  --page-size P            KV page size in tokens (default %d)\n"
