@@ -29,16 +29,10 @@ BUDGETED(b_tokenize, ns_api_tokenize)
 BUDGETED(b_detokenize, ns_api_detokenize)
 BUDGETED(b_apply_template, ns_api_apply_template)
 BUDGETED(b_responses, ns_api_responses)
-/* The Anthropic endpoints answer every error in Anthropic's shape, the
- * body budget's 503 included. */
-static void b_messages(void *ud, const ns_http_request *req, ns_http_response *resp) {
-    budgeted(ns_api_messages, ud, req, resp);
-    ns_anthropic_error_shape(resp);
-}
-static void b_count_tokens(void *ud, const ns_http_request *req, ns_http_response *resp) {
-    budgeted(ns_api_messages_count_tokens, ud, req, resp);
-    ns_anthropic_error_shape(resp);
-}
+/* (the Anthropic endpoints' errors, the body budget's 503 included, get
+ * Anthropic's shape from the server, by path: http_error.h) */
+BUDGETED(b_messages, ns_api_messages)
+BUDGETED(b_count_tokens, ns_api_messages_count_tokens)
 
 static const ns_http_route g_routes[] = {
     {"POST", "/v1/chat/completions", b_chat_completions, false, false},

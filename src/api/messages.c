@@ -30,42 +30,6 @@ typedef struct msgs_job {
 
 /* ---- shapes ---- */
 
-static const char *error_type(int status) {
-    switch (status) {
-    case 401: return "authentication_error";
-    case 403: return "permission_error";
-    case 404: return "not_found_error";
-    case 413: return "request_too_large";
-    case 429: return "rate_limit_error";
-    case 503: return "overloaded_error";
-    default: return status >= 500 ? "api_error" : "invalid_request_error";
-    }
-}
-
-static json_t *error_json(const ns_http_error *e) {
-    return json_pack("{s:s,s:{s:s,s:s}}", "type", "error", "error", "type", error_type(e->status), "message",
-                     e->message);
-}
-
-void ns_anthropic_error_shape(ns_http_response *resp) {
-    ns_http_error *e = &resp->err;
-    if (!e->status || resp->stream.next) return;
-    if (e->status == 503 || e->status == 499) NS_DEBUG("http: %d %s", e->status, e->message);
-    else if (e->status >= 500) NS_WARN("http: %d %s", e->status, e->message);
-    else NS_INFO("http: %d %s%s%s%s", e->status, e->message, e->param[0] ? " [param " : "", e->param,
-                 e->param[0] ? "]" : "");
-    json_t *j = error_json(e);
-    if (!j) { /* a message that is not UTF-8: keep the server's own rendering */
-        return;
-    }
-    const int status = e->status;
-    char *txt = json_dumps(j, JSON_COMPACT);
-    json_decref(j);
-    if (!txt) return;
-    ns_http_error_clear(e);
-    ns_http_set_json(resp, status, txt);
-}
-
 /* A signature for a thinking block: a hash of its text (clients keep and
  * resend it; nothing checks it). */
 static void signature(const ns_buf *b, char *out, size_t cap) {
@@ -298,7 +262,7 @@ static ns_status msgs_end(ns_gen_job *gj, ns_buf *out, ns_http_error *err) {
     msgs_job *j = (msgs_job *)gj;
     if (err) {
         NS_WARN("messages %s: the stream ends with an error: %s", gj->id, err->message);
-        return event(out, "error", json_pack("{s:{s:s,s:s}}", "error", "type", error_type(err->status), "message",
+        return event(out, "error", json_pack("{s:{s:s,s:s}}", "error", "type", ns_http_error_anthropic_type(err->status), "message",
                                              err->message));
     }
     ns_gen *g = &gj->g;

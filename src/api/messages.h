@@ -22,7 +22,10 @@
  *  - errors: {"type": "error", "error": {"type": "invalid_request_error" |
  *    "authentication_error" | "permission_error" | "not_found_error" |
  *    "request_too_large" | "rate_limit_error" | "api_error" |
- *    "overloaded_error", "message"}} (ns_anthropic_error_shape).
+ *    "overloaded_error", "message"}}: the handlers set resp->err as every
+ *    endpoint does and the server renders it in this shape by the path
+ *    (http_error.h), as it does the refusals before any handler (401, 404,
+ *    405, 413, 415, 503).
  * Thinking blocks carry a signature nightshift makes from the text (not a
  * cryptographic one: nothing is verified when it comes back).
  */
@@ -33,9 +36,5 @@
 
 void ns_api_messages(void *ud, const ns_http_request *req, ns_http_response *resp);
 void ns_api_messages_count_tokens(void *ud, const ns_http_request *req, ns_http_response *resp);
-/* Rewrites an error response (resp->err set, no stream) into Anthropic's
- * error shape, keeping the status and Retry-After; the error is logged
- * here, as the server logs the errors it renders. Nothing else changes. */
-void ns_anthropic_error_shape(ns_http_response *resp);
 
 #endif

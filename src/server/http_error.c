@@ -1,4 +1,4 @@
-/* http_error.c — OpenAI-shaped error bodies (see http_error.h). */
+/* http_error.c — OpenAI- and Anthropic-shaped error bodies (see http_error.h). */
 #include "server/http_error.h"
 
 #include <stdarg.h>
@@ -90,6 +90,36 @@ char *ns_http_error_json(const ns_http_error *e, size_t *len) {
     if (!s) { /* json_string fails on invalid UTF-8 in a message we built */
         s = strdup("{\"error\":{\"message\":\"internal error\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
     }
+    if (len && s) *len = strlen(s);
+    return s;
+}
+
+ns_http_shape ns_http_error_shape_of(const char *path) {
+    static const char k_messages[] = "/v1/messages";
+    const size_t n = sizeof k_messages - 1;
+    if (path && strncmp(path, k_messages, n) == 0 && (path[n] == 0 || path[n] == '/')) return NS_HTTP_SHAPE_ANTHROPIC;
+    return NS_HTTP_SHAPE_OPENAI;
+}
+
+const char *ns_http_error_anthropic_type(int status) {
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503: return "overloaded_error";
+    default: return status >= 500 ? "api_error" : "invalid_request_error";
+    }
+}
+
+char *ns_http_error_json_shaped(const ns_http_error *e, ns_http_shape shape, size_t *len) {
+    if (shape != NS_HTTP_SHAPE_ANTHROPIC) return ns_http_error_json(e, len);
+    json_t *root = json_pack("{s:s,s:{s:s,s:o}}", "type", "error", "error", "type",
+                             ns_http_error_anthropic_type(e->status), "message", safe_string(e->message));
+    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    if (!s) s = strdup("{\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"internal error\"}}");
     if (len && s) *len = strlen(s);
     return s;
 }

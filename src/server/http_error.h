@@ -10,6 +10,15 @@
  * not_found_error, 429 -> rate_limit_error, other 4xx ->
  * invalid_request_error, 5xx -> server_error.
  *
+ * Anthropic's endpoints (/v1/messages and the paths under it) answer in
+ * Anthropic's shape instead,
+ *   {"type": "error", "error": {"type": ..., "message": ...}}
+ * with Anthropic's types (ns_http_error_anthropic_type). The shape follows
+ * from the request path (ns_http_error_shape_of), so the errors the server
+ * gives before any handler runs (401, 404, 405, 413, 415, ...) have the
+ * endpoint's shape too: an Anthropic SDK reads their message and type
+ * instead of failing to parse an OpenAI body.
+ *
  * Who picks the status: code that rejects a request for a reason it knows
  * names the status, the offending param and a code itself with
  * ns_http_error_set (for example the server: 401, 403 for a foreign Host or
@@ -50,5 +59,23 @@ const char *ns_http_error_type(int status);
  * a body that cannot be built becomes a fixed internal-error body. */
 char *ns_http_error_json(const ns_http_error *e, size_t *len);
 void ns_http_error_clear(ns_http_error *e);
+
+typedef enum ns_http_shape {
+    NS_HTTP_SHAPE_OPENAI = 0,
+    NS_HTTP_SHAPE_ANTHROPIC,
+} ns_http_shape;
+/* The shape of the errors of path (without the query string):
+ * ANTHROPIC for /v1/messages and every path under it, else OPENAI. NULL is
+ * OPENAI. */
+ns_http_shape ns_http_error_shape_of(const char *path);
+/* Anthropic's error type for an HTTP status: 401 authentication_error,
+ * 403 permission_error, 404 not_found_error, 413 request_too_large, 429
+ * rate_limit_error, 503 overloaded_error, other 5xx api_error, other 4xx
+ * invalid_request_error. */
+const char *ns_http_error_anthropic_type(int status);
+/* ns_http_error_json in the given shape (the caller frees the text; never
+ * NULL but out of memory). The Anthropic shape has no param, code or
+ * extra fields. */
+char *ns_http_error_json_shaped(const ns_http_error *e, ns_http_shape shape, size_t *len);
 
 #endif

@@ -450,12 +450,15 @@ static enum MHD_Result queue_buffer_h(ns_server *s, struct MHD_Connection *mc, i
     return r;
 }
 
-/* Renders e through the one error formatter, and logs it: client errors
+/* Renders e through the one error formatter in the shape of path's API
+ * (Anthropic's under /v1/messages, even for a refusal before any handler
+ * runs), and logs it: client errors
  * at INFO (what an agent got wrong is worth seeing), server errors at
  * WARN, 503s (loading, draining) and 499s (client gone) at DEBUG. */
-static enum MHD_Result queue_error(ns_server *s, struct MHD_Connection *mc, ns_http_error *e, int retry_after) {
+static enum MHD_Result queue_error(ns_server *s, struct MHD_Connection *mc, const char *path, ns_http_error *e,
+                                   int retry_after) {
     size_t len = 0;
-    char *body = ns_http_error_json(e, &len);
+    char *body = ns_http_error_json_shaped(e, ns_http_error_shape_of(path), &len);
     int status = e->status;
     if (status == 503 || status == 499) NS_DEBUG("http: %d %s", status, e->message);
     else if (status >= 500) NS_WARN("http: %d %s", status, e->message);
@@ -465,10 +468,10 @@ static enum MHD_Result queue_error(ns_server *s, struct MHD_Connection *mc, ns_h
     return queue_buffer(s, mc, status, "application/json", body, len, retry_after);
 }
 
-static enum MHD_Result queue_simple_error(ns_server *s, struct MHD_Connection *mc, int status, const char *code,
-                                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static enum MHD_Result queue_simple_error(ns_server *s, struct MHD_Connection *mc, int status, const char *code,
-                                          const char *fmt, ...) {
+static enum MHD_Result queue_simple_error(ns_server *s, struct MHD_Connection *mc, const char *path, int status,
+                                          const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static enum MHD_Result queue_simple_error(ns_server *s, struct MHD_Connection *mc, const char *path, int status,
+                                          const char *code, const char *fmt, ...) {
     ns_http_error e = {0};
     char msg[sizeof e.message];
     va_list ap;
@@ -476,7 +479,7 @@ static enum MHD_Result queue_simple_error(ns_server *s, struct MHD_Connection *m
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     ns_http_error_set(&e, status, NULL, code, "%s", msg);
-    return queue_error(s, mc, &e, 0);
+    return queue_error(s, mc, path, &e, 0);
 }
 
 /* ---------------- connections: deadlines and room ---------------- */
@@ -809,7 +812,7 @@ static enum MHD_Result queue_result(ns_server *s, struct MHD_Connection *mc, ns_
         r->body = NULL;
         if (need_thread && !job_spawn(s, j, false)) {
             j->queued = false; /* job_unref closes the stream */
-            return queue_simple_error(s, mc, 503, "overloaded", "cannot start a thread for the response");
+            return queue_simple_error(s, mc, j->path, 503, "overloaded", "cannot start a thread for the response");
         }
         return queue_stream(s, mc, j);
     }
@@ -818,7 +821,7 @@ static enum MHD_Result queue_result(ns_server *s, struct MHD_Connection *mc, ns_
     if (r->err.status) {
         free(r->body);
         r->body = NULL;
-        return queue_error(s, mc, &r->err, r->retry_after_s);
+        return queue_error(s, mc, j->path, &r->err, r->retry_after_s);
     }
     char *body = r->body ? r->body : strdup("");
     size_t len = r->body ? r->body_len : 0;
@@ -903,26 +906,26 @@ static bool route_matches(const char *route, const char *url) {
 static enum MHD_Result check_head(ns_server *s, struct MHD_Connection *mc, const char *url, const char *method,
                                   req_state *rs) {
     if (rs->uri_len > MAX_URI_BYTES)
-        return queue_simple_error(s, mc, 414, "uri_too_long", "the request URI is longer than %d bytes",
+        return queue_simple_error(s, mc, url, 414, "uri_too_long", "the request URI is longer than %d bytes",
                                   MAX_URI_BYTES);
     head_scan hs = {0};
     MHD_get_connection_values(mc, MHD_HEADER_KIND, scan_header, &hs);
     if (hs.longest > MAX_HEADER_LINE_BYTES)
-        return queue_simple_error(s, mc, 431, "header_too_large", "a request header line is longer than %d bytes",
+        return queue_simple_error(s, mc, url, 431, "header_too_large", "a request header line is longer than %d bytes",
                                   MAX_HEADER_LINE_BYTES);
     const union MHD_ConnectionInfo *hi = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
     if (hi && hi->header_size > MAX_HEAD_BYTES)
-        return queue_simple_error(s, mc, 431, "header_too_large", "the request head is longer than %d bytes",
+        return queue_simple_error(s, mc, url, 431, "header_too_large", "the request head is longer than %d bytes",
                                   MAX_HEAD_BYTES);
     const char *host = lookup(mc, MHD_HTTP_HEADER_HOST);
     if (s->host_check && host && !host_allowed(s, host))
-        return queue_simple_error(s, mc, 403, "host_not_allowed",
+        return queue_simple_error(s, mc, url, 403, "host_not_allowed",
                                   "Host '%.200s' is not allowed: this server answers only requests addressed to "
                                   "localhost, 127.0.0.1, [::1] or --allowed-hosts (DNS rebinding protection)",
                                   host);
     const char *origin = lookup(mc, "Origin");
     if (origin && !origin_listed(s, origin) && !origin_same(origin, host))
-        return queue_simple_error(s, mc, 403, "origin_not_allowed",
+        return queue_simple_error(s, mc, url, 403, "origin_not_allowed",
                                   "cross-origin request from '%.200s' refused; allow the origin with --cors-origins",
                                   origin);
     if (origin && strcmp(method, "OPTIONS") == 0 && lookup(mc, "Access-Control-Request-Method"))
@@ -934,7 +937,7 @@ static enum MHD_Result check_head(ns_server *s, struct MHD_Connection *mc, const
         errno = 0;
         unsigned long long v = strtoull(cl, &end, 10);
         if (errno || end == cl || v > s->max_body)
-            return queue_simple_error(s, mc, 413, "body_too_large", "request body exceeds the limit of %zu bytes",
+            return queue_simple_error(s, mc, url, 413, "body_too_large", "request body exceeds the limit of %zu bytes",
                                       s->max_body);
     }
     const ns_http_route *route = NULL;
@@ -954,23 +957,23 @@ static enum MHD_Result check_head(ns_server *s, struct MHD_Connection *mc, const
         bool open_path = false;
         for (int i = 0; i < s->n_routes; i++) open_path |= s->routes[i].open && route_matches(s->routes[i].path, url);
         if (!open_path && s->api_key && !authorized(s->api_key, mc) && !(s->admin_key && authorized(s->admin_key, mc)))
-            return queue_simple_error(s, mc, 401, "invalid_api_key", "Incorrect or missing API key.");
+            return queue_simple_error(s, mc, url, 401, "invalid_api_key", "Incorrect or missing API key.");
         if (path_known)
-            return queue_simple_error(s, mc, 405, "method_not_allowed", "method not allowed for this path");
-        return queue_simple_error(s, mc, 404, "not_found", "unknown endpoint %.32s %.160s", method, url);
+            return queue_simple_error(s, mc, url, 405, "method_not_allowed", "method not allowed for this path");
+        return queue_simple_error(s, mc, url, 404, "not_found", "unknown endpoint %.32s %.160s", method, url);
     }
     if (route->admin) {
         if (!authorized(s->admin_key ? s->admin_key : s->api_key, mc))
-            return queue_simple_error(s, mc, 401, "invalid_api_key", "Incorrect or missing admin key.");
+            return queue_simple_error(s, mc, url, 401, "invalid_api_key", "Incorrect or missing admin key.");
     } else if (!route->open && !authorized(s->api_key, mc)) {
-        return queue_simple_error(s, mc, 401, "invalid_api_key", "Incorrect or missing API key.");
+        return queue_simple_error(s, mc, url, 401, "invalid_api_key", "Incorrect or missing API key.");
     }
     if (atomic_load(&s->draining) && !route->open)
-        return queue_simple_error(s, mc, 503, "shutting_down", "the server is shutting down");
+        return queue_simple_error(s, mc, url, 503, "shutting_down", "the server is shutting down");
     if (strcmp(method, "POST") == 0) {
         const char *ct = lookup(mc, MHD_HTTP_HEADER_CONTENT_TYPE);
         if (ct && !is_json_type(ct))
-            return queue_simple_error(s, mc, 415, "unsupported_media_type",
+            return queue_simple_error(s, mc, url, 415, "unsupported_media_type",
                                       "Content-Type must be application/json (got '%.100s'); with curl, add "
                                       "-H 'Content-Type: application/json'",
                                       ct);
@@ -985,7 +988,7 @@ static enum MHD_Result dispatch(ns_server *s, struct MHD_Connection *mc, const c
                                 const char *version, req_state *rs) {
     conn_deadline(s, mc, false); /* complete: no deadline while it is answered */
     ns_http_job *j = job_new(s, mc, rs->route, method, url, version, rs);
-    if (!j) return queue_simple_error(s, mc, 500, "internal_error", "out of memory");
+    if (!j) return queue_simple_error(s, mc, url, 500, "internal_error", "out of memory");
     if (strcmp(rs->route->method, "GET") == 0) {
         memset(&j->resp, 0, sizeof j->resp);
         ns_http_request req = j->req;
@@ -995,7 +998,7 @@ static enum MHD_Result dispatch(ns_server *s, struct MHD_Connection *mc, const c
         return queue_result(s, mc, j, true);
     }
     if (!job_spawn(s, j, true))
-        return queue_simple_error(s, mc, 503, "overloaded", "cannot start a thread for the request");
+        return queue_simple_error(s, mc, url, 503, "overloaded", "cannot start a thread for the request");
     return MHD_YES;
 }
 
@@ -1043,7 +1046,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         return MHD_YES;
     }
     if (rs->too_big)
-        return queue_simple_error(s, mc, 413, "body_too_large", "request body exceeds the limit of %zu bytes",
+        return queue_simple_error(s, mc, url, 413, "body_too_large", "request body exceeds the limit of %zu bytes",
                                   s->max_body);
     return dispatch(s, mc, url, method, version, rs);
 }

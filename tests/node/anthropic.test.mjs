@@ -7,6 +7,7 @@
 // completion's prompt, errors in Anthropic's shape, x-api-key, and the
 // prefix cache seen through cache_read_input_tokens.
 import assert from 'node:assert/strict';
+import http from 'node:http';
 import { after, before, test } from 'node:test';
 import Anthropic from '@anthropic-ai/sdk';
 import { startServer } from './server.mjs';
@@ -213,7 +214,49 @@ test('errors come in the Anthropic shape', async () => {
     (e) => e.status === 400 && e.error?.error?.type === 'invalid_request_error',
   );
   const bad = new Anthropic({ baseURL: srv.base, apiKey: 'wrong', maxRetries: 0 });
-  await assert.rejects(bad.messages.create({ model: 'm', max_tokens: 1, messages: [{ role: 'user', content: 'x' }] }), (e) => e.status === 401);
+  await assert.rejects(
+    bad.messages.create({ model: 'm', max_tokens: 1, messages: [{ role: 'user', content: 'x' }] }),
+    (e) => e.status === 401 && e.error?.type === 'error' && e.error?.error?.type === 'authentication_error',
+  );
+});
+
+// The refusals the server makes before any handler runs (wrong key, unknown
+// path, wrong method, oversize body, wrong media type) have Anthropic's shape
+// on Anthropic's paths too, and OpenAI's elsewhere.
+test('refusals before the handler come in the Anthropic shape on /v1/messages', async () => {
+  const raw = (method, path, headers, body) =>
+    new Promise((resolve, reject) => {
+      const req = http.request(srv.base + path, { method, headers }, (res) => {
+        let text = '';
+        res.setEncoding('utf8');
+        res.on('data', (c) => (text += c));
+        res.on('end', () => resolve({ status: res.statusCode, body: JSON.parse(text) }));
+      });
+      req.on('error', reject);
+      req.end(body);
+    });
+  const json = { 'content-type': 'application/json', 'x-api-key': KEY, 'anthropic-version': '2023-06-01' };
+  const ok = JSON.stringify({ model: 'm', max_tokens: 1, messages: [{ role: 'user', content: 'x' }] });
+  const cases = [
+    ['POST', '/v1/messages', { ...json, 'x-api-key': 'wrong' }, ok, 401, 'authentication_error'],
+    ['POST', '/v1/messages/count_tokens', { ...json, 'x-api-key': 'wrong' }, ok, 401, 'authentication_error'],
+    ['POST', '/v1/messages/nope', json, ok, 404, 'not_found_error'],
+    ['GET', '/v1/messages', json, undefined, 405, 'invalid_request_error'],
+    ['POST', '/v1/messages', { ...json, 'content-type': 'text/plain' }, ok, 415, 'invalid_request_error'],
+    ['POST', '/v1/messages', { ...json, 'content-length': '99999999999' }, undefined, 413, 'request_too_large'],
+  ];
+  for (const [method, path, headers, body, status, type] of cases) {
+    const r = await raw(method, path, headers, body);
+    assert.equal(r.status, status, `${method} ${path}`);
+    assert.equal(r.body.type, 'error', `${method} ${path}: ${JSON.stringify(r.body)}`);
+    assert.equal(r.body.error?.type, type, `${method} ${path}: ${JSON.stringify(r.body)}`);
+    assert.equal(typeof r.body.error?.message, 'string');
+  }
+  // an OpenAI path keeps OpenAI's shape
+  const o = await raw('POST', '/v1/chat/completions', { ...json, 'x-api-key': 'wrong' }, ok);
+  assert.equal(o.status, 401);
+  assert.equal(o.body.error?.code, 'invalid_api_key');
+  assert.equal(o.body.type, undefined);
 });
 
 test('hosted tools are not offered and are named in a header', async () => {

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -598,6 +599,74 @@ TEST(thinking_budget) {
     ns_buf_free(&out);
 }
 
+/* Reads fd until want appears in what came (or 10 s pass). */
+static bool read_until(int fd, ns_buf *got, const char *want) {
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char buf[4096];
+    while (!(got->data && strstr(got->data, want))) {
+        ssize_t r = read(fd, buf, sizeof buf);
+        if (r <= 0) return false;
+        ns_buf_append(got, buf, (size_t)r);
+    }
+    return true;
+}
+
+/* The shape of an error follows the path, also for the refusals the
+ * server makes before any handler (unknown path, wrong method, body over
+ * the cap): Anthropic's under /v1/messages, OpenAI's elsewhere (a path
+ * that only starts with the same letters included). */
+TEST(error_shape_by_path) {
+    struct {
+        const char *method, *path, *body;
+        int status;
+        const char *anthropic_type; /* NULL: the OpenAI shape */
+    } cases[] = {
+        {"POST", "/v1/messages/nope", "{}", 404, "not_found_error"},
+        {"GET", "/v1/messages", NULL, 405, "invalid_request_error"},
+        {"GET", "/v1/messages/count_tokens", NULL, 405, "invalid_request_error"},
+        {"POST", "/v1/messages", "{\"model\":\"m\"}", 400, "invalid_request_error"},
+        {"POST", "/v1/messagesX", "{}", 404, NULL},
+        {"GET", "/v1/chat/completions", NULL, 405, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ns_buf out;
+        ns_buf_init(&out, 0);
+        CHECK_EQ_INT(http(cases[i].method, cases[i].path, cases[i].body, &out), cases[i].status);
+        json_error_t je;
+        json_t *j = json_loadb(out.data ? out.data : "", out.len, 0, &je);
+        CHECK(j != NULL);
+        json_t *e = json_object_get(j, "error");
+        CHECK(json_is_string(json_object_get(e, "message")));
+        if (cases[i].anthropic_type) {
+            CHECK_EQ_STR(sget(j, "type"), "error");
+            CHECK_EQ_STR(sget(e, "type"), cases[i].anthropic_type);
+            CHECK(json_object_get(e, "code") == NULL);
+        } else {
+            CHECK(json_object_get(j, "type") == NULL);
+            CHECK(json_is_string(json_object_get(e, "code")));
+        }
+        json_decref(j);
+        ns_buf_free(&out);
+    }
+    /* a body announced over the server's cap (65536 here): 413 from the
+     * head, before the body is read or any handler runs */
+    int fd = connect_server();
+    CHECK(fd >= 0);
+    if (fd >= 0) {
+        static const char head[] =
+            "POST /v1/messages HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 70000\r\n\r\n";
+        CHECK(write(fd, head, sizeof head - 1) == (ssize_t)(sizeof head - 1));
+        ns_buf got;
+        ns_buf_init(&got, 0);
+        CHECK(read_until(fd, &got, "}}"));
+        CHECK(got.data && strncmp(got.data, "HTTP/1.", 7) == 0 && strstr(got.data, " 413 "));
+        CHECK(got.data && strstr(got.data, "{\"type\":\"error\",\"error\":{\"type\":\"request_too_large\""));
+        ns_buf_free(&got);
+        close(fd);
+    }
+}
+
 int main(void) {
     if (!setup()) {
         printf("not ok - setup\n");
@@ -610,6 +679,7 @@ int main(void) {
     RUN(responses_custom_tool_call);
     RUN(stream_failures);
     RUN(thinking_budget);
+    RUN(error_shape_by_path);
     teardown();
     TEST_MAIN_END;
 }
