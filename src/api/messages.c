@@ -210,10 +210,19 @@ static ns_status text_delta(msgs_job *j, ns_buf *out, int kind, const ns_buf *b,
                            th ? "thinking_delta" : "text_delta", th ? "thinking" : "text", s));
 }
 
+/* message_start goes out as soon as the engine admitted the request and
+ * looked its prompt up in the prefix cache (not at the first token), so a
+ * client sees the message open during a long prefill, and its usage
+ * already has the reuse: input_tokens (the uncached part) and
+ * cache_read_input_tokens are final. cache_creation_input_tokens is 0
+ * there (what the request commits is known at its end; input_tokens then
+ * gives that part back): message_delta carries the final four counters.
+ * While the request waits in the queue, the stream has keep-alive
+ * comments only. */
 static ns_status message_start(msgs_job *j, ns_buf *out) {
     ns_gen *g = &j->base.g;
     ns_request_result r;
-    ns_request_result_get(g->req, &r); /* the prompt is in: the reuse is known */
+    ns_request_result_get(g->req, &r);
     json_t *msg = message_object(&j->base, json_array(), json_null(), json_null(),
                                  usage_json(g->n_prompt, r.n_cached, 0, 0));
     ns_status rc = event(out, "message_start", json_pack("{s:o}", "message", msg));
@@ -240,7 +249,9 @@ static ns_status msgs_delta(ns_gen_job *gj, ns_buf *out) {
     ns_gen *g = &gj->g;
     ns_status rc = NS_OK;
     if (!j->started) {
-        if (g->n_ids == 0 && !g->done) return NS_OK; /* still prefilling: keep-alives meanwhile */
+        ns_request_result r;
+        ns_request_result_get(g->req, &r);
+        if (!r.admitted && g->n_ids == 0 && !g->done) return NS_OK; /* queued: keep-alives meanwhile */
         rc = message_start(j, out);
     }
     if (rc == NS_OK) rc = text_delta(j, out, BLK_THINK, &g->reasoning, &j->sent_reasoning);

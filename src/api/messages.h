@@ -12,8 +12,10 @@
  *    signature_delta, text_delta, input_json_delta with the tool input as
  *    the model writes it) / content_block_stop, then message_delta
  *    (stop_reason, stop_sequence, usage) and message_stop; a failure is an
- *    "error" event. message_start is sent once the prompt is prefilled, so
- *    its usage already says what the prefix cache reused.
+ *    "error" event. message_start is sent as soon as the engine admitted
+ *    the request and looked the prompt up in the prefix cache (before the
+ *    prefill), so its usage already says what the prefix cache reused;
+ *    cache_creation_input_tokens is known at the end only (message_delta).
  *  - usage: cache_read_input_tokens = the reused prefix,
  *    cache_creation_input_tokens = prompt tokens this request newly
  *    committed to the cache (its whole pages past the reused prefix),

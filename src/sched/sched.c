@@ -632,6 +632,7 @@ static bool try_admit(ns_sched *s, ns_seq *q) {
         r->result.n_cached = cached;
         for (int t = 0; t < NS_TIER_COUNT; t++) r->result.n_cached_by_tier[t] = tok_by_tier[t];
         r->result.diverge_at = lk.m.diverge_at;
+        r->result.admitted = true;
         pthread_mutex_unlock(&r->mu);
         pthread_mutex_lock(&s->mu);
         s->stats.prefix_lookup_tokens_total += (uint64_t)r->n_prompt;

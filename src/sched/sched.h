@@ -98,7 +98,7 @@ int ns_request_poll(ns_request *r, ns_token_event *out, int max, int timeout_ms,
  * waiting and paused requests, 1 = next. For the stream's keep-alives. */
 bool ns_request_waiting(ns_request *r, bool *paused, int32_t *queue_pos);
 
-/* Results, valid once done: */
+/* Results, valid once done (the prefix reuse once admitted): */
 typedef struct ns_request_result {
     ns_finish finish;
     int32_t n_prompt;
@@ -108,6 +108,11 @@ typedef struct ns_request_result {
     char error[256];
     /* where the prompt diverged from the closest cached sequence (-1: none) */
     int32_t diverge_at;
+    /* The engine admitted the request and looked its prompt up in the
+     * prefix cache: n_cached, n_cached_by_tier and diverge_at are final
+     * from here on, before the prefill and the first token (an Anthropic
+     * stream's message_start goes out then, with its usage). */
+    bool admitted;
 } ns_request_result;
 void ns_request_result_get(ns_request *r, ns_request_result *out);
 

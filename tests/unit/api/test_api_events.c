@@ -37,8 +37,24 @@ static pthread_t g_threads[64];
 static int g_n_threads;
 static atomic_int g_cancelled_seen;
 
+/* The gate: while g_hold is set, the engine has admitted the request (its
+ * prefix reuse is set) but pushes no token, as during a long prefill. */
+static pthread_mutex_t g_gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_gate_cv = PTHREAD_COND_INITIALIZER;
+static bool g_hold;
+
+static void gate_set(bool hold) {
+    pthread_mutex_lock(&g_gate_mu);
+    g_hold = hold;
+    pthread_cond_broadcast(&g_gate_cv);
+    pthread_mutex_unlock(&g_gate_mu);
+}
+
 static void *engine_main(void *arg) {
     ns_request *r = arg;
+    pthread_mutex_lock(&g_gate_mu);
+    while (g_hold) pthread_cond_wait(&g_gate_cv, &g_gate_mu);
+    pthread_mutex_unlock(&g_gate_mu);
     int n = g_script_n;
     ns_finish fin = g_script_finish;
     for (int i = 0; i < n; i++) {
@@ -87,7 +103,8 @@ ns_status ns_sched_submit(ns_sched *s, ns_request *r, ns_capacity *cap, ns_error
     if (g_last) ns_request_release(g_last);
     g_last = r;
     pthread_mutex_lock(&r->mu);
-    r->result.n_cached = 3;
+    r->result.n_cached = 3; /* as the real engine at admission */
+    r->result.admitted = true;
     pthread_mutex_unlock(&r->mu);
     pthread_create(&g_threads[g_n_threads++], NULL, engine_main, r);
     return NS_OK;
@@ -612,6 +629,71 @@ static bool read_until(int fd, ns_buf *got, const char *want) {
     return true;
 }
 
+/* The stream opens as soon as the request is admitted, not at the first
+ * token: an Anthropic message_start (with the prefix reuse already in its
+ * usage) and Responses' response.created / response.in_progress arrive
+ * while the engine holds every token back, as during a long prefill. */
+TEST(stream_opens_before_first_token) {
+    script_text("Hello there.", NS_FINISH_EOS);
+    const char *paths[2] = {"/v1/messages", "/v1/responses"};
+    const char *bodies[2] = {
+        "{\"model\":\"m\",\"max_tokens\":50,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+        "{\"model\":\"m\",\"max_output_tokens\":50,\"stream\":true,\"input\":\"hi\"}"};
+    const char *opened[2] = {"event: ping\n", "event: response.in_progress\n"};
+    for (int k = 0; k < 2; k++) {
+        gate_set(true);
+        int fd = connect_server();
+        CHECK(fd >= 0);
+        if (fd < 0) break;
+        send_request(fd, "POST", paths[k], bodies[k]);
+        ns_buf got;
+        ns_buf_init(&got, 0);
+        CHECK(read_until(fd, &got, opened[k]));
+        const char *b = got.data ? strstr(got.data, "\r\n\r\n") : NULL;
+        CHECK(b != NULL);
+        int bad = 0;
+        json_t *evs = named_events(b ? b + 4 : "", &bad);
+        CHECK_EQ_INT(bad, 0);
+        CHECK(g_script_n > 0 && !strstr(b ? b : "", "delta")); /* no token yet */
+        if (k == 0) {
+            CHECK_EQ_INT((int)json_array_size(evs), 2);
+            CHECK_EQ_STR(ev_name(json_array_get(evs, 0)), "message_start");
+            json_t *u = json_object_get(json_object_get(ev_data(json_array_get(evs, 0)), "message"), "usage");
+            CHECK_EQ_INT(iget(u, "cache_read_input_tokens"), 3);
+            CHECK(iget(u, "input_tokens") > 0);
+            CHECK_EQ_INT(iget(u, "output_tokens"), 0);
+        } else {
+            CHECK_EQ_INT((int)json_array_size(evs), 2);
+            CHECK_EQ_STR(ev_name(json_array_get(evs, 0)), "response.created");
+        }
+        json_decref(evs);
+        gate_set(false);
+        /* the rest of the stream: the text, and the stream opened once */
+        char buf[4096];
+        ssize_t r;
+        while ((r = read(fd, buf, sizeof buf)) > 0) ns_buf_append(&got, buf, (size_t)r);
+        close(fd);
+        b = got.data ? strstr(got.data, "\r\n\r\n") : NULL;
+        evs = named_events(b ? b + 4 : "", &bad);
+        CHECK_EQ_INT(bad, 0);
+        int n_open = 0, n_delta = 0;
+        size_t i;
+        json_t *ev;
+        json_array_foreach(evs, i, ev) {
+            n_open += !strcmp(ev_name(ev), k == 0 ? "message_start" : "response.created");
+            n_delta += strstr(ev_name(ev), "delta") != NULL;
+        }
+        CHECK_EQ_INT(n_open, 1);
+        CHECK(n_delta > 0);
+        CHECK_EQ_STR(ev_name(json_array_get(evs, json_array_size(evs) - 1)),
+                     k == 0 ? "message_stop" : "response.completed");
+        json_decref(evs);
+        ns_buf_free(&got);
+    }
+    gate_set(false);
+    join_engines();
+}
+
 /* The shape of an error follows the path, also for the refusals the
  * server makes before any handler (unknown path, wrong method, body over
  * the cap): Anthropic's under /v1/messages, OpenAI's elsewhere (a path
@@ -679,6 +761,7 @@ int main(void) {
     RUN(responses_custom_tool_call);
     RUN(stream_failures);
     RUN(thinking_budget);
+    RUN(stream_opens_before_first_token);
     RUN(error_shape_by_path);
     teardown();
     TEST_MAIN_END;
