@@ -16,7 +16,11 @@ source tests/integration/common.bash
 
 B=$NS_BIN
 SMALL=$NS_SHARED/models/tinystories-656k # small tokenizer: fast to load
-COMMANDS=(serve generate tokenize eval bench-engine)
+COMMANDS=(serve generate tokenize eval bench-engine replay check-prompts bench)
+# the usage examples of these need a running server or a recording: they run
+# in test_record_replay.sh, test_check_prompts.sh and test_bench.sh
+EXAMPLES_ELSEWHERE=" replay check-prompts bench "
+
 
 # run CMD... — runs the binary; sets RC, OUT, ERR (never starts a server
 # that stays up: a hang fails the test through the timeout).
@@ -72,7 +76,8 @@ HAVE_CUDA=0
 grep -q '^backends:.*cuda' <<<"$OUT" && ! grep -q 'without cuda' <<<"$OUT" && HAVE_CUDA=1
 
 # ---- every subcommand: --help / -h / help CMD, unknown flag, missing value
-declare -A VALUE_FLAG=([serve]=--port [generate]=--prompt [tokenize]=--model [eval]=--tokens [bench-engine]=--device)
+declare -A VALUE_FLAG=([serve]=--port [generate]=--prompt [tokenize]=--model [eval]=--tokens [bench-engine]=--device
+  [replay]=--url [check-prompts]=--model [bench]=--url)
 for c in "${COMMANDS[@]}"; do
   for h in --help -h; do
     run "$c" $h
@@ -108,6 +113,17 @@ expect_usage_error "give exactly one of --prompt or --tokens" generate
 expect_usage_error "--tokens is required" eval
 expect_usage_error "--model DIR is required" tokenize
 expect_usage_error "give at most one of --model DIR or --dummy-weights" serve --model "$SMALL" --dummy-weights "$TINY_CFG"
+# serve --record*: values checked, and the record options need --record DIR
+expect_usage_error 'bad value for --record-max-bytes: "lots"' serve --record "$TMP/rec" --record-max-bytes lots
+expect_usage_error 'bad value for --record-keep: "-1"' serve --record "$TMP/rec" --record-keep -1
+expect_usage_error "need --record DIR" serve --record-redact
+expect_usage_error "need --record DIR" serve --record-keep 2
+# replay / check-prompts / bench: what is required is said before anything runs
+expect_usage_error "give the recording FILE" replay --url http://127.0.0.1:1
+expect_usage_error "give --url ROOT" replay "$TMP/none.jsonl"
+expect_usage_error "give --model DIR" check-prompts "$TMP/none.jsonl"
+expect_usage_error "give --scenario" bench --url http://127.0.0.1:1
+expect_usage_error 'unknown scenario "nope"' bench --url http://127.0.0.1:1 --scenario nope
 
 # ---- bench-engine: the argv convention (was "unknown argument cuda"); its
 # CPU run is the usage example, below
@@ -198,6 +214,7 @@ run_example() {
   fi
 }
 for c in "" "${COMMANDS[@]}"; do
+  [[ "$EXAMPLES_ELSEWHERE" == *" $c "* ]] && continue
   while IFS= read -r line; do run_example "$line"; done < <("$B" $c --help | grep -E '^ +(echo .*\| )?nightshift [a-z]' |
     grep -v '<' | sed -E 's/^ +//')
 done
