@@ -634,6 +634,19 @@ static ns_status bench_run(bench *B, ns_error *err) {
                 printf("  %6lldx%-6lld n=%-3lld cublasLt %8.1f us %6.0f GB/s", (long long)shapes[si][0],
                        (long long)shapes[si][1], (long long)ns[ni], t_lt * 1e3, wb / (t_lt * 1e-3) / 1e9);
                 if (t_gv > 0) printf("   gemv %8.1f us %6.0f GB/s", t_gv * 1e3, wb / (t_gv * 1e-3) / 1e9);
+                if (ns_dtype_is_quant(B->o.weight_type)) {
+                    /* the same product on --weight-type blocks: GEMV on the
+                     * blocks (n <= 8) or dequantization + cuBLASLt; GB/s
+                     * of the quantized bytes */
+                    double t_q = 0;
+                    rc = ns_cuda_time_matmul_dt(B->be, B->o.weight_type, ns[ni], shapes[si][0], shapes[si][1], 0, 20,
+                                                &t_q, err);
+                    if (rc != NS_OK) return rc;
+                    const double qb = (double)shapes[si][0] *
+                                      (double)ns_dtype_row_bytes(B->o.weight_type, shapes[si][1]);
+                    printf("   %s %8.1f us %6.0f GB/s", ns_dtype_name(B->o.weight_type), t_q * 1e3,
+                           qb / (t_q * 1e-3) / 1e9);
+                }
                 printf("\n");
             }
     }

@@ -32,6 +32,11 @@ ns_status ns_cuda_measure_gemm(ns_backend *be, int n, int iters, double *tflops,
  * the GEMV kernel. Median milliseconds over iters. */
 ns_status ns_cuda_time_matmul(ns_backend *be, int64_t n, int64_t m, int64_t k, int path, int iters, double *ms,
                               ns_error *err);
+/* The same with a random weight of type dt (BF16, or a GGUF block type:
+ * n <= 8 then runs the quantized GEMV, larger n the dequantization +
+ * cuBLASLt path, whatever path says). */
+ns_status ns_cuda_time_matmul_dt(ns_backend *be, ns_dtype dt, int64_t n, int64_t m, int64_t k, int path, int iters,
+                                 double *ms, ns_error *err);
 
 /* Fills every KV page with random bf16 values (benchmarks of decode at a
  * given context need finite, non-zero KV, not a prefill). */

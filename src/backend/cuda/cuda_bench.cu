@@ -144,6 +144,11 @@ done:
 
 extern "C" ns_status ns_cuda_time_matmul(ns_backend *be, int64_t n, int64_t m, int64_t k, int path, int iters,
                                          double *ms_out, ns_error *err) {
+    return ns_cuda_time_matmul_dt(be, NS_DT_BF16, n, m, k, path, iters, ms_out, err);
+}
+
+extern "C" ns_status ns_cuda_time_matmul_dt(ns_backend *be, ns_dtype dt, int64_t n, int64_t m, int64_t k, int path,
+                                            int iters, double *ms_out, ns_error *err) {
     cu_impl *c = cu_impl_of(be);
     cu_flush(be);
     c->recording = false; /* time the op itself, not a tape */
@@ -156,7 +161,7 @@ extern "C" ns_status ns_cuda_time_matmul(ns_backend *be, int64_t n, int64_t m, i
     double *t = (double *)calloc((size_t)iters, sizeof(double));
     ns_status rc;
     if (!t) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
-    rc = be->ops->weight_random(be, &w, NS_DT_BF16, m, k, 77, 0.05f, err);
+    rc = be->ops->weight_random(be, &w, dt, m, k, 77, 0.05f, err);
     if (rc == NS_OK) rc = be->ops->tensor_alloc(be, &x, NS_DT_F32, n, k, err);
     if (rc == NS_OK) rc = be->ops->tensor_alloc(be, &y, NS_DT_F32, n, m, err);
     if (rc != NS_OK) goto done;
