@@ -13,6 +13,9 @@
  * (multi-sequence prefill, batched decode) and must give the same greedy
  * tokens; the batched decode is repeated with graphs off and must give
  * bit-identical tokens and logits.
+ * Mixture-of-experts models: a prompt whose last position has a routing
+ * close call in the reference (ROUTE_MARGIN) has its top-100 and lse
+ * reported, not compared (see ROUTE_MARGIN).
  * Pages are handed out in descending order so no sequence is contiguous.
  */
 #include <jansson.h>
@@ -32,6 +35,14 @@
  * an error: about twice the worst log-prob error seen against the goldens
  * (0.09, from rounding activations to bf16 for the GEMMs). */
 #define MARGIN 0.2f
+/* Mixture-of-experts models: a router gap (k-th minus (k+1)-th logit) below
+ * this at a prompt's last position is a routing close call there: with
+ * bf16 activations the CUDA backend may pick the other expert (a
+ * bf16-rounded reference forward moves tiny-qwen3moe's story_start gap
+ * from 0.048 to 0.0096 and flips it), so the last position's top-100 and
+ * logsumexp are reported, not compared. Gaps come from
+ * goldens/router-margins-MODEL.json (tests/fixtures/tools/router_margins.py). */
+#define ROUTE_MARGIN 0.25
 #define CHUNK 512
 #define PAGE 16
 #define N_PAGES 4096
@@ -48,6 +59,7 @@ typedef struct {
     int32_t *argmax; /* [n] */
     double *next_lp; /* [n-1] */
     int32_t greedy[48];
+    double route_margin; /* last position's router gap (MoE models), else INFINITY */
 } golden_prompt;
 
 typedef struct {
@@ -93,7 +105,20 @@ static int golden_load(const char *model, golden *g) {
         for (size_t k = 0; k < json_array_size(lp); k++) p->next_lp[k] = json_number_value(json_array_get(lp, k));
         json_t *gr = json_object_get(o, "greedy_48");
         for (int k = 0; k < 48; k++) p->greedy[k] = (int32_t)json_integer_value(json_array_get(gr, (size_t)k));
+        p->route_margin = INFINITY;
     }
+    /* optional: router gaps of a mixture-of-experts model, matched by label */
+    snprintf(rel, sizeof rel, "goldens/router-margins-%s.json", model);
+    json_t *rm = access(test_shared_path(rel), R_OK) == 0 ? json_load_file(test_shared_path(rel), 0, &je) : NULL;
+    json_t *rps = rm ? json_object_get(rm, "prompts") : NULL;
+    for (size_t k = 0; rps && k < json_array_size(rps); k++) {
+        json_t *o = json_array_get(rps, k);
+        const char *lb = json_string_value(json_object_get(o, "label"));
+        for (int i = 0; lb && i < g->n; i++)
+            if (g->p[i].label && strcmp(g->p[i].label, lb) == 0)
+                g->p[i].route_margin = json_number_value(json_object_get(o, "last_router_margin"));
+    }
+    json_decref(rm);
     return 0;
 }
 
@@ -330,9 +355,14 @@ static void run_model(const char *name) {
                         den += (double)p->top_logits[k] * p->top_logits[k];
                     }
                     double rl2 = sqrt(num / den);
-                    CHECKF(rl2 <= 1e-2, "%s %s: last top-100 rel L2 %.3g", name, p->label, rl2);
-                    CHECKF(fabs(lse - p->lse) <= 0.02 + 0.01 * fabs(p->lse), "%s %s: lse %.4f vs %.4f", name,
-                           p->label, lse, p->lse);
+                    if (p->route_margin < ROUTE_MARGIN) {
+                        printf("#   %s %s: routing close call at the last position (router gap %.4f): top-100 "
+                               "and lse reported, not compared\n", name, p->label, p->route_margin);
+                    } else {
+                        CHECKF(rl2 <= 1e-2, "%s %s: last top-100 rel L2 %.3g", name, p->label, rl2);
+                        CHECKF(fabs(lse - p->lse) <= 0.02 + 0.01 * fabs(p->lse), "%s %s: lse %.4f vs %.4f", name,
+                               p->label, lse, p->lse);
+                    }
                     printf("#   %s %-10s n=%-5d top100 rel L2 %.2e  lse %.4f (golden %.4f)\n", name, p->label, p->n,
                            rl2, lse, p->lse);
                     /* first greedy token: device argmax of this row */
@@ -387,7 +417,8 @@ static void run_model(const char *name) {
                 num += dd * dd;
                 den += (double)g.p[i].top_logits[k] * g.p[i].top_logits[k];
             }
-            CHECKF(sqrt(num / den) <= 1e-2, "batched %s: top-100 rel L2 %.3g", g.p[i].label, sqrt(num / den));
+            CHECKF(sqrt(num / den) <= 1e-2 || g.p[i].route_margin < ROUTE_MARGIN, "batched %s: top-100 rel L2 %.3g",
+                   g.p[i].label, sqrt(num / den));
             bfirst[i] = b;
             first_margin[i] = mg;
         }
