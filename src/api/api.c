@@ -245,6 +245,17 @@ bool ns_api_get_num(json_t *o, const char *key, double lo, double hi, double *ou
     return true;
 }
 
+const char *ns_api_unknown_key(json_t *o, const char *const *known, size_t n) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        size_t i = 0;
+        while (i < n && strcmp(k, known[i]) != 0) i++;
+        if (i == n) return k;
+    }
+    return NULL;
+}
+
 bool ns_api_get_str(json_t *o, const char *key, const char **out, ns_http_error *e) {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) return true;

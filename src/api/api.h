@@ -89,6 +89,10 @@ bool ns_api_get_bool(json_t *o, const char *key, bool *out, ns_http_error *e);
 bool ns_api_get_int(json_t *o, const char *key, int64_t lo, int64_t hi, int64_t *out, ns_http_error *e);
 bool ns_api_get_num(json_t *o, const char *key, double lo, double hi, double *out, ns_http_error *e);
 bool ns_api_get_str(json_t *o, const char *key, const char **out, ns_http_error *e);
+/* The first key of o that is not one of known[0..n) (borrowed from o), or
+ * NULL when every key is known: an endpoint refuses a field nobody
+ * handles instead of ignoring it silently. */
+const char *ns_api_unknown_key(json_t *o, const char *const *known, size_t n);
 
 /* Generation parameters common to chat and completions. */
 typedef struct ns_api_gen_params {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/api.h"
 #include "util/buf.h"
 
 #define MAX_MESSAGES 100000
@@ -24,19 +25,12 @@ static const char *const k_fields[] = {"model",       "messages",    "system",  
                                        "service_tier"};
 
 static bool check_fields(json_t *body, ns_http_error *e) {
-    const char *k;
-    json_t *v;
-    json_object_foreach(body, k, v) {
-        size_t i = 0;
-        while (i < sizeof k_fields / sizeof k_fields[0] && strcmp(k, k_fields[i]) != 0) i++;
-        if (i == sizeof k_fields / sizeof k_fields[0]) {
-            char param[96];
-            snprintf(param, sizeof param, "%.80s", k);
-            ns_http_error_set(e, 400, param, "invalid_request_error", "%s: Extra inputs are not permitted", param);
-            return false;
-        }
-    }
-    return true;
+    const char *k = ns_api_unknown_key(body, k_fields, sizeof k_fields / sizeof k_fields[0]);
+    if (!k) return true;
+    char param[96];
+    snprintf(param, sizeof param, "%.80s", k);
+    ns_http_error_set(e, 400, param, "invalid_request_error", "%s: Extra inputs are not permitted", param);
+    return false;
 }
 
 /* Text of a block list (text blocks only) or a string, for tool results:

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/api.h"
 #include "util/buf.h"
 
 #define MAX_ITEMS 100000
@@ -27,18 +28,11 @@ static const char *const k_fields[] = {
     "conversation",   "background",      "top_logprobs",     "prompt"};
 
 static bool check_fields(json_t *body, ns_http_error *e) {
-    const char *k;
-    json_t *v;
-    json_object_foreach(body, k, v) {
-        size_t i = 0;
-        while (i < sizeof k_fields / sizeof k_fields[0] && strcmp(k, k_fields[i]) != 0) i++;
-        if (i == sizeof k_fields / sizeof k_fields[0]) {
-            char p[96];
-            snprintf(p, sizeof p, "%.80s", k);
-            return bad(e, p, "unknown_parameter", "unknown parameter");
-        }
-    }
-    return true;
+    const char *k = ns_api_unknown_key(body, k_fields, sizeof k_fields / sizeof k_fields[0]);
+    if (!k) return true;
+    char p[96];
+    snprintf(p, sizeof p, "%.80s", k);
+    return bad(e, p, "unknown_parameter", "unknown parameter");
 }
 
 /* Appends a part to b, after a newline when b already holds one (the chat
