@@ -205,7 +205,7 @@ static void check_fixture(const fixture *f) {
 #define QTOL 0.25
 #define QTOL_SHALLOW 1e-3
 static const fixture FIXTURES[] = {
-    {"stories260K-F32", 1e-3},                {"tinystories-656k-F32", 1e-3},        {"stories260K-F16", 1e-2},
+    {"stories260K-F32", 1e-3},                {"tiny-qwen2-hf-F32", 1e-3},           {"stories260K-F16", 1e-2},
     {"stories260K-BF16", 6e-2},               {"stories260K-Q8_0", QTOL},            {"stories260K-Q4_0", QTOL},
     {"tinystories-656k-Q8_0", QTOL_SHALLOW},  {"tiny-qwen3-k-Q4_K", QTOL_SHALLOW},   {"tiny-qwen3-k-Q5_K", QTOL_SHALLOW},
     {"tiny-qwen3-k-Q6_K", QTOL_SHALLOW},
@@ -245,14 +245,16 @@ TEST(gguf_qwen3moe) {
     check_fixture(&FIXTURES[13]);
 }
 
-/* The F32 GGUF of tinystories-656k (converted from the safetensors by
- * make_gguf_models.py with gguf-py) against the safetensors themselves:
- * same weights, so the same logits up to summation order, at every
- * position. */
+/* The F32 GGUF of tests/fixtures/models/tiny-qwen2 (its BF16 safetensors
+ * widened exactly by make_gguf_models.py with gguf-py: q/k/v biases, tied
+ * embeddings, the tinystories tokenizer) against the safetensors
+ * themselves: same weights, so the same logits up to summation order, at
+ * every position. (It replaced tinystories-656k's F32 GGUF, 2.7 MB: the
+ * fixtures must stay small enough to travel to the GPU machine.) */
 TEST(gguf_f32_matches_safetensors) {
     char gpath[1024], spath[1024];
-    snprintf(gpath, sizeof gpath, "%s", test_shared_path("gguf/tinystories-656k-F32.gguf"));
-    snprintf(spath, sizeof spath, "%s", test_shared_path("models/tinystories-656k"));
+    snprintf(gpath, sizeof gpath, "%s", test_shared_path("gguf/tiny-qwen2-hf-F32.gguf"));
+    snprintf(spath, sizeof spath, "%s", test_shared_path("models/tiny-qwen2"));
     loaded a, b;
     bool ok = load(gpath, &a) && load(spath, &b);
     if (ok) {
