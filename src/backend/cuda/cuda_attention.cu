@@ -778,14 +778,18 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
         cp_async_commit();
         const int st = it % DM_ST;
         const bf16 *Kt = Ks + st * DM_TK * LD + warp * 16 * LD, *Vt = Vs + st * DM_TK * LD + warp * 16 * LD;
-        float sc[4] = {0.f, 0.f, 0.f, 0.f};
+        /* hi and lo products in separate accumulators: two chains of
+         * NI dependent MMAs instead of one of 2 NI */
+        float sc[4] = {0.f, 0.f, 0.f, 0.f}, sl[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int kk = 0; kk < NI; kk++) {
             uint32_t a[4];
             ldsm_x4(a, Kt + (lane & 15) * LD + kk * 16 + (lane >> 4) * 8);
             mma_bf16(sc, a, qh[kk][0], qh[kk][1]);
-            mma_bf16(sc, a, ql[kk][0], ql[kk][1]);
+            mma_bf16(sl, a, ql[kk][0], ql[kk][1]);
         }
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[e] += sl[e];
         const int key = k0 + it * DM_TK + warp * 16 + (lane >> 2);
         if (key >= k1) sc[0] = sc[1] = -INFINITY;
         if (key + 8 >= k1) sc[2] = sc[3] = -INFINITY;
