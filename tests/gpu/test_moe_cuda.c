@@ -1,8 +1,10 @@
 /* test_moe_cuda.c — the CUDA backend's add_bias and moe_ffn ops against
  * the CPU backend (the reference), on random inputs that are never zero.
  *
- * moe_ffn runs at several shapes: tokens 1, 2, 7, 64, 300 (and a chunked
- * 4100), experts 8/64/128, top-k 1/2/8, with and without renormalisation;
+ * moe_ffn runs at several shapes: tokens 1, 2, 4, 5, 7, 64, 300, 1000,
+ * 2100 (and a chunked 4100), experts 8/16/64/128, top-k 1/2/4/8, with and
+ * without renormalisation, covering the gathered GEMV and the grouped
+ * GEMM's three tile shapes (16, 64 and 128 rows);
  * hidden and expert widths that are not multiples of the kernels' tiles
  * (so every tail is exercised) and the Qwen3-30B-A3B layer shape. Each
  * shape runs as a prefill batch (one sequence, eager) and, up to 64
@@ -313,20 +315,22 @@ TEST(test_moe_shapes) {
         {1, 8, 2, true},    {2, 8, 1, false},    {7, 8, 2, true},    {64, 8, 8, true},   {300, 8, 1, true},
         {1, 64, 8, true},   {7, 64, 8, false},   {64, 64, 8, true},  {300, 64, 8, false}, {1, 128, 8, true},
         {2, 128, 8, false}, {7, 128, 1, true},   {64, 128, 2, false}, {300, 128, 8, true}, {4, 128, 8, true},
-        {5, 128, 8, true},
+        {5, 128, 8, true},  {300, 8, 2, false},  {300, 8, 8, true},  {1000, 16, 4, true},
     };
     moe_cases(200, 104, cs, (int)(sizeof cs / sizeof cs[0]), "H=200 F=104");
 }
 
 TEST(test_moe_qwen3_30b_layer) {
-    /* one Qwen3-30B-A3B layer: hidden 2048, 128 experts of 768, top 8 */
-    static const moe_case cs[] = {{1, 128, 8, true}, {64, 128, 8, true}, {300, 128, 8, true}};
+    /* one Qwen3-30B-A3B layer: hidden 2048, 128 experts of 768, top 8;
+     * the grouped GEMM's 16-, 64- and 128-row tile shapes at 64, 300 and
+     * 2100 tokens */
+    static const moe_case cs[] = {{1, 128, 8, true}, {64, 128, 8, true}, {300, 128, 8, true}, {2100, 128, 8, true}};
     pair in, out;
-    pair_alloc(&in, 300, 2048);
-    pair_alloc(&out, 300, 2048);
+    pair_alloc(&in, 2100, 2048);
+    pair_alloc(&out, 2100, 2048);
     moe_w w;
     moe_w_make(&w, 128, 2048, 768, 77);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < (int)(sizeof cs / sizeof cs[0]); i++) {
         char what[96];
         snprintf(what, sizeof what, "qwen3-30b layer T=%d prefill", cs[i].T);
         moe_run(&w, &in, &out, cs[i].T, 8, true, 0, 1, what);

@@ -53,9 +53,7 @@ using namespace nvcuda;
 #define CU_MOE_TABLES 4096 /* distinct expert weight sets (layers x models loaded) */
 #define RT 4               /* tokens per router block */
 
-/* GEMM tiles: 64x64 outputs per block (per weight matrix), K steps of 32 */
-#define MG_BM 64
-#define MG_BN 64
+/* grouped GEMM: K steps of 32 (tile shapes: mg_shape) */
 #define MG_BK 32
 #define MG_LD (MG_BK + 8) /* padded smem row (bf16): 80 bytes, keeps 32-byte fragment alignment */
 #define MG_ST 3           /* cp.async pipeline stages (45 KB of static smem with gate and up) */
@@ -263,13 +261,14 @@ __global__ __launch_bounds__(256) void k_moe_topk(const float *__restrict__ logi
 }
 
 /* Counting sort, step 2 (one block of 1024 threads, E <= 1024): segment
- * starts offs[E+1], 64-row tile starts tile_off[E+1], scatter cursors. */
+ * starts offs[E+1], bm-row tile starts tile_off[E+1], scatter cursors. */
 __global__ __launch_bounds__(1024) void k_moe_scan(int32_t *__restrict__ counts, int32_t *__restrict__ cursor,
-                                                    int32_t *__restrict__ offs, int32_t *__restrict__ tile_off, int E) {
+                                                    int32_t *__restrict__ offs, int32_t *__restrict__ tile_off, int E,
+                                                    int bm) {
     PDL_ENTRY();
     __shared__ int32_t wc[32], wt[32];
     const int e = threadIdx.x, lane = e & 31, warp = e / 32;
-    const int32_t c = e < E ? counts[e] : 0, tl = (c + MG_BM - 1) / MG_BM;
+    const int32_t c = e < E ? counts[e] : 0, tl = (c + bm - 1) / bm;
     int32_t ic = c, it = tl; /* inclusive scans within the warp */
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -445,15 +444,28 @@ struct moe_gemm_args {
     float *out_f;           /* down: y F32 [TK, N] */
 };
 
-/* One 64 x 64 output tile (per weight matrix) of one expert's segment:
- * 4 warps as 2 x 2, each 32 x 32 = 2 x 2 WMMA 16x16x16 fragments per
- * matrix; K in steps of 32 through a three-stage cp.async pipeline. NB = 2:
- * gate and up tiles side by side, SwiGLU in the epilogue. */
-template <int NB>
-__global__ __launch_bounds__(128) void k_moe_gemm(moe_gemm_args g) {
+/* Tile shapes (rows of one expert's segment x columns per weight matrix):
+ * WM x WN warps, each FM x FN WMMA 16x16x16 fragments per matrix, so
+ * BM = 16 WM FM and BN = 16 WN FN. NB = 2: gate and up tiles side by side
+ * (same columns), SwiGLU in the epilogue. K in steps of 32 through a
+ * three-stage cp.async pipeline in dynamic shared memory. The host picks
+ * the shape from the expected rows per expert (T k / E): decode batches
+ * (a few rows per expert) take 16-row tiles so the tensor cores do not
+ * compute 60 empty rows per weight tile; prefill takes 128-row tiles
+ * (more reuse of each weight tile, half the L2 traffic of 64-row ones). */
+template <int WM, int WN, int FM, int FN, int NB>
+struct mg_shape {
+    static constexpr int BM = 16 * WM * FM, BN = 16 * WN * FN, THREADS = 32 * WM * WN;
+    static constexpr int A_EL = BM * MG_LD, B_EL = NB * BN * MG_LD, STAGE_EL = A_EL + B_EL;
+    static constexpr size_t SMEM = (size_t)MG_ST * STAGE_EL * sizeof(bf16);
+};
+
+template <int WM, int WN, int FM, int FN, int NB>
+__global__ __launch_bounds__(32 * WM * WN) void k_moe_gemm(moe_gemm_args g) {
+    using S = mg_shape<WM, WN, FM, FN, NB>;
     PDL_ENTRY();
-    __shared__ __align__(128) bf16 sA[MG_ST][MG_BM * MG_LD];
-    __shared__ __align__(128) bf16 sB[MG_ST][NB * MG_BN * MG_LD];
+    extern __shared__ __align__(128) unsigned char mg_smem[];
+    bf16 *sm = reinterpret_cast<bf16 *>(mg_smem);
     const int tile = blockIdx.y;
     if (tile >= g.tile_off[g.E]) return; /* past the real tile count */
     int lo = 0, hi = g.E;                /* tile_off[lo] <= tile < tile_off[hi] */
@@ -463,54 +475,57 @@ __global__ __launch_bounds__(128) void k_moe_gemm(moe_gemm_args g) {
         else hi = mid;
     }
     const int e = lo;
-    const int m0 = g.offs[e] + (tile - g.tile_off[e]) * MG_BM, m_end = min(g.offs[e + 1], g.rows);
-    const int n0 = blockIdx.x * MG_BN;
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, wm = warp / 2, wn = warp % 2;
+    const int m0 = g.offs[e] + (tile - g.tile_off[e]) * S::BM, m_end = min(g.offs[e + 1], g.rows);
+    const int n0 = blockIdx.x * S::BN;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, wm = warp / WN, wn = warp % WN;
     const bf16 *W[NB];
     W[0] = g.tab[g.w0 + e];
     if (NB == 2) W[NB - 1] = g.tab[g.w1 + e];
 
-    /* this thread's two A rows and 2*NB B rows: chunk ids tid and tid+128
-     * of 256 (64 rows x 4 chunks of 8) */
-    const bf16 *arow[2];
-    bool aok[2];
+    /* 16-byte chunks: 4 per 32-wide row; A has BM rows, B NB * BN */
+    constexpr int A_CH = (S::BM * 4 + S::THREADS - 1) / S::THREADS, B_CH = (NB * S::BN * 4) / S::THREADS;
+    static_assert((NB * S::BN * 4) % S::THREADS == 0, "B chunks must divide among the threads");
+    const bf16 *arow[A_CH];
+    bool aok[A_CH];
 #pragma unroll
-    for (int u = 0; u < 2; u++) {
-        const int r = (tid + 128 * u) / 4, m = m0 + r;
-        aok[u] = m < m_end;
+    for (int u = 0; u < A_CH; u++) {
+        const int id = tid + S::THREADS * u, r = id / 4, m = m0 + r;
+        aok[u] = id < S::BM * 4 && m < m_end;
         const int src = !aok[u] ? 0 : g.a_slot ? g.a_slot[m] / g.top_k : m;
         arow[u] = g.a + (size_t)src * g.a_ld;
     }
-    const int kc = (tid & 3) * 8;
-    auto load = [&](int buf, int k0) {
+    const int kc = (tid & 3) * 8; /* THREADS is a multiple of 4: a thread's chunk column never changes */
+    auto load = [&](int st, int k0) {
+        bf16 *sa = sm + st * S::STAGE_EL, *sb = sa + S::A_EL;
         const bool kin = k0 + kc < g.Kd;
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int r = (tid + 128 * u) / 4;
-            const bool ok = aok[u] && kin;
-            cp16(&sA[buf][r * MG_LD + kc], ok ? arow[u] + k0 + kc : g.a, ok);
+        for (int u = 0; u < A_CH; u++) {
+            const int id = tid + S::THREADS * u;
+            if (id < S::BM * 4) {
+                const bool ok = aok[u] && kin;
+                cp16(&sa[(id / 4) * MG_LD + kc], ok ? arow[u] + k0 + kc : g.a, ok);
+            }
         }
 #pragma unroll
-        for (int b = 0; b < NB; b++)
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                const int r = (tid + 128 * u) / 4, n = n0 + r;
-                const bool ok = n < g.N && kin;
-                cp16(&sB[buf][(b * MG_BN + r) * MG_LD + kc], ok ? W[b] + (size_t)n * g.Kd + k0 + kc : W[b], ok);
-            }
+        for (int u = 0; u < B_CH; u++) {
+            const int r = (tid + S::THREADS * u) / 4, n = n0 + r % S::BN;
+            const bf16 *wb = NB == 2 && r >= S::BN ? W[NB - 1] : W[0]; /* a select, not a local-memory index */
+            const bool ok = n < g.N && kin;
+            cp16(&sb[r * MG_LD + kc], ok ? wb + (size_t)n * g.Kd + k0 + kc : wb, ok);
+        }
     };
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NB][2][2];
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NB][FM][FN];
 #pragma unroll
     for (int b = 0; b < NB; b++)
 #pragma unroll
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < FM; i++)
 #pragma unroll
-            for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[b][i][j], 0.f);
+            for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[b][i][j], 0.f);
 
-    /* three stages: step kt waits for its own group (two in flight), and
-     * one barrier per step both publishes stage kt and retires stage
-     * kt - 1, which the load for step kt + 2 then overwrites */
+    /* step kt waits for its own group (two in flight); one barrier per
+     * step both publishes stage kt and retires stage kt - 1, which the
+     * load for step kt + 2 then overwrites */
     const int nk = (g.Kd + MG_BK - 1) / MG_BK;
     load(0, 0);
     cp_commit();
@@ -521,42 +536,43 @@ __global__ __launch_bounds__(128) void k_moe_gemm(moe_gemm_args g) {
         __syncthreads();
         if (kt + 2 < nk) load((kt + 2) % MG_ST, (kt + 2) * MG_BK);
         cp_commit();
-        const bf16 *a = sA[kt % MG_ST], *bb = sB[kt % MG_ST];
+        const bf16 *a = sm + (kt % MG_ST) * S::STAGE_EL, *bb = a + S::A_EL;
 #pragma unroll
         for (int kk = 0; kk < MG_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[FM];
 #pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], a + (wm * 32 + i * 16) * MG_LD + kk, MG_LD);
+            for (int i = 0; i < FM; i++)
+                wmma::load_matrix_sync(fa[i], a + ((wm * FM + i) * 16) * MG_LD + kk, MG_LD);
 #pragma unroll
             for (int b = 0; b < NB; b++)
 #pragma unroll
-                for (int j = 0; j < 2; j++) {
+                for (int j = 0; j < FN; j++) {
                     wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
-                    wmma::load_matrix_sync(fb, bb + (b * MG_BN + wn * 32 + j * 16) * MG_LD + kk, MG_LD);
+                    wmma::load_matrix_sync(fb, bb + (b * S::BN + (wn * FN + j) * 16) * MG_LD + kk, MG_LD);
 #pragma unroll
-                    for (int i = 0; i < 2; i++) wmma::mma_sync(acc[b][i][j], fa[i], fb, acc[b][i][j]);
+                    for (int i = 0; i < FM; i++) wmma::mma_sync(acc[b][i][j], fa[i], fb, acc[b][i][j]);
                 }
         }
     }
     asm volatile("cp.async.wait_all;\n" ::); /* only empty groups are left; be explicit */
-    __syncthreads();                           /* every warp is done reading the stages */
+    __syncthreads();                          /* every warp is done reading the stages */
 
-    /* epilogue through a per-warp staging area in sA (free now):
-     * NB x 16 x 16 floats = 2 KB per warp at most */
-    float *st = reinterpret_cast<float *>(&sA[0][0]) + warp * 512;
+    /* epilogue through a per-warp staging area (NB x 16 x 16 floats) in
+     * the stage memory, free now */
+    float *st = reinterpret_cast<float *>(mg_smem) + warp * 512;
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < FM; i++)
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
+        for (int j = 0; j < FN; j++) {
 #pragma unroll
             for (int b = 0; b < NB; b++) wmma::store_matrix_sync(st + b * 256, acc[b][i][j], 16, wmma::mem_row_major);
             __syncwarp();
             const int r = lane / 2, c0 = (lane & 1) * 8;
-            const int m = m0 + wm * 32 + i * 16 + r;
+            const int m = m0 + (wm * FM + i) * 16 + r;
             if (m < m_end) {
 #pragma unroll
                 for (int c = 0; c < 8; c++) {
-                    const int n = n0 + wn * 32 + j * 16 + c0 + c;
+                    const int n = n0 + (wn * FN + j) * 16 + c0 + c;
                     if (n >= g.N) break;
                     const float v = st[r * 16 + c0 + c];
                     if (NB == 2) g.out_bf[(size_t)m * g.N + n] = __float2bfloat16_rn(moe_silu_mul(v, st[256 + r * 16 + c0 + c]));
@@ -568,6 +584,28 @@ __global__ __launch_bounds__(128) void k_moe_gemm(moe_gemm_args g) {
 }
 
 /* ------------------------------------------------------------ host side */
+
+template <int WM, int WN, int FM, int FN, int NB>
+static void gemm_attr(cu_impl *c) {
+    cu_check(c, cudaFuncSetAttribute(k_moe_gemm<WM, WN, FM, FN, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)mg_shape<WM, WN, FM, FN, NB>::SMEM),
+             "moe gemm smem attribute");
+}
+
+template <int WM, int WN, int FM, int FN, int NB>
+static void gemm_launch(cu_impl *c, const moe_gemm_args &g, int64_t max_tiles, const char *what) {
+    using S = mg_shape<WM, WN, FM, FN, NB>;
+    cu_launch(c, k_moe_gemm<WM, WN, FM, FN, NB>, dim3((unsigned)((g.N + S::BN - 1) / S::BN), (unsigned)max_tiles),
+              dim3(S::THREADS), S::SMEM, g);
+    CU_LAUNCHED(c, what);
+}
+
+/* Tile shape by the expected rows per expert (T k / E): 16-row tiles up to
+ * 16 rows (decode batches), 64-row up to 128, else 128-row (prefill). */
+enum { MG_SMALL = 0, MG_MEDIUM = 1, MG_LARGE = 2 };
+static int gemm_shape(int TK, int E) { return TK <= 16 * E ? MG_SMALL : TK <= 128 * E ? MG_MEDIUM : MG_LARGE; }
+static const int mg_bm[3] = {16, 64, 128};
+
 
 void cu_moe_free(cu_impl *c) {
     for (int32_t i = 0; i < c->n_moe_tables; i++) {
@@ -709,6 +747,15 @@ int32_t cu_moe_prepare(cu_impl *c, const ns_tensor *out, const ns_tensor *in, co
     if (c->moe_fuse == CU_SW_UNSET) {
         const char *v = getenv("NS_CUDA_MOE_FUSE");
         c->moe_fuse = v && *v == '0' ? CU_SW_OFF : CU_SW_ON;
+        /* once per backend, outside any capture: the GEMMs' shared
+         * memory (the 128-row shapes take 60 KB, above the default 48) */
+        gemm_attr<1, 4, 1, 1, 2>(c);
+        gemm_attr<1, 4, 1, 2, 1>(c);
+        gemm_attr<2, 2, 2, 2, 2>(c);
+        gemm_attr<2, 2, 2, 2, 1>(c);
+        gemm_attr<4, 2, 2, 2, 2>(c);
+        gemm_attr<4, 2, 2, 4, 1>(c);
+        if (c->err_status != NS_OK) return -1;
     }
     const int32_t idx = moe_table(c, experts, E);
     if (idx < 0) return -1;
@@ -754,16 +801,17 @@ static void moe_chunk(cu_impl *c, const bf16 *const *tab, const bf16 *router, fl
         CU_LAUNCHED(c, "moe gemv down+combine");
         return;
     }
-    cu_launch(c, k_moe_scan, dim3(1), dim3(1024), 0, w.counts, w.cursor, w.offs, w.tile_off, E);
+    const int shape = gemm_shape(TK, E), bm = mg_bm[shape];
+    cu_launch(c, k_moe_scan, dim3(1), dim3(1024), 0, w.counts, w.cursor, w.offs, w.tile_off, E, bm);
     if (CU_LAUNCHED(c, "moe scan")) return;
     cu_launch(c, k_moe_scatter, dim3((unsigned)((TK + 255) / 256)), dim3(256), 0, (const int32_t *)w.ids, w.cursor,
               w.rows, w.pos, TK);
     if (CU_LAUNCHED(c, "moe scatter")) return;
     const bf16 *xbf = moe_x_bf(c, in, r0, Tc, w.xbf);
-    /* every expert has at most one partial tile: sum ceil(n_e / 64) <= TK / 64 + E, and <= TK */
-    int64_t max_tiles = (int64_t)TK / MG_BM + E;
+    /* every expert has at most one partial tile: sum ceil(n_e / bm) <= TK / bm + E, and <= TK */
+    int64_t max_tiles = (int64_t)TK / bm + E;
     if (max_tiles > TK) max_tiles = TK;
-    if (max_tiles > 65535) { /* CU_MOE_CHUNK * CU_MOE_MAX_K / 64 + CU_MOE_MAX_E stays below this */
+    if (max_tiles > 65535) { /* small tiles only below 16 E rows: <= 2 E <= 2048 */
         cu_set_error(c, NS_ERR_INTERNAL, "cuda moe_ffn: %lld tiles exceed the grid", (long long)max_tiles);
         return;
     }
@@ -782,8 +830,10 @@ static void moe_chunk(cu_impl *c, const bf16 *const *tab, const bf16 *router, fl
     g1.E = E;
     g1.rows = TK;
     g1.out_bf = (bf16 *)w.h;
-    cu_launch(c, k_moe_gemm<2>, dim3((unsigned)((F + MG_BN - 1) / MG_BN), (unsigned)max_tiles), dim3(128), 0, g1);
-    if (CU_LAUNCHED(c, "moe grouped gemm gate/up")) return;
+    if (shape == MG_SMALL) gemm_launch<1, 4, 1, 1, 2>(c, g1, max_tiles, "moe grouped gemm gate/up");
+    else if (shape == MG_MEDIUM) gemm_launch<2, 2, 2, 2, 2>(c, g1, max_tiles, "moe grouped gemm gate/up");
+    else gemm_launch<4, 2, 2, 2, 2>(c, g1, max_tiles, "moe grouped gemm gate/up");
+    if (c->err_status != NS_OK) return;
     moe_gemm_args g2 = g1;
     g2.a = (const bf16 *)w.h;
     g2.a_ld = F;
@@ -794,8 +844,10 @@ static void moe_chunk(cu_impl *c, const bf16 *const *tab, const bf16 *router, fl
     g2.Kd = F;
     g2.out_bf = NULL;
     g2.out_f = w.y;
-    cu_launch(c, k_moe_gemm<1>, dim3((unsigned)((H + MG_BN - 1) / MG_BN), (unsigned)max_tiles), dim3(128), 0, g2);
-    if (CU_LAUNCHED(c, "moe grouped gemm down")) return;
+    if (shape == MG_SMALL) gemm_launch<1, 4, 1, 2, 1>(c, g2, max_tiles, "moe grouped gemm down");
+    else if (shape == MG_MEDIUM) gemm_launch<2, 2, 2, 2, 1>(c, g2, max_tiles, "moe grouped gemm down");
+    else gemm_launch<4, 2, 2, 4, 1>(c, g2, max_tiles, "moe grouped gemm down");
+    if (c->err_status != NS_OK) return;
     cu_launch(c, k_moe_combine, dim3((unsigned)Tc), dim3(256), 0, out + (size_t)r0 * H, (const float *)w.y,
               (const int32_t *)w.ids, (const float *)w.wts, (const int32_t *)w.pos, K, H);
     CU_LAUNCHED(c, "moe combine");
