@@ -6,7 +6,7 @@
 # Assets: NS_SHARED if set (a directory laid out like tests/fixtures:
 # models/, goldens/), else the repository's tests/fixtures, which travel
 # with the tree. On a bare GPU machine gpu-assets/deps (unpacked from
-# gpu-assets/deps.tgz, made by scripts/gpu-assets) holds the headers and
+# gpu-assets/deps.txz, made by scripts/gpu-assets) holds the headers and
 # small shared libraries the build needs (jansson, xxhash, the cblas
 # header); when the system has no OpenBLAS, tests/gpu/blas_shim.c (a plain
 # reference sgemm) is built in its place, used only by the CPU reference
@@ -22,7 +22,9 @@ if [ -z "${CUDA_HOME:-}" ]; then
 fi
 export CUDA_HOME PATH=$CUDA_HOME/bin:$PATH
 export LD_LIBRARY_PATH=$CUDA_HOME/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-# scripts/gpu-assets packs the dependencies as gpu-assets/deps.tgz
+# scripts/gpu-assets packs the dependencies as gpu-assets/deps.txz
+# (deps.tgz: the larger bundle of earlier versions)
+if [ ! -d "$ASSETS/deps" ] && [ -f "$ASSETS/deps.txz" ]; then tar xJf "$ASSETS/deps.txz" -C "$ASSETS"; fi
 if [ ! -d "$ASSETS/deps" ] && [ -f "$ASSETS/deps.tgz" ]; then tar xzf "$ASSETS/deps.tgz" -C "$ASSETS"; fi
 if [ -d "$ASSETS/deps" ]; then
   DEPS=$ASSETS/deps
