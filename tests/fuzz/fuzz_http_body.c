@@ -28,6 +28,7 @@
 #include "fuzz_common.h"
 #include "model/model.h"
 #include "sched/sched_internal.h"
+#include "sched/sched_status.h"
 #include "template/template.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
@@ -99,6 +100,18 @@ ns_status ns_sched_flush(ns_sched *s, int timeout_ms, ns_kv_ssd_flush_result *ou
 void ns_sched_get_capacity(ns_sched *s, ns_sched_capacity *out) {
     (void)s;
     memset(out, 0, sizeof *out);
+}
+
+/* GET /v1/status (status.c) reads the engine's published snapshot: an
+ * empty one here (the engine never publishes). Every ns_sched_* the API
+ * links must be faked, or the linker pulls in the real sched.o and its
+ * ns_sched_submit collides with the fake. */
+ns_sched_status *ns_sched_status_of(struct ns_sched *s) {
+    (void)s;
+    static ns_sched_status *st;
+    if (!st) st = ns_sched_status_new(); /* lives as long as the fuzzer */
+    FUZZ_CHECK(st != NULL);
+    return st;
 }
 
 /* ---------- fixture ---------- */
