@@ -19,6 +19,10 @@ for _tool in curl node; do
 done
 TMP=$(mktemp -d)
 SERVER_PIDS=()
+# serve's default SSD cache tier is $XDG_CACHE_HOME/nightshift: each script
+# gets its own, so what another test (or the user's own server, or an
+# earlier run) left there never turns a cold request into a cached one
+export XDG_CACHE_HOME=$TMP/xdg-cache
 
 cleanup() {
   for p in "${SERVER_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; wait "$p" 2>/dev/null; done

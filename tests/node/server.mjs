@@ -5,6 +5,8 @@
 // repository root. The server listens on 127.0.0.1 with --port 0 and we read
 // the port from its log, so parallel test files never race for a port.
 import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
@@ -15,16 +17,27 @@ export const BIN = path.resolve(root, process.env.NS_BIN || 'build/nightshift');
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 const live = new Set();
+const cacheDirs = new Set();
 process.on('exit', () => {
   for (const p of live) p.kill('SIGKILL');
+  for (const d of cacheDirs) fs.rmSync(d, { recursive: true, force: true });
 });
 
 export async function startServer({ model = 'tiny-qwen3', args = [] } = {}) {
+  // serve's default SSD cache tier is $XDG_CACHE_HOME/nightshift: each
+  // server gets its own, so what another test (or an earlier run, or the
+  // user's own server) left there never turns a cold request into a cached one
+  const cacheHome = fs.mkdtempSync(path.join(os.tmpdir(), 'ns-node-cache-'));
   const proc = spawn(
     BIN,
     ['serve', '--host', '127.0.0.1', '--port', '0', '--threads', '2', '--model', path.join(SHARED, 'models', model), ...args],
-    { env: { ...process.env, NS_LOG_LEVEL: 'info' }, stdio: ['ignore', 'ignore', 'pipe'] },
+    { env: { ...process.env, NS_LOG_LEVEL: 'info', XDG_CACHE_HOME: cacheHome }, stdio: ['ignore', 'ignore', 'pipe'] },
   );
+  cacheDirs.add(cacheHome);
+  proc.on('exit', () => {
+    fs.rmSync(cacheHome, { recursive: true, force: true });
+    cacheDirs.delete(cacheHome);
+  });
   live.add(proc);
   let log = '';
   let exited = null;
