@@ -153,6 +153,25 @@ static void fill_seconds(const ns_sched_status *st, ns_status_snapshot *s) {
     }
 }
 
+/* Copies only what is valid (the arrays are large and mostly empty): the
+ * one copy of a snapshot, for publishing (scratch -> pub) and for reading
+ * (pub -> the caller's); a field added to the snapshot is added here. */
+static void copy_valid(ns_status_snapshot *dst, const ns_status_snapshot *src) {
+    dst->unix_time = src->unix_time;
+    dst->seq = src->seq;
+    dst->page_tokens = src->page_tokens;
+    dst->n_requests = src->n_requests;
+    dst->n_listed = src->n_listed;
+    dst->n_incoming = src->n_incoming;
+    memcpy(dst->reqs, src->reqs, (size_t)src->n_listed * sizeof *src->reqs);
+    memcpy(dst->tiers, src->tiers, sizeof src->tiers);
+    dst->n_breaks = src->n_breaks;
+    dst->breaks_total = src->breaks_total;
+    memcpy(dst->breaks, src->breaks, (size_t)src->n_breaks * sizeof *src->breaks);
+    dst->n_seconds = src->n_seconds;
+    memcpy(dst->seconds, src->seconds, (size_t)src->n_seconds * sizeof *src->seconds);
+}
+
 void ns_sched_status_publish(ns_sched_status *st, bool force, struct ns_seq *const *running, int32_t n_running,
                              struct ns_seq *const *waiting, int32_t n_waiting, int32_t n_incoming,
                              const ns_kv_cache_stats *kv, int32_t n_pages, int64_t ssd_bytes) {
@@ -178,40 +197,13 @@ void ns_sched_status_publish(ns_sched_status *st, bool force, struct ns_seq *con
     for (int32_t i = 0; i < st->n_breaks; i++) /* newest first */
         s->breaks[i] = st->breaks[(st->break_head - 1 - i + 2 * NS_STATUS_BREAKS) % NS_STATUS_BREAKS];
     fill_seconds(st, s);
-    /* copy only what is valid: the arrays are large and mostly empty */
     pthread_mutex_lock(&st->mu);
-    ns_status_snapshot *p = st->pub;
-    p->unix_time = s->unix_time;
-    p->seq = s->seq;
-    p->page_tokens = s->page_tokens;
-    p->n_requests = s->n_requests;
-    p->n_listed = s->n_listed;
-    p->n_incoming = s->n_incoming;
-    memcpy(p->reqs, s->reqs, (size_t)s->n_listed * sizeof *s->reqs);
-    memcpy(p->tiers, s->tiers, sizeof s->tiers);
-    p->n_breaks = s->n_breaks;
-    p->breaks_total = s->breaks_total;
-    memcpy(p->breaks, s->breaks, (size_t)s->n_breaks * sizeof *s->breaks);
-    p->n_seconds = s->n_seconds;
-    memcpy(p->seconds, s->seconds, (size_t)s->n_seconds * sizeof *s->seconds);
+    copy_valid(st->pub, s);
     pthread_mutex_unlock(&st->mu);
 }
 
 void ns_sched_status_get(ns_sched_status *st, ns_status_snapshot *out) {
     pthread_mutex_lock(&st->mu);
-    const ns_status_snapshot *p = st->pub;
-    out->unix_time = p->unix_time;
-    out->seq = p->seq;
-    out->page_tokens = p->page_tokens;
-    out->n_requests = p->n_requests;
-    out->n_listed = p->n_listed;
-    out->n_incoming = p->n_incoming;
-    memcpy(out->reqs, p->reqs, (size_t)p->n_listed * sizeof *p->reqs);
-    memcpy(out->tiers, p->tiers, sizeof p->tiers);
-    out->n_breaks = p->n_breaks;
-    out->breaks_total = p->breaks_total;
-    memcpy(out->breaks, p->breaks, (size_t)p->n_breaks * sizeof *p->breaks);
-    out->n_seconds = p->n_seconds;
-    memcpy(out->seconds, p->seconds, (size_t)p->n_seconds * sizeof *p->seconds);
+    copy_valid(out, st->pub);
     pthread_mutex_unlock(&st->mu);
 }
