@@ -927,15 +927,17 @@ static bool launch_decode_mma(cu_impl *c, const attn_params &p, dim3 grid) {
  * graph key) aims at >= 8 CTAs per SM with >= 64 keys each, right for the
  * CUDA-core kernel; the MMA kernel streams a split much faster, so long
  * contexts get fewer, longer splits (fewer partials to merge, longer
- * cp.async streams): n_splits / NS_CUDA_DEC_MMA_DIV (default 4) once
- * n_splits >= 64. A function of n_splits only, so a replayed graph always
- * has the grid it was captured with. */
+ * cp.async streams): n_splits / NS_CUDA_DEC_MMA_DIV (default 8) once
+ * n_splits >= 64. Measured at 32k batch 1 (H200, docs/cuda.md v13):
+ * divisor 1 111.6 tok/s, 2 138.7, 4 149.5, 8 156.2 (256 CTAs of 1024
+ * keys: one wave at two CTAs per SM). A function of n_splits only, so a
+ * replayed graph always has the grid it was captured with. */
 static int decode_mma_splits(int n_splits) {
     static int div = 0;
     if (div == 0) {
         const char *e = getenv("NS_CUDA_DEC_MMA_DIV");
-        div = e ? atoi(e) : 4;
-        if (div < 1 || div > 64 || (div & (div - 1))) div = 4;
+        div = e ? atoi(e) : 8;
+        if (div < 1 || div > 64 || (div & (div - 1))) div = 8;
     }
     return n_splits >= 64 ? n_splits / div : n_splits;
 }
