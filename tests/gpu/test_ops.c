@@ -767,8 +767,8 @@ static void check_by_seq(pair *out, const batch_buf *bb, double tol, double row_
 typedef struct {
     void (*set)(ns_backend *, int);
     int n;
-    int pos[7];
-    const char *name[7];
+    int pos[8];
+    const char *name[8];
 } gpu_switch;
 
 static void attention_batch(const attn_cfg *cf, const seq_spec *fin, int ns, double tol, double row_tol,
@@ -877,7 +877,7 @@ TEST(test_attention_prefill_boundaries) {
     const seq_spec small[] = {{15, 15}, {33, 17}, {130, 64}, {300, 300}, {257, 1}};
     const attn_cfg g4 = {128, 2, 8, 16}, g8 = {128, 1, 8, 16}, g1 = {128, 2, 2, 16};
     /* on a device without the Hopper kernel all three run the mma.sync kernel */
-    const gpu_switch k = {ns_cuda_set_attn_sm90, 2, {1, 0}, {"(hopper)", "(mma.sync)"}};
+    const gpu_switch k = {ns_cuda_set_attn_sm90, 2, {1, 0}, {"(hopper)", "(mma.sync)", NULL, NULL, NULL, NULL, NULL, NULL}};
     attention_batch(&g4, mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-2, 3e-2, "prefill boundaries GQA4", &k);
     attention_batch(&g8, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA8", &k);
     attention_batch(&g1, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA1 (mma.sync)", NULL);
@@ -890,10 +890,11 @@ TEST(test_attention_prefill_variants) {
     const seq_spec mixed[] = {{15, 15}, {32, 16}, {4112, 17}, {4097, 4097}, {4112, 4095}, {4096, 1}, {1, 1}, {18, 17}};
     const attn_cfg g4 = {128, 2, 8, 16}, g8 = {128, 1, 8, 16};
     const gpu_switch k = {ns_cuda_set_attn_sm90,
-                          6,
-                          {1, 2, 3, 4, 5, 6},
+                          7,
+                          {1, 2, 3, 4, 5, 6, 7},
                           {"(hopper)", "(hopper, pipelined)", "(hopper, pipelined, ping-pong)", "(hopper, warp producers)",
-                           "(hopper, pipelined, warp producers)", "(hopper, pipelined, ping-pong, warp producers)"}};
+                           "(hopper, pipelined, warp producers)", "(hopper, pipelined, ping-pong, warp producers)",
+                           "(hopper, offset groups)"}};
     attention_batch(&g4, mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-2, 3e-2, "prefill variants GQA4", &k);
     const seq_spec small[] = {{15, 15}, {33, 17}, {130, 64}, {300, 300}, {257, 1}};
     attention_batch(&g8, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill variants GQA8", &k);
@@ -914,7 +915,7 @@ TEST(test_attention_40k_context) {
 TEST(test_attention_decode_mixed) {
     const seq_spec sp[] = {{33000, 1}, {1, 1}, {4097, 1}, {17, 1}, {16, 1}, {129, 1}, {8191, 1}};
     const attn_cfg cfgs[] = {{128, 2, 8, 16}, {128, 1, 8, 16}, {128, 2, 2, 16}, {64, 2, 8, 32}};
-    const gpu_switch k = {ns_cuda_set_attn_dec_mma, 3, {1, 2, 0}, {"(auto)", "(tensor cores)", "(CUDA cores)", NULL, NULL, NULL, NULL}};
+    const gpu_switch k = {ns_cuda_set_attn_dec_mma, 3, {1, 2, 0}, {"(auto)", "(tensor cores)", "(CUDA cores)", NULL, NULL, NULL, NULL, NULL}};
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         char what[96];
         snprintf(what, sizeof what, "decode mixed lengths GQA%d", cfgs[i].H / cfgs[i].KVH);

@@ -60,8 +60,9 @@ void ns_cuda_set_early_loads(ns_backend *be, int on);
  * on: 1 = S, softmax, PV in order per tile (default), 2 = pipelined (S of
  * tile k issued with PV of tile k - 1), 3 = pipelined with ping-pong
  * between the consumer warp groups; 4, 5, 6 = 1, 2, 3 with one producer
- * warp per K/V tile. Env NS_CUDA_ATTN_SM90 takes the same values. For A/B
- * runs and tests; all give the same results within bf16 rounding. */
+ * warp per K/V stage; 7 = 1 with the consumer groups started half a tile
+ * apart. Env NS_CUDA_ATTN_SM90 takes the same values. For A/B runs and
+ * tests; all give the same results within bf16 rounding. */
 void ns_cuda_set_attn_sm90(ns_backend *be, int on);
 /* Decode attention on tensor cores (mma.sync; the GQA group's query heads
  * as the MMA N dimension, each K/V tile read once per group): 1 = where it

@@ -362,7 +362,7 @@ __device__ __forceinline__ void s9_scale_o(float (&o)[64], float a0, float a1) {
  * so one group's softmax runs while the other's products use the tensor
  * cores. Each group passes the turn after each of its nt + 1 issue points
  * except group 1's last, so every barrier phase completes before exit. */
-template <bool PIPE, bool PINGPONG>
+template <bool PIPE, bool PINGPONG, bool OFFSET>
 __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *smem, uint32_t bar_full,
                                             uint32_t bar_empty, int w, int h, int t0, int q0, int rows, int pos0,
                                             int nt) {
@@ -410,8 +410,19 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
         for (int kt = 0; kt < nt; kt++) {
             const int st = kt % S9_STAGES;
             s9_mbar_wait(bar_full + 8 * st, (kt / S9_STAGES) & 1);
+            /* OFFSET: group 1 starts once group 0's first S product is
+             * done, so the groups run half a tile apart (one's softmax
+             * while the other's products use the tensor cores) instead
+             * of in lockstep off the same "full" barrier; both have the
+             * same nt, so the one arrive meets the one sync */
+            if constexpr (OFFSET) {
+                if (w == 1 && kt == 0) asm volatile("bar.sync 3, 256;\n" ::: "memory");
+            }
             s9_issue_s(sc, qaddr, kbase + st * S9_KV_BYTES);
             wgmma_wait0(sc);
+            if constexpr (OFFSET) {
+                if (w == 0 && kt == 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+            }
             uint32_t pa[S9_BN / 16][4];
             s9_softmax(sc, pa, r, kt, p.scale_log2, a0, a1);
             s9_scale_o(o, a0, a1);
@@ -499,7 +510,7 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
  * order (all KV heads at once) keeps 8x that working set, more than L2
  * at long contexts. Within a KV head the longest tiles (first in the
  * list) start first. */
-template <bool PIPE, bool PINGPONG, bool WARP_PRODUCER>
+template <bool PIPE, bool PINGPONG, bool WARP_PRODUCER, bool OFFSET = false>
 __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) {
 #if S9_ENABLED
     PDL_ENTRY();
@@ -531,7 +542,7 @@ __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) 
         else s9_producer(p, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
-        s9_consumer<PIPE, PINGPONG>(p, smem, bar_full, bar_empty, wg - 1, h0 + wg - 1, t0, q0, rows, pos0, nt);
+        s9_consumer<PIPE, PINGPONG, OFFSET>(p, smem, bar_full, bar_empty, wg - 1, h0 + wg - 1, t0, q0, rows, pos0, nt);
     }
 #else
     (void)p;
@@ -560,7 +571,8 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
                                       s9_set_smem(c, k_attn_prefill_sm90<true, true, false>) &&
                                       s9_set_smem(c, k_attn_prefill_sm90<false, false, true>) &&
                                       s9_set_smem(c, k_attn_prefill_sm90<true, false, true>) &&
-                                      s9_set_smem(c, k_attn_prefill_sm90<true, true, true>)))
+                                      s9_set_smem(c, k_attn_prefill_sm90<true, true, true>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<false, false, false, true>)))
             c->attn_sm90_cc = 2;
     }
     return c->attn_sm90_cc == 1;
@@ -572,13 +584,15 @@ bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
     const size_t sm = (size_t)S9_SMEM;
     /* variants (cuda.h): 1 in order per tile (default: measured fastest
      * in run 1), 2 pipelined, 3 pipelined + ping-pong; 4-6 the same with
-     * one producer warp per tile */
+     * one producer warp per stage; 7 = 1 with the consumer groups half a
+     * tile apart */
     switch (c->attn_sm90 - 1) {
     case 2: cu_launch(c, k_attn_prefill_sm90<true, false, false>, grid, block, sm, *p); break;
     case 3: cu_launch(c, k_attn_prefill_sm90<true, true, false>, grid, block, sm, *p); break;
     case 4: cu_launch(c, k_attn_prefill_sm90<false, false, true>, grid, block, sm, *p); break;
     case 5: cu_launch(c, k_attn_prefill_sm90<true, false, true>, grid, block, sm, *p); break;
     case 6: cu_launch(c, k_attn_prefill_sm90<true, true, true>, grid, block, sm, *p); break;
+    case 7: cu_launch(c, k_attn_prefill_sm90<false, false, false, true>, grid, block, sm, *p); break;
     default: cu_launch(c, k_attn_prefill_sm90<false, false, false>, grid, block, sm, *p); break;
     }
     return !CU_LAUNCHED(c, "attention prefill sm90");
