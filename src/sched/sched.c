@@ -900,26 +900,14 @@ static bool grammar_accept(ns_sched *s, ns_seq *q, int32_t tok, bool failed, con
     return false;
 }
 
-static bool step(ns_sched *s) {
-    ns_engine *e = s->e;
-    const ns_model_config *c = &e->model->cfg;
-    /* cancellations first: a disconnected client frees its slot now */
-    for (int32_t i = 0; i < s->n_running;) {
-        ns_seq *q = s->running[i];
-        if (atomic_load(&q->req->cancel)) {
-            remove_running(s, i);
-            finish(s, q, NS_FINISH_CANCELLED, NULL);
-        } else {
-            i++;
-        }
-    }
-    admit(s);
-    if (s->n_running == 0) return false;
-
-    /* 1. plan each sequence's tokens for this step: decode tokens first
-     * (they bound every stream's inter-token latency), then prefill
-     * chunks, shortest remaining prompt first with aging, so a short
-     * prompt never waits behind a long prefill */
+/* The first part of a step: plans each running sequence's tokens for this step into
+ * s->plan_q / s->plan_chunk and returns how many are planned: decode
+ * tokens first (they bound every stream's inter-token latency), then
+ * prefill chunks, shortest remaining prompt first with aging, so a short
+ * prompt never waits behind a long prefill. *n_unready counts the
+ * sequences left out because their promoted pages are still being copied
+ * in. */
+static int32_t plan_step(ns_sched *s, int32_t *n_unready_out) {
     int32_t budget = s->opts.max_batch_tokens, np = 0;
     double planned_pairs = 0;
     int32_t planned_tokens = 0;
@@ -975,6 +963,98 @@ static bool step(ns_sched *s) {
         planned_tokens += chunk;
         planned_pairs += (double)chunk * ((double)q->n_ctx + chunk / 2.0);
     }
+    *n_unready_out = n_unready;
+    return n_plan;
+}
+
+/* After the forward pass: hands the token sampled for q's logit row (row: its
+ * logits on the host, when logprobs were asked for) to its request:
+ * refuses an invalid token (non-finite logits) or one its grammar rejects
+ * (gfail, gmsg), else records it, pushes the event and ends, pauses or
+ * continues the sequence. t1: when the step's forward ended; *generated
+ * counts the tokens delivered. True when q goes on under a grammar, whose
+ * next mask is to be computed. */
+static bool take_token(ns_sched *s, ns_seq *q, int32_t tok, const float *row, bool gfail, const char *gmsg, double t1,
+                       uint64_t *generated) {
+    const ns_model_config *c = &s->e->model->cfg;
+    ns_request *r = q->req;
+    if (tok < 0 || tok >= c->vocab_size) {
+        /* the sampler saw NaN (or no finite) logits for this row: this
+         * request ends with a clear error, the batch's others go on */
+        if (!s->warned_nonfinite) {
+            NS_WARN("request %llu: the model produced non-finite logits; the request fails with "
+                    "model_output_invalid (logged once)",
+                    (unsigned long long)q->admit_order);
+            s->warned_nonfinite = true;
+        }
+        remove_running_seq(s, q);
+        finish(s, q, NS_FINISH_ERROR, "model_output_invalid: the model produced non-finite logits");
+        return false;
+    }
+    if (r->params.grammar && !grammar_accept(s, q, tok, gfail, gmsg)) return false;
+    ns_token_event ev = {.token = tok};
+    if (r->params.logprobs || r->params.top_logprobs > 0) {
+        ev.logprob = (float)(row[tok] - ns_logsumexp(row, c->vocab_size));
+        if (r->params.top_logprobs > 0) {
+            ev.n_top = r->params.top_logprobs;
+            ns_top_logprobs(row, c->vocab_size, ev.n_top, ev.top_ids, ev.top_logprobs);
+        }
+    }
+    ns_sampler_accept(&q->sampler, tok);
+    q->tokens[q->n_tokens++] = tok;
+    q->n_generated++;
+    (*generated)++;
+    const bool first = q->n_generated == 1;
+    q->state = RS_DECODING;
+    if (first) {
+        q->t_first = t1;
+        pthread_mutex_lock(&s->mu);
+        hist_add(&s->stats.ttft_seconds, t1 - q->t_submit);
+        pthread_mutex_unlock(&s->mu);
+    } else {
+        pthread_mutex_lock(&s->mu);
+        hist_add(&s->stats.itl_seconds, t1 - q->t_last);
+        pthread_mutex_unlock(&s->mu);
+    }
+    q->t_last = t1;
+    pthread_mutex_lock(&r->mu);
+    r->result.n_generated = q->n_generated;
+    pthread_mutex_unlock(&r->mu);
+    ns_finish why = NS_FINISH_NONE;
+    if (ns_request_push(r, &ev) != NS_OK) why = NS_FINISH_ERROR;
+    else if ((!r->params.ignore_eos || r->params.grammar) && ns_config_is_eos(c, tok)) why = NS_FINISH_EOS;
+    else if (q->n_generated >= r->params.max_tokens) why = NS_FINISH_LENGTH;
+    else if (q->n_tokens >= c->max_position_embeddings) why = NS_FINISH_CONTEXT;
+    if (why != NS_FINISH_NONE) {
+        remove_running_seq(s, q);
+        finish(s, q, why, why == NS_FINISH_ERROR ? "out of memory" : NULL);
+    } else if (r->params.test_pause_every > 0 && q->n_generated % r->params.test_pause_every == 0) {
+        pause_seq(s, q, "test_pause_every");
+    } else if (r->params.grammar) {
+        return true; /* its next mask is computed during the next forward pass */
+    }
+    return false;
+}
+
+static bool step(ns_sched *s) {
+    ns_engine *e = s->e;
+    const ns_model_config *c = &e->model->cfg;
+    /* cancellations first: a disconnected client frees its slot now */
+    for (int32_t i = 0; i < s->n_running;) {
+        ns_seq *q = s->running[i];
+        if (atomic_load(&q->req->cancel)) {
+            remove_running(s, i);
+            finish(s, q, NS_FINISH_CANCELLED, NULL);
+        } else {
+            i++;
+        }
+    }
+    admit(s);
+    if (s->n_running == 0) return false;
+
+    /* 1. plan each sequence's tokens for this step (plan_step) */
+    int32_t n_unready = 0;
+    int32_t n_plan = plan_step(s, &n_unready);
     /* 2. pages for the plan, oldest admitted first; when the pool is dry
      * the newest running sequence is paused (possibly the one asking) */
     plan_pages(s, &n_plan);
@@ -1075,62 +1155,9 @@ static bool step(ns_sched *s) {
         commit_full_pages(s, q);
         if (!has_row) continue;
         const float *row = s->host_logits + (size_t)li * (size_t)c->vocab_size;
-        int32_t tok = s->b_sampled[li++];
-        if (tok < 0 || tok >= c->vocab_size) {
-            /* the sampler saw NaN (or no finite) logits for this row: this
-             * request ends with a clear error, the batch's others go on */
-            if (!s->warned_nonfinite) {
-                NS_WARN("request %llu: the model produced non-finite logits; the request fails with "
-                        "model_output_invalid (logged once)",
-                        (unsigned long long)q->admit_order);
-                s->warned_nonfinite = true;
-            }
-            remove_running_seq(s, q);
-            finish(s, q, NS_FINISH_ERROR, "model_output_invalid: the model produced non-finite logits");
-            continue;
-        }
-        if (r->params.grammar && !grammar_accept(s, q, tok, s->b_gfail[li - 1], gmsg)) continue;
-        ns_token_event ev = {.token = tok};
-        if (r->params.logprobs || r->params.top_logprobs > 0) {
-            ev.logprob = (float)(row[tok] - ns_logsumexp(row, c->vocab_size));
-            if (r->params.top_logprobs > 0) {
-                ev.n_top = r->params.top_logprobs;
-                ns_top_logprobs(row, c->vocab_size, ev.n_top, ev.top_ids, ev.top_logprobs);
-            }
-        }
-        ns_sampler_accept(&q->sampler, tok);
-        q->tokens[q->n_tokens++] = tok;
-        q->n_generated++;
-        generated++;
-        const bool first = q->n_generated == 1;
-        q->state = RS_DECODING;
-        if (first) {
-            q->t_first = t1;
-            pthread_mutex_lock(&s->mu);
-            hist_add(&s->stats.ttft_seconds, t1 - q->t_submit);
-            pthread_mutex_unlock(&s->mu);
-        } else {
-            pthread_mutex_lock(&s->mu);
-            hist_add(&s->stats.itl_seconds, t1 - q->t_last);
-            pthread_mutex_unlock(&s->mu);
-        }
-        q->t_last = t1;
-        pthread_mutex_lock(&r->mu);
-        r->result.n_generated = q->n_generated;
-        pthread_mutex_unlock(&r->mu);
-        ns_finish why = NS_FINISH_NONE;
-        if (ns_request_push(r, &ev) != NS_OK) why = NS_FINISH_ERROR;
-        else if ((!r->params.ignore_eos || r->params.grammar) && ns_config_is_eos(c, tok)) why = NS_FINISH_EOS;
-        else if (q->n_generated >= r->params.max_tokens) why = NS_FINISH_LENGTH;
-        else if (q->n_tokens >= c->max_position_embeddings) why = NS_FINISH_CONTEXT;
-        if (why != NS_FINISH_NONE) {
-            remove_running_seq(s, q);
-            finish(s, q, why, why == NS_FINISH_ERROR ? "out of memory" : NULL);
-        } else if (r->params.test_pause_every > 0 && q->n_generated % r->params.test_pause_every == 0) {
-            pause_seq(s, q, "test_pause_every");
-        } else if (r->params.grammar) {
-            s->b_greqs[n_greqs++] = r;
-        }
+        const int32_t tok = s->b_sampled[li];
+        const bool gfail = s->b_gfail[li++];
+        if (take_token(s, q, tok, row, gfail, gmsg, t1, &generated)) s->b_greqs[n_greqs++] = r;
     }
     /* the next masks are computed while the next forward pass runs */
     ns_sched_grammar_kick(s->grammar, s->b_greqs, n_greqs);
