@@ -109,6 +109,17 @@ __device__ __forceinline__ void wgmma_ss_m64n128(float (&d)[64], uint64_t da, ui
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
+/* D[64x128] = A[64x16] * B[16x128] (scale-d 0: D is only written, so the
+ * accumulator registers are not inputs of this wgmma — ptxas serializes
+ * every wgmma when an input register is written by other instructions
+ * while any wgmma is in flight, as the masking of the previous scores is
+ * in the pipelined variant). */
+__device__ __forceinline__ void wgmma_ss_m64n128_first(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, 0, 1, 1, 0, 0;\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+        : "l"(da), "l"(db));
+}
 /* D[64x128] += A[64x16] * B[16x128]; A in registers (the m16n8k16 A
  * fragment layout per warp), B MN-major in shared memory (transposed). */
 __device__ __forceinline__ void wgmma_rs_m64n128_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
@@ -254,7 +265,8 @@ __device__ __forceinline__ void s9_issue_s(float (&sc)[64], uint32_t qaddr, uint
         const uint32_t off = (kk & 3) * 32;
         const uint64_t da = s9_desc(qaddr + (kk >> 2) * (S9_BM * 128) + off, 16, 1024);
         const uint64_t db = s9_desc(ka + (kk >> 2) * (S9_BN * 128) + off, 16, 1024);
-        wgmma_ss_m64n128(sc, da, db, kk > 0);
+        if (kk == 0) wgmma_ss_m64n128_first(sc, da, db);
+        else wgmma_ss_m64n128(sc, da, db, 1);
     }
     s9_wgmma_commit();
 }
@@ -263,7 +275,6 @@ __device__ __forceinline__ void s9_issue_s(float (&sc)[64], uint32_t qaddr, uint
  * is MN-major (dims contiguous): the two 64-dim halves are LBO apart,
  * 8-key groups 1024 bytes. */
 __device__ __forceinline__ void s9_issue_pv(float (&o)[64], const uint32_t (&pa)[S9_BN / 16][4], uint32_t va) {
-    wgmma_fence_regs(o);
     s9_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < S9_BN / 16; kk++) {
@@ -426,6 +437,7 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
             uint32_t pa[S9_BN / 16][4];
             s9_softmax(sc, pa, r, kt, p.scale_log2, a0, a1);
             s9_scale_o(o, a0, a1);
+            wgmma_fence_regs(o);
             s9_issue_pv(o, pa, vbase + st * S9_KV_BYTES);
             wgmma_wait0(o);
             s9_mbar_arrive(bar_empty + 8 * st);
@@ -443,37 +455,53 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
         if constexpr (PINGPONG) {
             if (w == 1) asm volatile("bar.arrive 3, 256;\n" ::: "memory"); /* group 0 goes first */
         }
-        uint32_t pa[S9_BN / 16][4];
+        /* P of tile k lives in pb[k & 1] (two named buffers, the loop
+         * unrolled by two): copying a new P into the buffer a PV product
+         * reads made ptxas serialize every wgmma (C7513) */
+        uint32_t pb0[S9_BN / 16][4], pb1[S9_BN / 16][4];
         s9_mbar_wait(bar_full, 0);
         my_turn();
         s9_issue_s(sc, qaddr, kbase);
         pass_turn(false);
         wgmma_wait0(sc);
-        s9_softmax(sc, pa, r, 0, p.scale_log2, a0, a1); /* O is zero: nothing to scale */
-        for (int kt = 1; kt < nt; kt++) {
+        s9_softmax(sc, pb0, r, 0, p.scale_log2, a0, a1); /* O is zero: nothing to scale */
+        /* tile kt: issue S(kt) with PV(kt - 1) from pin, softmax into pout */
+        auto step = [&](int kt, uint32_t (&pin)[S9_BN / 16][4], uint32_t (&pout)[S9_BN / 16][4]) {
             const int st = kt % S9_STAGES, sp = (kt - 1) % S9_STAGES;
             s9_mbar_wait(bar_full + 8 * st, (kt / S9_STAGES) & 1);
+            wgmma_fence_regs(o);
             my_turn();
             s9_issue_s(sc, qaddr, kbase + st * S9_KV_BYTES);
-            s9_issue_pv(o, pa, vbase + sp * S9_KV_BYTES);
+            s9_issue_pv(o, pin, vbase + sp * S9_KV_BYTES);
             pass_turn(false);
             wgmma_wait1(sc); /* S of tile kt done; PV of tile kt - 1 may still run */
-            uint32_t pn[S9_BN / 16][4];
-            s9_softmax(sc, pn, r, kt, p.scale_log2, a0, a1);
+            s9_softmax(sc, pout, r, kt, p.scale_log2, a0, a1);
             wgmma_wait0(o);
             s9_mbar_arrive(bar_empty + 8 * sp);
             s9_scale_o(o, a0, a1);
-#pragma unroll
-            for (int i = 0; i < S9_BN / 16; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) pa[i][j] = pn[i][j];
+        };
+        /* the last tile's PV */
+        auto finish = [&](uint32_t (&pin)[S9_BN / 16][4]) {
+            const int sl = (nt - 1) % S9_STAGES;
+            wgmma_fence_regs(o);
+            my_turn();
+            s9_issue_pv(o, pin, vbase + sl * S9_KV_BYTES);
+            pass_turn(true);
+            wgmma_wait0(o);
+            s9_mbar_arrive(bar_empty + 8 * sl);
+        };
+        for (int kt = 1;; kt += 2) {
+            if (kt >= nt) {
+                finish(pb0);
+                break;
+            }
+            step(kt, pb0, pb1);
+            if (kt + 1 >= nt) {
+                finish(pb1);
+                break;
+            }
+            step(kt + 1, pb1, pb0);
         }
-        const int sl = (nt - 1) % S9_STAGES;
-        my_turn();
-        s9_issue_pv(o, pa, vbase + sl * S9_KV_BYTES);
-        pass_turn(true);
-        wgmma_wait0(o);
-        s9_mbar_arrive(bar_empty + 8 * sl);
     }
 
     float l0 = r.l0, l1 = r.l1;
