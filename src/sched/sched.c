@@ -1036,6 +1036,57 @@ static bool take_token(ns_sched *s, ns_seq *q, int32_t tok, const float *row, bo
     return false;
 }
 
+/* Step part 3: the ragged batch of the plan's n_plan sequences, in plan
+ * order, into *b (its arrays are the scheduler's b_* buffers and b_pt, a
+ * page table padded to the longest sequence's pages); *attn_pairs: the
+ * attention work, for the step's cost model. False when there is nothing
+ * to run or no memory for the page table. */
+static bool build_batch(ns_sched *s, int32_t n_plan, ns_batch *b, double *attn_pairs) {
+    int32_t nt = 0, ns = 0, n_logits = 0, max_pages = 0;
+    *attn_pairs = 0;
+    for (int32_t k = 0; k < n_plan; k++) {
+        ns_seq *q = s->plan_q[k];
+        const int32_t chunk = s->plan_chunk[k];
+        s->b_seq_start[ns] = nt;
+        for (int32_t j = 0; j < chunk; j++) {
+            s->b_tokens[nt + j] = q->tokens[q->n_ctx + j];
+            s->b_pos[nt + j] = q->n_ctx + j;
+        }
+        nt += chunk;
+        *attn_pairs += (double)chunk * ((double)q->n_ctx + chunk / 2.0);
+        s->b_seq_len[ns] = q->n_ctx + chunk;
+        s->b_chunk[ns] = chunk;
+        s->b_seqs[ns] = q;
+        if (q->n_ctx + chunk == q->n_tokens) s->b_rows[n_logits++] = nt - 1;
+        if (q->n_pages > max_pages) max_pages = q->n_pages;
+        ns++;
+    }
+    if (ns == 0) return false;
+    s->b_seq_start[ns] = nt;
+    size_t pt_n = (size_t)ns * (size_t)max_pages;
+    int32_t *pt = realloc(s->b_pt, (pt_n + 1) * sizeof(int32_t));
+    if (!pt) return false;
+    s->b_pt = pt;
+    for (int32_t i = 0; i < ns; i++) {
+        ns_seq *q = s->b_seqs[i];
+        memcpy(pt + (size_t)i * (size_t)max_pages, q->pages, (size_t)q->n_pages * sizeof(int32_t));
+        for (int32_t j = q->n_pages; j < max_pages; j++) pt[(size_t)i * (size_t)max_pages + (size_t)j] = q->pages[0];
+    }
+    *b = (ns_batch){
+        .n_tokens = nt,
+        .n_seqs = ns,
+        .tokens = s->b_tokens,
+        .positions = s->b_pos,
+        .seq_start = s->b_seq_start,
+        .seq_len = s->b_seq_len,
+        .page_table = pt,
+        .max_pages = max_pages,
+        .logit_rows = s->b_rows,
+        .n_logits = n_logits,
+    };
+    return true;
+}
+
 static bool step(ns_sched *s) {
     ns_engine *e = s->e;
     const ns_model_config *c = &e->model->cfg;
@@ -1065,49 +1116,11 @@ static bool step(ns_sched *s) {
         return false;
     }
 
-    /* 3. the ragged batch, in plan order */
-    int32_t nt = 0, ns = 0, n_logits = 0, max_pages = 0;
+    /* 3. the ragged batch, in plan order (build_batch) */
+    ns_batch b;
     double attn_pairs = 0;
-    for (int32_t k = 0; k < n_plan; k++) {
-        ns_seq *q = s->plan_q[k];
-        const int32_t chunk = s->plan_chunk[k];
-        s->b_seq_start[ns] = nt;
-        for (int32_t j = 0; j < chunk; j++) {
-            s->b_tokens[nt + j] = q->tokens[q->n_ctx + j];
-            s->b_pos[nt + j] = q->n_ctx + j;
-        }
-        nt += chunk;
-        attn_pairs += (double)chunk * ((double)q->n_ctx + chunk / 2.0);
-        s->b_seq_len[ns] = q->n_ctx + chunk;
-        s->b_chunk[ns] = chunk;
-        s->b_seqs[ns] = q;
-        if (q->n_ctx + chunk == q->n_tokens) s->b_rows[n_logits++] = nt - 1;
-        if (q->n_pages > max_pages) max_pages = q->n_pages;
-        ns++;
-    }
-    if (ns == 0) return false;
-    s->b_seq_start[ns] = nt;
-    size_t pt_n = (size_t)ns * (size_t)max_pages;
-    int32_t *pt = realloc(s->b_pt, (pt_n + 1) * sizeof(int32_t));
-    if (!pt) return false;
-    s->b_pt = pt;
-    for (int32_t i = 0; i < ns; i++) {
-        ns_seq *q = s->b_seqs[i];
-        memcpy(pt + (size_t)i * (size_t)max_pages, q->pages, (size_t)q->n_pages * sizeof(int32_t));
-        for (int32_t j = q->n_pages; j < max_pages; j++) pt[(size_t)i * (size_t)max_pages + (size_t)j] = q->pages[0];
-    }
-    ns_batch b = {
-        .n_tokens = nt,
-        .n_seqs = ns,
-        .tokens = s->b_tokens,
-        .positions = s->b_pos,
-        .seq_start = s->b_seq_start,
-        .seq_len = s->b_seq_len,
-        .page_table = pt,
-        .max_pages = max_pages,
-        .logit_rows = s->b_rows,
-        .n_logits = n_logits,
-    };
+    if (!build_batch(s, n_plan, &b, &attn_pairs)) return false;
+    const int32_t nt = b.n_tokens, ns = b.n_seqs, n_logits = b.n_logits;
     const double t0 = ns_clock_now();
     ns_error err = {0};
     ns_status rc = ns_engine_forward(e, &b, &err);
