@@ -473,6 +473,36 @@ struct mg_shape {
     static constexpr size_t SMEM = (size_t)MG_ST * STAGE_EL * sizeof(bf16);
 };
 
+/* The grouped GEMM's epilogue: each warp stages its fragments (NB x 16 x
+ * 16 floats at st, in the stage memory, free by now) and writes the rows
+ * of its segment: SwiGLU to BF16 h (NB = 2) or F32 y. */
+template <int WM, int WN, int FM, int FN, int NB>
+__device__ __forceinline__ void gemm_epilogue(const moe_gemm_args &g,
+                                              wmma::fragment<wmma::accumulator, 16, 16, 16, float> (&acc)[NB][FM][FN],
+                                              float *st, int m0, int m_end, int n0, int wm, int wn, int lane) {
+#pragma unroll
+    for (int i = 0; i < FM; i++)
+#pragma unroll
+        for (int j = 0; j < FN; j++) {
+#pragma unroll
+            for (int b = 0; b < NB; b++) wmma::store_matrix_sync(st + b * 256, acc[b][i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            const int r = lane / 2, c0 = (lane & 1) * 8;
+            const int m = m0 + (wm * FM + i) * 16 + r;
+            if (m < m_end) {
+#pragma unroll
+                for (int c = 0; c < 8; c++) {
+                    const int n = n0 + (wn * FN + j) * 16 + c0 + c;
+                    if (n >= g.N) break;
+                    const float v = st[r * 16 + c0 + c];
+                    if (NB == 2) g.out_bf[(size_t)m * g.N + n] = __float2bfloat16_rn(moe_silu_mul(v, st[256 + r * 16 + c0 + c]));
+                    else g.out_f[(size_t)m * g.N + n] = v;
+                }
+            }
+            __syncwarp();
+        }
+}
+
 template <int WM, int WN, int FM, int FN, int NB>
 __global__ __launch_bounds__(32 * WM * WN) void k_moe_gemm(moe_gemm_args g) {
     using S = mg_shape<WM, WN, FM, FN, NB>;
@@ -570,30 +600,8 @@ __global__ __launch_bounds__(32 * WM * WN) void k_moe_gemm(moe_gemm_args g) {
     asm volatile("cp.async.wait_all;\n" ::); /* only empty groups are left; be explicit */
     __syncthreads();                          /* every warp is done reading the stages */
 
-    /* epilogue through a per-warp staging area (NB x 16 x 16 floats) in
-     * the stage memory, free now */
-    float *st = reinterpret_cast<float *>(mg_smem) + warp * 512;
-#pragma unroll
-    for (int i = 0; i < FM; i++)
-#pragma unroll
-        for (int j = 0; j < FN; j++) {
-#pragma unroll
-            for (int b = 0; b < NB; b++) wmma::store_matrix_sync(st + b * 256, acc[b][i][j], 16, wmma::mem_row_major);
-            __syncwarp();
-            const int r = lane / 2, c0 = (lane & 1) * 8;
-            const int m = m0 + (wm * FM + i) * 16 + r;
-            if (m < m_end) {
-#pragma unroll
-                for (int c = 0; c < 8; c++) {
-                    const int n = n0 + (wn * FN + j) * 16 + c0 + c;
-                    if (n >= g.N) break;
-                    const float v = st[r * 16 + c0 + c];
-                    if (NB == 2) g.out_bf[(size_t)m * g.N + n] = __float2bfloat16_rn(moe_silu_mul(v, st[256 + r * 16 + c0 + c]));
-                    else g.out_f[(size_t)m * g.N + n] = v;
-                }
-            }
-            __syncwarp();
-        }
+    gemm_epilogue<WM, WN, FM, FN, NB>(g, acc, reinterpret_cast<float *>(mg_smem) + warp * 512, m0, m_end, n0, wm,
+                                      wn, lane);
 }
 
 /* ------------------------------------------------------------ host side */
