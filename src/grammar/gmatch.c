@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/hash.h"
+
 #define T_UNKNOWN (-1)
 #define T_DEAD (-2)
 
@@ -61,15 +63,6 @@ struct ns_grammar {
     ns_gmatch *live;
 };
 
-static uint64_t mix(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-}
-
 static bool grow_arr(void **p, uint32_t *cap, uint32_t need, size_t elem, size_t *bytes) {
     if (need <= *cap) return true;
     uint32_t nc = *cap ? *cap : 1024;
@@ -89,7 +82,7 @@ static ns_status nd_rehash(ns_grammar *g) {
     uint32_t *t = calloc(nc, sizeof(uint32_t));
     if (!t) return NS_ERR_NOMEM;
     for (uint32_t id = 1; id < g->n_nd; id++) {
-        uint32_t h = (uint32_t)mix(((uint64_t)g->nd_state[id] << 32) | g->nd_parent[id]) & (nc - 1);
+        uint32_t h = (uint32_t)ns_mix64(((uint64_t)g->nd_state[id] << 32) | g->nd_parent[id]) & (nc - 1);
         while (t[h]) h = (h + 1) & (nc - 1);
         t[h] = id;
     }
@@ -104,7 +97,7 @@ static ns_status nd_rehash(ns_grammar *g) {
  * the empty stack and states are > 0). */
 static uint32_t intern(ns_grammar *g, uint32_t state, uint32_t parent) {
     if ((uint64_t)(g->n_nd + 1) * 2 > g->nd_ht_cap && nd_rehash(g) != NS_OK) return 0;
-    uint32_t h = (uint32_t)mix(((uint64_t)state << 32) | parent) & (g->nd_ht_cap - 1);
+    uint32_t h = (uint32_t)ns_mix64(((uint64_t)state << 32) | parent) & (g->nd_ht_cap - 1);
     for (uint32_t id; (id = g->nd_ht[h]); h = (h + 1) & (g->nd_ht_cap - 1))
         if (g->nd_state[id] == state && g->nd_parent[id] == parent) return id;
     uint32_t need = g->n_nd + 1, c = g->cap_nd;
@@ -210,7 +203,7 @@ static long closure(ns_grammar *g, size_t n) {
 
 static uint32_t set_hash(const uint32_t *it, size_t n) {
     uint64_t h = 0x9E3779B97F4A7C15ULL ^ n;
-    for (size_t i = 0; i < n; i++) h = mix(h ^ it[i]) + i;
+    for (size_t i = 0; i < n; i++) h = ns_mix64(h ^ it[i]) + i;
     return (uint32_t)h;
 }
 
