@@ -302,6 +302,61 @@ static bool parse_stop(json_t *body, ns_api_gen_params *p, ns_http_error *e) {
     return true;
 }
 
+/* logprobs: chat's boolean with top_logprobs, or completions' integer
+ * (the number of alternatives; a boolean is accepted too). */
+static bool parse_logprobs(json_t *body, bool chat, ns_api_gen_params *p, ns_http_error *e) {
+    if (chat) {
+        bool lp = false;
+        int64_t top = 0;
+        if (!ns_api_get_bool(body, "logprobs", &lp, e)) return false;
+        if (!ns_api_get_int(body, "top_logprobs", 0, NS_MAX_TOP_LOGPROBS, &top, e)) return false;
+        if (top > 0 && !lp) {
+            ns_http_error_set(e, 400, "top_logprobs", "invalid_value", "'top_logprobs' requires 'logprobs' to be true");
+            return false;
+        }
+        p->rp.logprobs = lp;
+        p->rp.top_logprobs = (int32_t)top;
+    } else {
+        json_t *lv = json_object_get(body, "logprobs");
+        if (lv && json_is_boolean(lv)) {
+            p->rp.logprobs = json_is_true(lv);
+        } else {
+            int64_t top = -1;
+            if (!ns_api_get_int(body, "logprobs", 0, NS_MAX_TOP_LOGPROBS, &top, e)) return false;
+            if (top >= 0) {
+                p->rp.logprobs = true;
+                p->rp.top_logprobs = (int32_t)top;
+            }
+        }
+    }
+    return true;
+}
+
+/* response_format: text, json_object or json_schema (the latter two are
+ * enforced by a grammar the endpoint compiles: api/structured.h,
+ * ns_structured_response_format); anything else is refused by name. */
+static bool check_response_format(json_t *body, ns_http_error *e) {
+    json_t *rf = json_object_get(body, "response_format");
+    if (rf && !json_is_null(rf)) {
+        json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        if (!t || !json_is_string(t)) {
+            ns_http_error_set(e, 400, "response_format", "invalid_value",
+                              "'response_format' must be an object with a string 'type'");
+            return false;
+        }
+        const char *tv = json_string_value(t);
+        /* json_object / json_schema are enforced by a grammar: the endpoint
+         * compiles them (api/structured.h, ns_structured_response_format) */
+        if (strcmp(tv, "text") != 0 && strcmp(tv, "json_object") != 0 && strcmp(tv, "json_schema") != 0) {
+            ns_http_error_set(e, 400, "response_format", "unsupported_value",
+                              "response_format type '%.32s' is not supported (text, json_object, json_schema are)",
+                              tv);
+            return false;
+        }
+    }
+    return true;
+}
+
 bool ns_api_parse_gen_params(ns_api *a, json_t *body, bool chat, ns_api_gen_params *p, ns_http_error *e) {
     memset(p, 0, sizeof *p);
     ns_sampling_params *sp = &p->rp.sampling;
@@ -344,51 +399,11 @@ bool ns_api_parse_gen_params(ns_api *a, json_t *body, bool chat, ns_api_gen_para
             return false;
         }
     }
-    if (chat) {
-        bool lp = false;
-        int64_t top = 0;
-        if (!ns_api_get_bool(body, "logprobs", &lp, e)) return false;
-        if (!ns_api_get_int(body, "top_logprobs", 0, NS_MAX_TOP_LOGPROBS, &top, e)) return false;
-        if (top > 0 && !lp) {
-            ns_http_error_set(e, 400, "top_logprobs", "invalid_value", "'top_logprobs' requires 'logprobs' to be true");
-            return false;
-        }
-        p->rp.logprobs = lp;
-        p->rp.top_logprobs = (int32_t)top;
-    } else {
-        json_t *lv = json_object_get(body, "logprobs");
-        if (lv && json_is_boolean(lv)) {
-            p->rp.logprobs = json_is_true(lv);
-        } else {
-            int64_t top = -1;
-            if (!ns_api_get_int(body, "logprobs", 0, NS_MAX_TOP_LOGPROBS, &top, e)) return false;
-            if (top >= 0) {
-                p->rp.logprobs = true;
-                p->rp.top_logprobs = (int32_t)top;
-            }
-        }
-    }
+    if (!parse_logprobs(body, chat, p, e)) return false;
     if (!ns_api_get_bool(body, "ignore_eos", &p->rp.ignore_eos, e)) return false;
     if (!ns_api_get_bool(body, "return_token_ids", &p->return_token_ids, e)) return false;
 
-    json_t *rf = json_object_get(body, "response_format");
-    if (rf && !json_is_null(rf)) {
-        json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-        if (!t || !json_is_string(t)) {
-            ns_http_error_set(e, 400, "response_format", "invalid_value",
-                              "'response_format' must be an object with a string 'type'");
-            return false;
-        }
-        const char *tv = json_string_value(t);
-        /* json_object / json_schema are enforced by a grammar: the endpoint
-         * compiles them (api/structured.h, ns_structured_response_format) */
-        if (strcmp(tv, "text") != 0 && strcmp(tv, "json_object") != 0 && strcmp(tv, "json_schema") != 0) {
-            ns_http_error_set(e, 400, "response_format", "unsupported_value",
-                              "response_format type '%.32s' is not supported (text, json_object, json_schema are)",
-                              tv);
-            return false;
-        }
-    }
+    if (!check_response_format(body, e)) return false;
 
     sp->temperature = (float)temperature;
     /* any top_p in (0, 1] is valid; one below the smallest float (1e-300)
