@@ -19,15 +19,21 @@
  * Decode GEMV (n <= CU_QGEMV_MAX rows). The activation rows are quantized
  * once per launch group (k_quant_x) into int8 blocks of 32 with an f32
  * scale dx and, per 16 values, s16 = dx * sum(q) (the k-quants' min term
- * and the Q4_0/Q6_K offsets need it). One warp per weight row; lane l
- * takes 16-byte chunks l, l+32, ... of the row's A bytes (fully
- * coalesced), unpacks them to int8 in registers, dots them with the int8
- * activations (dp4a) and accumulates in f32 with the block scales. The
+ * and the Q4_0/Q6_K offsets need it). One warp per pair of weight rows
+ * (the gate and up rows in the SwiGLU variant); lane l takes work units
+ * l, l+32, ... of each row's A bytes (32 bytes for Q8_0/Q4_K/Q5_K, 16 for
+ * Q4_0/Q6_K; consecutive lanes read consecutive bytes), unpacks them to
+ * int8 in registers, dots them with the int8 activations (dp4a) and
+ * accumulates in f32 with the block scales. Inside recorded decode tapes
+ * the first weight loads are issued before the PDL wait (the kernel
+ * before is the activation quantization; NS_CUDA_QGEMV_EARLY=0 turns it
+ * off). The
  * result is exactly the product of the dequantized weights with the
  * 8-bit-quantized activations, up to f32 rounding: the same scheme as
  * llama.cpp and the CPU backend (whose activation blocks are Q8_0 / Q8_K;
  * ours have per-32 f32 scales, so results agree to the activation
- * rounding, ~1e-3 relative).
+ * rounding: ~2e-4 rel L2 for Q8_0/Q4_0, ~5e-3 for the k-quants, where
+ * the CPU's Q8_K scales cover 256 values).
  *
  * Prefill (n > CU_QGEMV_MAX): the weight is dequantized into one bf16
  * scratch (sized for the largest quantized matrix, allocated at upload so
@@ -74,15 +80,19 @@ static bool layout_of(ns_dtype dt, qlayout *l) {
 }
 
 /* Compile-time traits for the kernels (same numbers as layout_of).
+ * CPB: GEMV work units per block (a lane's unit: 32 A bytes for Q8_0, Q4_K
+ * and Q5_K, so the per-unit scale decoding is paid once per 64 values; 16
+ * bytes for Q4_0 and Q6_K); U: units of each row a lane loads before
+ * using any.
  * MINB: CTAs of 128 threads per SM the GEMV is compiled for (its register
  * budget) for 1-2 input rows: as many warps as fit without spilling;
  * 3-8 rows (small decode batches) get more registers. */
 template <int T> struct QT;
-template <> struct QT<NS_DT_Q8_0> { enum { QE = 32, A = 32, B = 0, CPB = 2, MINB = 8 }; };
-template <> struct QT<NS_DT_Q4_0> { enum { QE = 32, A = 16, B = 0, CPB = 1, MINB = 8 }; };
-template <> struct QT<NS_DT_Q4_K> { enum { QE = 256, A = 128, B = 16, CPB = 8, MINB = 5 }; };
-template <> struct QT<NS_DT_Q5_K> { enum { QE = 256, A = 160, B = 16, CPB = 8, MINB = 5 }; };
-template <> struct QT<NS_DT_Q6_K> { enum { QE = 256, A = 192, B = 16, CPB = 8, MINB = 5 }; };
+template <> struct QT<NS_DT_Q8_0> { enum { QE = 32, A = 32, B = 0, CPB = 1, MINB = 6, U = 2 }; };
+template <> struct QT<NS_DT_Q4_0> { enum { QE = 32, A = 16, B = 0, CPB = 1, MINB = 6, U = 2 }; };
+template <> struct QT<NS_DT_Q4_K> { enum { QE = 256, A = 128, B = 16, CPB = 4, MINB = 4, U = 2 }; };
+template <> struct QT<NS_DT_Q5_K> { enum { QE = 256, A = 160, B = 16, CPB = 4, MINB = 4, U = 1 }; };
+template <> struct QT<NS_DT_Q6_K> { enum { QE = 256, A = 192, B = 16, CPB = 8, MINB = 5, U = 2 }; };
 
 /* The three arrays of a weight of nbt blocks. */
 struct qview {
@@ -154,27 +164,31 @@ __global__ void k_quant_x(const float *__restrict__ x, int8_t *__restrict__ xq, 
 
 /* ------------------------------------------------------------ GEMV */
 
-/* One 16-byte chunk of a weight row with what it needs besides. */
+/* One work unit of a weight row with what it needs besides. */
 struct qraw {
-    uint4 w;   /* A bytes */
-    uint4 h;   /* Q5_K/Q6_K high bits; Q4_K/Q5_K/Q6_K: m = B bytes */
-    uint4 m;
-    float d;   /* C scale (Q8_0, Q4_0, Q6_K) */
+    uint4 w, w2; /* A bytes (w2: second 16 bytes of 32-byte units) */
+    uint4 h, h2; /* Q5_K/Q6_K high bits */
+    uint4 m;     /* B bytes (Q4_K/Q5_K/Q6_K) */
+    float d;     /* C scale (Q8_0, Q4_0, Q6_K) */
 };
 
 template <int T> __device__ __forceinline__ void chunk_load(const qview &v, size_t blk, int c, qraw &r) {
     if constexpr (T == NS_DT_Q8_0) {
-        r.w = ldg4(v.a + blk * 32 + 16 * c);
+        r.w = ldg4(v.a + blk * 32);
+        r.w2 = ldg4(v.a + blk * 32 + 16);
         r.d = ld_f16(v.c + blk * 2);
     } else if constexpr (T == NS_DT_Q4_0) {
         r.w = ldg4(v.a + blk * 16);
         r.d = ld_f16(v.c + blk * 2);
-    } else if constexpr (T == NS_DT_Q4_K) {
-        r.w = ldg4(v.a + blk * 128 + 16 * c);
+    } else if constexpr (T == NS_DT_Q4_K) { /* unit c: qs[32c, 32c+32), sub-blocks 2c and 2c+1 */
+        r.w = ldg4(v.a + blk * 128 + 32 * c);
+        r.w2 = ldg4(v.a + blk * 128 + 32 * c + 16);
         r.m = ldg4(v.b + blk * 16);
     } else if constexpr (T == NS_DT_Q5_K) {
-        r.w = ldg4(v.a + blk * 160 + 32 + 16 * c);
-        r.h = ldg4(v.a + blk * 160 + 16 * (c & 1));
+        r.w = ldg4(v.a + blk * 160 + 32 + 32 * c);
+        r.w2 = ldg4(v.a + blk * 160 + 48 + 32 * c);
+        r.h = ldg4(v.a + blk * 160);
+        r.h2 = ldg4(v.a + blk * 160 + 16);
         r.m = ldg4(v.b + blk * 16);
     } else {
         const int h = c >> 2, cc = c & 3;
@@ -217,11 +231,11 @@ template <int T, int N>
 __device__ __forceinline__ void chunk_dot(const qraw &r, int c, int xe, const qx &x, float (&acc)[N]) {
     const int K = x.K;
     if constexpr (T == NS_DT_Q8_0) {
-        const int e = xe + 16 * c;
 #pragma unroll
         for (int n = 0; n < N; n++) {
-            const int s = dot16(r.w, ldg4((const uint8_t *)(x.q + (size_t)n * K + e)));
-            acc[n] += r.d * __ldg(x.d + (size_t)n * (K / 32) + e / 32) * (float)s;
+            const uint8_t *xr = (const uint8_t *)(x.q + (size_t)n * K + xe);
+            const int s = dot16(r.w, ldg4(xr)) + dot16(r.w2, ldg4(xr + 16));
+            acc[n] += r.d * __ldg(x.d + (size_t)n * (K / 32) + xe / 32) * (float)s;
         }
     } else if constexpr (T == NS_DT_Q4_0) {
         const uint4 ql = lo4(r.w), qh = hi4(r.w);
@@ -233,26 +247,29 @@ __device__ __forceinline__ void chunk_dot(const qraw &r, int c, int xe, const qx
             acc[n] += r.d * (__ldg(x.d + (size_t)n * (K / 32) + xe / 32) * (float)s - 8.f * (__ldg(s16) + __ldg(s16 + 1)));
         }
     } else if constexpr (T == NS_DT_Q4_K || T == NS_DT_Q5_K) {
-        const int g = c >> 1, hh = c & 1;
+        /* unit c: sub-block 2c from the low nibbles, 2c+1 from the high */
         int sc0, m0, sc1, m1;
-        scale_min(2 * g, r.m, sc0, m0);
-        scale_min(2 * g + 1, r.m, sc1, m1);
+        scale_min(2 * c, r.m, sc0, m0);
+        scale_min(2 * c + 1, r.m, sc1, m1);
         const float d = __half2float(__ushort_as_half((unsigned short)(r.m.x & 0xFFFF)));
         const float dmin = __half2float(__ushort_as_half((unsigned short)(r.m.x >> 16)));
-        uint4 q0 = lo4(r.w), q1 = hi4(r.w);
+        uint4 q0a = lo4(r.w), q0b = lo4(r.w2), q1a = hi4(r.w), q1b = hi4(r.w2);
         if constexpr (T == NS_DT_Q5_K) {
-            q0 = addhi(q0, r.h, 2 * g, 0x01010101u);
-            q1 = addhi(q1, r.h, 2 * g + 1, 0x01010101u);
+            q0a = addhi(q0a, r.h, 2 * c, 0x01010101u);
+            q0b = addhi(q0b, r.h2, 2 * c, 0x01010101u);
+            q1a = addhi(q1a, r.h, 2 * c + 1, 0x01010101u);
+            q1b = addhi(q1b, r.h2, 2 * c + 1, 0x01010101u);
         }
-        const int e0 = xe + 64 * g + 16 * hh, e1 = e0 + 32;
+        const int e0 = xe + 64 * c; /* x block e0/32 (even) and the next */
 #pragma unroll
         for (int n = 0; n < N; n++) {
-            const int8_t *xr = x.q + (size_t)n * K;
-            const int s0 = dot16(q0, ldg4((const uint8_t *)(xr + e0)));
-            const int s1 = dot16(q1, ldg4((const uint8_t *)(xr + e1)));
-            const float *xd = x.d + (size_t)n * (K / 32), *xs = x.s + (size_t)n * (K / 16);
-            acc[n] += d * ((float)sc0 * __ldg(xd + e0 / 32) * (float)s0 + (float)sc1 * __ldg(xd + e1 / 32) * (float)s1) -
-                      dmin * ((float)m0 * __ldg(xs + e0 / 16) + (float)m1 * __ldg(xs + e1 / 16));
+            const uint8_t *xr = (const uint8_t *)(x.q + (size_t)n * K + e0);
+            const int s0 = dot16(q0a, ldg4(xr)) + dot16(q0b, ldg4(xr + 16));
+            const int s1 = dot16(q1a, ldg4(xr + 32)) + dot16(q1b, ldg4(xr + 48));
+            const float2 dx = __ldg(reinterpret_cast<const float2 *>(x.d + (size_t)n * (K / 32) + e0 / 32));
+            const float4 xs = __ldg(reinterpret_cast<const float4 *>(x.s + (size_t)n * (K / 16) + e0 / 16));
+            acc[n] += d * ((float)sc0 * dx.x * (float)s0 + (float)sc1 * dx.y * (float)s1) -
+                      dmin * ((float)m0 * (xs.x + xs.y) + (float)m1 * (xs.z + xs.w));
         }
     } else {
         const int h = c >> 2, cc = c & 3, sh = cc >= 2 ? 2 : 0;
@@ -273,30 +290,34 @@ __device__ __forceinline__ void chunk_dot(const qraw &r, int c, int xe, const qx
 }
 
 /* Warp-wide dot products of two weight rows (v0, r0) and (v1, r1) with
- * the N activation rows (every lane gets the sums). Per lane, two chunks
- * of each row are loaded before any is used (2 KB in flight per warp), and
+ * the N activation rows (every lane gets the sums). Per lane, U units of
+ * each row are loaded before any is used (2-4 KB in flight per warp), and
  * the two rows share the activation loads. */
 template <int T, int N>
 __device__ __forceinline__ void rows_dot2(const qview &v0, int64_t r0, const qview &v1, int64_t r1, const qx &x,
-                                          float (&a0)[N], float (&a1)[N]) {
+                                          float (&a0)[N], float (&a1)[N], bool early) {
     constexpr int QE = QT<T>::QE, CPB = QT<T>::CPB;
     const int lane = threadIdx.x & 31;
     const int nb = x.K / QE, ch = nb * CPB;
     const size_t b0 = (size_t)r0 * nb, b1 = (size_t)r1 * nb;
 #pragma unroll
     for (int n = 0; n < N; n++) a0[n] = a1[n] = 0.f;
-    for (int base = lane; base < ch; base += 64) {
-        qraw p[2], q[2];
+    constexpr int U = QT<T>::U;
+    for (int base = lane; base < ch; base += 32 * U) {
+        qraw p[U], q[U];
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
+        for (int u = 0; u < U; u++) {
             const int ci = base + 32 * u;
             if (ci < ch) {
                 chunk_load<T>(v0, b0 + ci / CPB, ci % CPB, p[u]);
                 chunk_load<T>(v1, b1 + ci / CPB, ci % CPB, q[u]);
             }
         }
+        /* early: the first weight loads were issued before the wait for
+         * the previous kernel (the activations' quantization) */
+        if (early && base == lane) PDL_WAIT();
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
+        for (int u = 0; u < U; u++) {
             const int ci = base + 32 * u;
             if (ci < ch) {
                 chunk_dot<T, N>(p[u], ci % CPB, (ci / CPB) * QE, x, a0);
@@ -304,6 +325,7 @@ __device__ __forceinline__ void rows_dot2(const qview &v0, int64_t r0, const qvi
             }
         }
     }
+    if (early && lane >= ch) PDL_WAIT(); /* lanes that never entered the loop */
 #pragma unroll
     for (int n = 0; n < N; n++) {
         a0[n] = cu_warp_sum(a0[n]);
@@ -319,6 +341,7 @@ struct qsegs {
     float *o[3];
     bf16 *obf;
     int end[3]; /* cumulative row ends */
+    int early;  /* weights are loaded before the PDL wait (see cu_quant_gemv_multi) */
 };
 
 /* Segment, row inside it and its row count for concatenated row r. */
@@ -335,15 +358,17 @@ __device__ __forceinline__ qview seg_of(const qsegs &sg, int64_t r, float *&o, i
 /* One warp per pair of weight rows: rows 2p and 2p+1 of the concatenated
  * segments, or (SwiGLU) row p of gate and of up. */
 template <int T, int N, bool SW>
-__global__ __launch_bounds__(128, N == 1 ? (int)QT<T>::MINB : N == 2 ? (int)QT<T>::MINB - 1 : N <= 4 ? 3 : 2) void k_qgemv(qsegs sg, qx x) {
-    PDL_ENTRY();
+__global__ __launch_bounds__(128, N == 1 ? (int)QT<T>::MINB : N == 2 ? (int)QT<T>::MINB * 3 / 4 : N <= 4 ? 3 : 2) void k_qgemv(qsegs sg, qx x) {
+    const bool early = sg.early != 0;
+    if (early) PDL_TRIGGER();
+    else PDL_ENTRY();
     const int64_t pair = (int64_t)blockIdx.x * 4 + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     float a0[N], a1[N];
     if constexpr (SW) {
         const int M = sg.end[0];
         if (pair >= M) return; /* whole warps leave together; no barrier follows */
-        rows_dot2<T, N>(make_view<T>(sg.w[0], sg.nbt[0]), pair, make_view<T>(sg.w[1], sg.nbt[1]), pair, x, a0, a1);
+        rows_dot2<T, N>(make_view<T>(sg.w[0], sg.nbt[0]), pair, make_view<T>(sg.w[1], sg.nbt[1]), pair, x, a0, a1, early);
         if (lane == 0) {
 #pragma unroll
             for (int n = 0; n < N; n++) {
@@ -364,7 +389,7 @@ __global__ __launch_bounds__(128, N == 1 ? (int)QT<T>::MINB : N == 2 ? (int)QT<T
         int64_t la, lb;
         int Ma, Mb;
         const qview va = seg_of<T>(sg, ra, oa, la, Ma), vb = seg_of<T>(sg, rb, ob, lb, Mb);
-        rows_dot2<T, N>(va, la, vb, lb, x, a0, a1);
+        rows_dot2<T, N>(va, la, vb, lb, x, a0, a1, early);
         if (lane == 0) {
 #pragma unroll
             for (int n = 0; n < N; n++) {
@@ -420,6 +445,20 @@ static bool quantize_x(cu_impl *c, const float *x, int n, int k, qx *out) {
     return true;
 }
 
+/* Weight loads before the PDL wait (NS_CUDA_QGEMV_EARLY, default on):
+ * only inside recorded decode tapes whose ops write no weight
+ * (c->tape_early), where the kernel before the GEMV is the small
+ * activation quantization, so the first weight bytes stream while it
+ * runs. */
+static int qgemv_early(const cu_impl *c) {
+    static int env = -1;
+    if (env < 0) {
+        const char *v = getenv("NS_CUDA_QGEMV_EARLY");
+        env = v && *v == '0' ? 0 : 1;
+    }
+    return env && c->tape_early;
+}
+
 static size_t nblocks(const ns_tensor *w) {
     qlayout l;
     if (!layout_of((ns_dtype)w->dtype, &l)) return 0;
@@ -435,6 +474,7 @@ void cu_quant_gemv_multi(cu_impl *c, int nseg, float *const *out, const ns_tenso
         if (!quantize_x(c, x + (size_t)n0 * k, nn, k, &xv)) return;
         qsegs sg;
         memset(&sg, 0, sizeof sg);
+        sg.early = qgemv_early(c);
         int end = 0;
         for (int s = 0; s < 3; s++) {
             if (s < nseg) {
@@ -465,6 +505,7 @@ void cu_quant_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *
         if (!quantize_x(c, x + (size_t)n0 * k, nn, k, &xv)) return;
         qsegs sg;
         memset(&sg, 0, sizeof sg);
+        sg.early = qgemv_early(c);
         sg.w[0] = (const uint8_t *)wg->data;
         sg.w[1] = (const uint8_t *)wu->data;
         sg.nbt[0] = nblocks(wg);
