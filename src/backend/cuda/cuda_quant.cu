@@ -80,9 +80,9 @@ static bool layout_of(ns_dtype dt, qlayout *l) {
 }
 
 /* Compile-time traits for the kernels (same numbers as layout_of).
- * CPB: GEMV work units per block (a lane's unit: 32 A bytes for Q8_0, Q4_K
- * and Q5_K, so the per-unit scale decoding is paid once per 64 values; 16
- * bytes for Q4_0 and Q6_K); U: units of each row a lane loads before
+ * CPB: GEMV work units per block (a lane's unit: 32 A bytes for Q8_0, Q4_K,
+ * Q5_K and Q6_K, so the per-unit scale decoding is paid once per 64
+ * values; 16 bytes for Q4_0); U: units of each row a lane loads before
  * using any.
  * MINB: CTAs of 128 threads per SM the GEMV is compiled for (its register
  * budget) for 1-2 input rows: as many warps as fit without spilling;
@@ -92,7 +92,7 @@ template <> struct QT<NS_DT_Q8_0> { enum { QE = 32, A = 32, B = 0, CPB = 1, MINB
 template <> struct QT<NS_DT_Q4_0> { enum { QE = 32, A = 16, B = 0, CPB = 1, MINB = 6, U = 2 }; };
 template <> struct QT<NS_DT_Q4_K> { enum { QE = 256, A = 128, B = 16, CPB = 4, MINB = 4, U = 2 }; };
 template <> struct QT<NS_DT_Q5_K> { enum { QE = 256, A = 160, B = 16, CPB = 4, MINB = 4, U = 1 }; };
-template <> struct QT<NS_DT_Q6_K> { enum { QE = 256, A = 192, B = 16, CPB = 8, MINB = 5, U = 2 }; };
+template <> struct QT<NS_DT_Q6_K> { enum { QE = 256, A = 192, B = 16, CPB = 4, MINB = 4, U = 1 }; };
 
 /* The three arrays of a weight of nbt blocks. */
 struct qview {
@@ -190,10 +190,12 @@ template <int T> __device__ __forceinline__ void chunk_load(const qview &v, size
         r.h = ldg4(v.a + blk * 160);
         r.h2 = ldg4(v.a + blk * 160 + 16);
         r.m = ldg4(v.b + blk * 16);
-    } else {
-        const int h = c >> 2, cc = c & 3;
-        r.w = ldg4(v.a + blk * 192 + 64 * h + 16 * cc);
-        r.h = ldg4(v.a + blk * 192 + 128 + 32 * h + 16 * (cc & 1));
+    } else { /* unit c: ql[32c, 32c+32) = half c/2, positions 32(c&1)..+32 */
+        const int h = c >> 1;
+        r.w = ldg4(v.a + blk * 192 + 32 * c);
+        r.w2 = ldg4(v.a + blk * 192 + 32 * c + 16);
+        r.h = ldg4(v.a + blk * 192 + 128 + 32 * h);
+        r.h2 = ldg4(v.a + blk * 192 + 128 + 32 * h + 16);
         r.m = ldg4(v.b + blk * 16);
         r.d = ld_f16(v.c + blk * 2);
     }
@@ -272,19 +274,28 @@ __device__ __forceinline__ void chunk_dot(const qraw &r, int c, int xe, const qx
                       dmin * ((float)m0 * (xs.x + xs.y) + (float)m1 * (xs.z + xs.w));
         }
     } else {
-        const int h = c >> 2, cc = c & 3, sh = cc >= 2 ? 2 : 0;
-        const uint4 q0 = addhi(lo4(r.w), r.h, sh, 0x03030303u), q1 = addhi(hi4(r.w), r.h, sh + 4, 0x03030303u);
+        /* unit c of a Q6_K block: half h = c/2, positions l = 32q + 0..31
+         * (q = c&1) of ql and qh[l] (bits 2q..2q+1 low, 2q+4.. high): the
+         * values 128h + 32q + i (low nibbles) and the same + 64 (high),
+         * groups of 16: 8h+2q, +1 (low) and 8h+2q+4, +5 (high) */
+        const int h = c >> 1, q = c & 1, sh = 2 * q;
+        const uint4 qla = addhi(lo4(r.w), r.h, sh, 0x03030303u), qlb = addhi(lo4(r.w2), r.h2, sh, 0x03030303u);
+        const uint4 qha = addhi(hi4(r.w), r.h, sh + 4, 0x03030303u), qhb = addhi(hi4(r.w2), r.h2, sh + 4, 0x03030303u);
         const uint32_t wl = h ? r.m.z : r.m.x, wh = h ? r.m.w : r.m.y;
-        const float sc0 = (float)(int8_t)(wl >> (8 * cc)), sc1 = (float)(int8_t)(wh >> (8 * cc));
-        const int e0 = xe + 128 * h + 16 * cc, e1 = e0 + 64;
+        const float sa = (float)(int8_t)(wl >> (16 * q)), sb = (float)(int8_t)(wl >> (16 * q + 8));
+        const float sc = (float)(int8_t)(wh >> (16 * q)), sd = (float)(int8_t)(wh >> (16 * q + 8));
+        const int e0 = xe + 128 * h + 32 * q, e1 = e0 + 64;
 #pragma unroll
         for (int n = 0; n < N; n++) {
-            const int8_t *xr = x.q + (size_t)n * K;
-            const int s0 = dot16(q0, ldg4((const uint8_t *)(xr + e0)));
-            const int s1 = dot16(q1, ldg4((const uint8_t *)(xr + e1)));
-            const float *xd = x.d + (size_t)n * (K / 32), *xs = x.s + (size_t)n * (K / 16);
-            acc[n] += r.d * (sc0 * (__ldg(xd + e0 / 32) * (float)s0 - 32.f * __ldg(xs + e0 / 16)) +
-                             sc1 * (__ldg(xd + e1 / 32) * (float)s1 - 32.f * __ldg(xs + e1 / 16)));
+            const uint8_t *xr = (const uint8_t *)(x.q + (size_t)n * K);
+            const int s_la = dot16(qla, ldg4(xr + e0)), s_lb = dot16(qlb, ldg4(xr + e0 + 16));
+            const int s_ha = dot16(qha, ldg4(xr + e1)), s_hb = dot16(qhb, ldg4(xr + e1 + 16));
+            const float *xd = x.d + (size_t)n * (K / 32);
+            const float dx0 = __ldg(xd + e0 / 32), dx1 = __ldg(xd + e1 / 32);
+            const float2 s0 = __ldg(reinterpret_cast<const float2 *>(x.s + (size_t)n * (K / 16) + e0 / 16));
+            const float2 s1 = __ldg(reinterpret_cast<const float2 *>(x.s + (size_t)n * (K / 16) + e1 / 16));
+            acc[n] += r.d * (sa * (dx0 * (float)s_la - 32.f * s0.x) + sb * (dx0 * (float)s_lb - 32.f * s0.y) +
+                             sc * (dx1 * (float)s_ha - 32.f * s1.x) + sd * (dx1 * (float)s_hb - 32.f * s1.y));
         }
     }
 }
