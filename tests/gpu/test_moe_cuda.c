@@ -3,16 +3,18 @@
  *
  * moe_ffn runs at several shapes: tokens 1, 2, 4, 5, 7, 64, 300, 1000,
  * 2100 (and a chunked 4100), experts 8/16/64/128, top-k 1/2/4/8, with and
- * without renormalisation, covering the gathered GEMV and the grouped
- * GEMM's three tile shapes (16, 64 and 128 rows);
+ * without renormalisation, covering the gathered GEMV (up to 4 tokens),
+ * the grouped GEMVs (a few rows per expert) and the grouped GEMM's 64- and
+ * 128-row tile shapes;
  * hidden and expert widths that are not multiples of the kernels' tiles
  * (so every tail is exercised) and the Qwen3-30B-A3B layer shape. Each
  * shape runs as a prefill batch (one sequence, eager) and, up to 64
  * tokens, as a decode batch (one token per sequence): decode steps are
  * recorded, so the same step runs eagerly, is captured into a CUDA graph
  * and is replayed, each time with new inputs, and each result must match
- * the CPU — and a replay must actually have happened. Decode routing
- * runs fused (default) and, on a second backend, unfused.
+ * the CPU — and a replay must actually have happened. A second backend
+ * runs the alternative paths (unfused decode routing, 16-row GEMM tiles
+ * instead of grouped GEMVs for a few rows per expert).
  *
  * Tolerances (relative L2 per comparison): the gathered-GEMV path (up to
  * 4 tokens) keeps activations in F32: 1e-4. The grouped-GEMM path rounds
@@ -321,9 +323,9 @@ TEST(test_moe_shapes) {
 }
 
 TEST(test_moe_qwen3_30b_layer) {
-    /* one Qwen3-30B-A3B layer: hidden 2048, 128 experts of 768, top 8;
-     * the grouped GEMM's 16-, 64- and 128-row tile shapes at 64, 300 and
-     * 2100 tokens */
+    /* one Qwen3-30B-A3B layer: hidden 2048, 128 experts of 768, top 8:
+     * gathered GEMV at 1 token, grouped GEMVs at 64, the grouped GEMM's
+     * 64- and 128-row tiles at 300 and 2100 */
     static const moe_case cs[] = {{1, 128, 8, true}, {64, 128, 8, true}, {300, 128, 8, true}, {2100, 128, 8, true}};
     pair in, out;
     pair_alloc(&in, 2100, 2048);
@@ -350,19 +352,24 @@ TEST(test_moe_chunked_prefill) {
     moe_cases(64, 32, cs, 1, "H=64 F=32");
 }
 
-TEST(test_moe_unfused_routing) {
+TEST(test_moe_alternative_paths) {
     /* NS_CUDA_MOE_FUSE=0: decode routing as two launches (router logits,
-     * then top-k) instead of the fused router whose last block selects */
+     * then top-k) instead of the fused router whose last block selects;
+     * NS_CUDA_MOE_GGEMV=0: a few rows per expert through 16-row GEMM tiles
+     * instead of the grouped GEMVs */
     setenv("NS_CUDA_MOE_FUSE", "0", 1);
+    setenv("NS_CUDA_MOE_GGEMV", "0", 1);
     ns_backend *g2 = NULL, *keep = gpu;
     ns_error err = {0};
     ns_status rc = ns_backend_cuda_create(0, &g2, &err);
     unsetenv("NS_CUDA_MOE_FUSE");
+    unsetenv("NS_CUDA_MOE_GGEMV");
     CHECKF(rc == NS_OK, "second cuda backend: %s", err.msg);
     if (rc != NS_OK) return;
     gpu = g2;
-    static const moe_case cs[] = {{1, 128, 8, true}, {2, 8, 2, false}, {4, 64, 8, true}};
-    moe_cases(200, 104, cs, (int)(sizeof cs / sizeof cs[0]), "unfused routing H=200 F=104");
+    static const moe_case cs[] = {{1, 128, 8, true},  {2, 8, 2, false},  {4, 64, 8, true},
+                                  {7, 8, 2, true},    {64, 128, 8, true}, {64, 64, 2, false}};
+    moe_cases(200, 104, cs, (int)(sizeof cs / sizeof cs[0]), "alt paths H=200 F=104");
     gpu = keep;
     g2->ops->destroy(g2);
 }
@@ -414,7 +421,7 @@ int main(void) {
     RUN(test_moe_shapes);
     RUN(test_moe_qwen3_30b_layer);
     RUN(test_moe_chunked_prefill);
-    RUN(test_moe_unfused_routing);
+    RUN(test_moe_alternative_paths);
     RUN(test_moe_bad_shapes_fail);
     cpu->ops->destroy(cpu);
     gpu->ops->destroy(gpu);

@@ -401,6 +401,93 @@ __global__ __launch_bounds__(256) void k_moe_gemv_down(const float *__restrict__
     if (lane == 0) out[(size_t)t * H + r] = acc;
 }
 
+/* Grouped GEMV for batches of a few rows per expert (decode batches):
+ * block (bx, e) streams rows 2 (bx*8 + w) and +1 of expert e's gate and up
+ * weights once, contiguously, and applies them to every slot of e's
+ * segment (four at a time; the rows stay in L1/L2 between groups of
+ * four). A 16-row tensor-core tile read each weight row in 64-byte pieces
+ * over 64 K steps, which ran HBM at ~2.2 TB/s. h[pos, f] F32 (pos: the
+ * slot's place in the sorted order). Empty experts exit at once. */
+__global__ __launch_bounds__(256) void k_moe_ggemv_gu(const float *__restrict__ x, const bf16 *const *__restrict__ tab,
+                                                       const int32_t *__restrict__ offs,
+                                                       const int32_t *__restrict__ rows, int K, int E, int H, int F,
+                                                       int TK, float *__restrict__ h) {
+    PDL_ENTRY();
+    const int f = 2 * (blockIdx.x * 8 + threadIdx.x / 32), lane = threadIdx.x & 31, e = blockIdx.y;
+    const int s0 = offs[e], s1 = min(offs[e + 1], TK);
+    if (f >= F || s0 >= s1) return;
+    const uint4 *wg0 = reinterpret_cast<const uint4 *>(tab[e] + (size_t)f * H);
+    const uint4 *wu0 = reinterpret_cast<const uint4 *>(tab[E + e] + (size_t)f * H);
+    const uint4 *wg1 = reinterpret_cast<const uint4 *>(tab[e] + (size_t)(f + 1) * H); /* F % 8 == 0: f + 1 < F */
+    const uint4 *wu1 = reinterpret_cast<const uint4 *>(tab[E + e] + (size_t)(f + 1) * H);
+    const int nch = H / 8;
+    for (int p0 = s0; p0 < s1; p0 += 4) {
+        const int n = s1 - p0 < 4 ? s1 - p0 : 4;
+        const float *xr[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) xr[j] = x + (size_t)(rows[p0 + (j < n ? j : 0)] / K) * H;
+        float g0[4] = {0.f, 0.f, 0.f, 0.f}, u0[4] = {0.f, 0.f, 0.f, 0.f}, g1[4] = {0.f, 0.f, 0.f, 0.f},
+              u1[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int c = lane; c < nch; c += 32) {
+            const uint4 a0 = __ldg(wg0 + c), b0 = __ldg(wu0 + c), a1 = __ldg(wg1 + c), b1 = __ldg(wu1 + c);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (j < n) {
+                    g0[j] += moe_dot8(a0, xr[j] + 8 * c);
+                    u0[j] += moe_dot8(b0, xr[j] + 8 * c);
+                    g1[j] += moe_dot8(a1, xr[j] + 8 * c);
+                    u1[j] += moe_dot8(b1, xr[j] + 8 * c);
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float a = cu_warp_sum(g0[j]), b = cu_warp_sum(u0[j]), cc = cu_warp_sum(g1[j]),
+                        d = cu_warp_sum(u1[j]);
+            if (lane == 0 && j < n) {
+                h[(size_t)(p0 + j) * F + f] = moe_silu_mul(a, b);
+                h[(size_t)(p0 + j) * F + f + 1] = moe_silu_mul(cc, d);
+            }
+        }
+    }
+}
+
+/* Grouped GEMV, down: y[pos, r] = down_e[r, :] . h[pos, :] for rows r and
+ * r + 1 = 2 (bx*8 + w) of expert e = by, over e's segment. */
+__global__ __launch_bounds__(256) void k_moe_ggemv_down(const float *__restrict__ h,
+                                                         const bf16 *const *__restrict__ tab,
+                                                         const int32_t *__restrict__ offs, int E, int H, int F,
+                                                         int TK, float *__restrict__ y) {
+    PDL_ENTRY();
+    const int r = 2 * (blockIdx.x * 8 + threadIdx.x / 32), lane = threadIdx.x & 31, e = blockIdx.y;
+    const int s0 = offs[e], s1 = min(offs[e + 1], TK);
+    if (r >= H || s0 >= s1) return;
+    const uint4 *w0 = reinterpret_cast<const uint4 *>(tab[2 * E + e] + (size_t)r * F);
+    const uint4 *w1 = reinterpret_cast<const uint4 *>(tab[2 * E + e] + (size_t)(r + 1) * F); /* H % 8 == 0 */
+    const int nch = F / 8;
+    for (int p0 = s0; p0 < s1; p0 += 4) {
+        const int n = s1 - p0 < 4 ? s1 - p0 : 4;
+        float a[4] = {0.f, 0.f, 0.f, 0.f}, b[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int c = lane; c < nch; c += 32) {
+            const uint4 x0 = __ldg(w0 + c), x1 = __ldg(w1 + c);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (j < n) {
+                    const float *hr = h + (size_t)(p0 + j) * F + 8 * c;
+                    a[j] += moe_dot8(x0, hr);
+                    b[j] += moe_dot8(x1, hr);
+                }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float sa = cu_warp_sum(a[j]), sb = cu_warp_sum(b[j]);
+            if (lane == 0 && j < n) {
+                y[(size_t)(p0 + j) * H + r] = sa;
+                y[(size_t)(p0 + j) * H + r + 1] = sb;
+            }
+        }
+    }
+}
+
 /* out[t, :] += sum over the token's experts, ascending, of p * y[row].
  * pos == NULL: slot i's row is i. */
 __global__ __launch_bounds__(256) void k_moe_combine(float *__restrict__ out, const float *__restrict__ y,
@@ -487,16 +574,27 @@ __device__ __forceinline__ void gemm_epilogue(const moe_gemm_args &g,
 #pragma unroll
             for (int b = 0; b < NB; b++) wmma::store_matrix_sync(st + b * 256, acc[b][i][j], 16, wmma::mem_row_major);
             __syncwarp();
+            /* lane: 8 consecutive columns of one row, stored as one 16-byte
+             * (bf16) or two 16-byte (F32) writes; N and n are multiples of
+             * 8, so the 8 columns are all in range or all out */
             const int r = lane / 2, c0 = (lane & 1) * 8;
-            const int m = m0 + (wm * FM + i) * 16 + r;
-            if (m < m_end) {
-#pragma unroll
-                for (int c = 0; c < 8; c++) {
-                    const int n = n0 + (wn * FN + j) * 16 + c0 + c;
-                    if (n >= g.N) break;
-                    const float v = st[r * 16 + c0 + c];
-                    if (NB == 2) g.out_bf[(size_t)m * g.N + n] = __float2bfloat16_rn(moe_silu_mul(v, st[256 + r * 16 + c0 + c]));
-                    else g.out_f[(size_t)m * g.N + n] = v;
+            const int m = m0 + (wm * FM + i) * 16 + r, n = n0 + (wn * FN + j) * 16 + c0;
+            if (m < m_end && n < g.N) {
+                const float4 v0 = *reinterpret_cast<const float4 *>(st + r * 16 + c0),
+                             v1 = *reinterpret_cast<const float4 *>(st + r * 16 + c0 + 4);
+                if (NB == 2) {
+                    const float4 u0 = *reinterpret_cast<const float4 *>(st + 256 + r * 16 + c0),
+                                 u1 = *reinterpret_cast<const float4 *>(st + 256 + r * 16 + c0 + 4);
+                    __nv_bfloat162 p[4] = {
+                        __floats2bfloat162_rn(moe_silu_mul(v0.x, u0.x), moe_silu_mul(v0.y, u0.y)),
+                        __floats2bfloat162_rn(moe_silu_mul(v0.z, u0.z), moe_silu_mul(v0.w, u0.w)),
+                        __floats2bfloat162_rn(moe_silu_mul(v1.x, u1.x), moe_silu_mul(v1.y, u1.y)),
+                        __floats2bfloat162_rn(moe_silu_mul(v1.z, u1.z), moe_silu_mul(v1.w, u1.w))};
+                    *reinterpret_cast<uint4 *>(g.out_bf + (size_t)m * g.N + n) = *reinterpret_cast<const uint4 *>(p);
+                } else {
+                    float4 *o = reinterpret_cast<float4 *>(g.out_f + (size_t)m * g.N + n);
+                    o[0] = v0;
+                    o[1] = v1;
                 }
             }
             __syncwarp();
@@ -768,6 +866,10 @@ int32_t cu_moe_prepare(cu_impl *c, const ns_tensor *out, const ns_tensor *in, co
     if (c->moe_fuse == CU_SW_UNSET) {
         const char *v = getenv("NS_CUDA_MOE_FUSE");
         c->moe_fuse = v && *v == '0' ? CU_SW_OFF : CU_SW_ON;
+        /* NS_CUDA_MOE_GGEMV=0: decode batches through 16-row GEMM tiles
+         * instead of grouped GEMVs (A/B, tests) */
+        v = getenv("NS_CUDA_MOE_GGEMV");
+        c->moe_ggemv = v && *v == '0' ? CU_SW_OFF : CU_SW_ON;
         /* once per backend, outside any capture: the GEMMs' shared
          * memory (the 128-row shapes take 60 KB, above the default 48) */
         gemm_attr<1, 4, 1, 1, 2>(c);
@@ -828,6 +930,19 @@ static void moe_chunk(cu_impl *c, const bf16 *const *tab, const bf16 *router, fl
     cu_launch(c, k_moe_scatter, dim3((unsigned)((TK + 255) / 256)), dim3(256), 0, (const int32_t *)w.ids, w.cursor,
               w.rows, w.pos, TK);
     if (CU_LAUNCHED(c, "moe scatter")) return;
+    if (shape == MG_SMALL && c->moe_ggemv == CU_SW_ON) {
+        /* a few rows per expert: grouped GEMVs stream each weight row once */
+        cu_launch(c, k_moe_ggemv_gu, dim3((unsigned)((F + 15) / 16), (unsigned)E), dim3(256), 0, x, tab,
+                  (const int32_t *)w.offs, (const int32_t *)w.rows, K, E, H, F, TK, (float *)w.h);
+        if (CU_LAUNCHED(c, "moe grouped gemv gate/up")) return;
+        cu_launch(c, k_moe_ggemv_down, dim3((unsigned)((H + 15) / 16), (unsigned)E), dim3(256), 0,
+                  (const float *)w.h, tab, (const int32_t *)w.offs, E, H, F, TK, w.y);
+        if (CU_LAUNCHED(c, "moe grouped gemv down")) return;
+        cu_launch(c, k_moe_combine, dim3((unsigned)Tc), dim3(256), 0, out + (size_t)r0 * H, (const float *)w.y,
+                  (const int32_t *)w.ids, (const float *)w.wts, (const int32_t *)w.pos, K, H);
+        CU_LAUNCHED(c, "moe combine");
+        return;
+    }
     const bf16 *xbf = moe_x_bf(c, in, r0, Tc, w.xbf);
     /* every expert has at most one partial tile: sum ceil(n_e / bm) <= TK / bm + E, and <= TK */
     int64_t max_tiles = (int64_t)TK / bm + E;
