@@ -307,36 +307,39 @@ __device__ __forceinline__ void chunk_dot(const qraw &r, int c, int xe, const qx
 template <int T, int N>
 __device__ __forceinline__ void rows_dot2(const qview &v0, int64_t r0, const qview &v1, int64_t r1, const qx &x,
                                           float (&a0)[N], float (&a1)[N], bool early) {
-    constexpr int QE = QT<T>::QE, CPB = QT<T>::CPB;
-    const int lane = threadIdx.x & 31;
-    const int nb = x.K / QE, ch = nb * CPB;
+    constexpr int QE = QT<T>::QE, CPB = QT<T>::CPB, U = QT<T>::U;
+    /* lane l takes unit l % CPB of blocks l / CPB, + 32 / CPB, ...: its
+     * unit inside a block never changes, and there is no division in the
+     * loop */
+    constexpr int BS = 32 / CPB;
+    const int lane = threadIdx.x & 31, c = lane % CPB, first = lane / CPB;
+    const int nb = x.K / QE;
     const size_t b0 = (size_t)r0 * nb, b1 = (size_t)r1 * nb;
 #pragma unroll
     for (int n = 0; n < N; n++) a0[n] = a1[n] = 0.f;
-    constexpr int U = QT<T>::U;
-    for (int base = lane; base < ch; base += 32 * U) {
+    for (int bl = first; bl < nb; bl += BS * U) {
         qraw p[U], q[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int ci = base + 32 * u;
-            if (ci < ch) {
-                chunk_load<T>(v0, b0 + ci / CPB, ci % CPB, p[u]);
-                chunk_load<T>(v1, b1 + ci / CPB, ci % CPB, q[u]);
+            const int b = bl + BS * u;
+            if (b < nb) {
+                chunk_load<T>(v0, b0 + b, c, p[u]);
+                chunk_load<T>(v1, b1 + b, c, q[u]);
             }
         }
         /* early: the first weight loads were issued before the wait for
          * the previous kernel (the activations' quantization) */
-        if (early && base == lane) PDL_WAIT();
+        if (early && bl == first) PDL_WAIT();
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int ci = base + 32 * u;
-            if (ci < ch) {
-                chunk_dot<T, N>(p[u], ci % CPB, (ci / CPB) * QE, x, a0);
-                chunk_dot<T, N>(q[u], ci % CPB, (ci / CPB) * QE, x, a1);
+            const int b = bl + BS * u;
+            if (b < nb) {
+                chunk_dot<T, N>(p[u], c, b * QE, x, a0);
+                chunk_dot<T, N>(q[u], c, b * QE, x, a1);
             }
         }
     }
-    if (early && lane >= ch) PDL_WAIT(); /* lanes that never entered the loop */
+    if (early && first >= nb) PDL_WAIT(); /* lanes that never entered the loop */
 #pragma unroll
     for (int n = 0; n < N; n++) {
         a0[n] = cu_warp_sum(a0[n]);
