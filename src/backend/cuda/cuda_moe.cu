@@ -132,6 +132,12 @@ __device__ __forceinline__ float moe_dot8(uint4 w, const float *x) {
 
 __device__ __forceinline__ float moe_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+/* Two floats rounded to bf16 (nearest even), packed low then high. */
+__device__ __forceinline__ uint32_t bf2_bits(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&v);
+}
+
 /* out[r, :] += b[:] */
 __global__ void k_add_bias(float *__restrict__ out, const float *__restrict__ b, int64_t rows, int cols) {
     PDL_ENTRY();
@@ -585,12 +591,12 @@ __device__ __forceinline__ void gemm_epilogue(const moe_gemm_args &g,
                 if (NB == 2) {
                     const float4 u0 = *reinterpret_cast<const float4 *>(st + 256 + r * 16 + c0),
                                  u1 = *reinterpret_cast<const float4 *>(st + 256 + r * 16 + c0 + 4);
-                    __nv_bfloat162 p[4] = {
-                        __floats2bfloat162_rn(moe_silu_mul(v0.x, u0.x), moe_silu_mul(v0.y, u0.y)),
-                        __floats2bfloat162_rn(moe_silu_mul(v0.z, u0.z), moe_silu_mul(v0.w, u0.w)),
-                        __floats2bfloat162_rn(moe_silu_mul(v1.x, u1.x), moe_silu_mul(v1.y, u1.y)),
-                        __floats2bfloat162_rn(moe_silu_mul(v1.z, u1.z), moe_silu_mul(v1.w, u1.w))};
-                    *reinterpret_cast<uint4 *>(g.out_bf + (size_t)m * g.N + n) = *reinterpret_cast<const uint4 *>(p);
+                    uint4 o;
+                    o.x = bf2_bits(moe_silu_mul(v0.x, u0.x), moe_silu_mul(v0.y, u0.y));
+                    o.y = bf2_bits(moe_silu_mul(v0.z, u0.z), moe_silu_mul(v0.w, u0.w));
+                    o.z = bf2_bits(moe_silu_mul(v1.x, u1.x), moe_silu_mul(v1.y, u1.y));
+                    o.w = bf2_bits(moe_silu_mul(v1.z, u1.z), moe_silu_mul(v1.w, u1.w));
+                    *reinterpret_cast<uint4 *>(g.out_bf + (size_t)m * g.N + n) = o;
                 } else {
                     float4 *o = reinterpret_cast<float4 *>(g.out_f + (size_t)m * g.N + n);
                     o[0] = v0;
