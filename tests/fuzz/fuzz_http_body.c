@@ -3,7 +3,7 @@
  * template rendering, tokenization, and the output pipeline (streaming
  * detokenizer, stop strings, reasoning and tool-call parsers, SSE and whole
  * responses) -- with a scripted engine in place of the scheduler, as in
- * tests/unit/api/test_api_stream.c: the fake ns_sched_submit pushes the
+ * tests/unit/api/api_fixture.h: the fake ns_sched_submit pushes the
  * tokens of a "model output" taken from the input, synchronously.
  *
  * Input: byte 0 picks the endpoint (% N_EP), the model (bit 4: tiny-qwen3
