@@ -106,7 +106,7 @@ static void usage(FILE *f) {
             "  --micro                  matmul path micro-benchmark (cuda; default off)\n"
             "  --seed N                 dummy-weight seed (default 1)\n"
             "  --weight-type T          dummy-weight type: bf16 (default), or GGUF blocks q8_0, q4_0,\n"
-            "                           q4_k, q5_k, q6_k (cuda; every matrix of that type, random\n"
+            "                           q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (cuda; every matrix of that type, random\n"
             "                           blocks; the roofline counts the quantized bytes)\n"
             "  LIST: comma-separated counts, k = 1024 (e.g. 512,8k)\n",
             default_device);
@@ -230,12 +230,14 @@ static int parse_args(int argc, char **argv, bopts *o) {
             static const struct {
                 const char *name;
                 ns_dtype dt;
-            } types[] = {{"bf16", NS_DT_BF16}, {"q8_0", NS_DT_Q8_0}, {"q4_0", NS_DT_Q4_0},
-                         {"q4_k", NS_DT_Q4_K}, {"q5_k", NS_DT_Q5_K}, {"q6_k", NS_DT_Q6_K}};
+            } types[] = {{"bf16", NS_DT_BF16}, {"q8_0", NS_DT_Q8_0}, {"q4_0", NS_DT_Q4_0}, {"q4_1", NS_DT_Q4_1},
+                         {"q5_0", NS_DT_Q5_0}, {"q5_1", NS_DT_Q5_1}, {"q4_k", NS_DT_Q4_K}, {"q5_k", NS_DT_Q5_K},
+                         {"q6_k", NS_DT_Q6_K}};
             size_t t = 0;
             while (t < sizeof types / sizeof types[0] && strcasecmp(v, types[t].name) != 0) t++;
             if (t == sizeof types / sizeof types[0]) {
-                fprintf(stderr, "nightshift bench-engine: --weight-type must be bf16, q8_0, q4_0, q4_k, q5_k or q6_k, "
+                fprintf(stderr, "nightshift bench-engine: --weight-type must be bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
+                                "q4_k, q5_k or q6_k, "
                                 "not \"%s\"\n", v);
                 return -1;
             }

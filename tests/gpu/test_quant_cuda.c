@@ -1,7 +1,9 @@
 /* test_quant_cuda.c — GGUF block-quantized weights (Q8_0, Q4_0, Q4_K,
  * Q5_K, Q6_K) on the CUDA backend (src/backend/cuda/cuda_quant.cu).
  *
- * 1. Matmul on random blocks (random nonzero scales and quants; row
+ * 1. Matmul on random blocks of every type the CUDA backend takes (Q8_0,
+ *    Q4_0, Q4_K, Q5_K, Q6_K and the Q4_1/Q5_0/Q5_1 fallbacks of k-quant
+ *    files; random nonzero scales and quants; row
  *    lengths 256 and 4096 + 256; 1001 output rows, so the last CTA is
  *    partial), every output poisoned with NaN first:
  *    - decode GEMV (n = 1, 2, 5, 8 input rows): against a double-precision
@@ -162,11 +164,25 @@ static void random_block(ns_dtype dt, uint8_t *b) {
         }
         put_f16(b + 208, (0.2f + 0.8f * fabsf(frand())) / (64.f * 32.f));
         break;
+    case NS_DT_Q4_1:
+    case NS_DT_Q5_0:
+    case NS_DT_Q5_1: { /* d, [m], [qh], qs */
+        const bool m = dt != NS_DT_Q5_0, h = dt != NS_DT_Q4_1;
+        put_f16(b, (0.2f + 0.8f * fabsf(frand())) / 16.f);
+        if (m) put_f16(b + 2, -(0.2f + 0.8f * fabsf(frand())) * 0.5f);
+        uint8_t *qh = b + (m ? 4 : 2), *qs = h ? qh + 4 : b + 4;
+        if (h)
+            for (int i = 0; i < 4; i++) qh[i] = (uint8_t)rnd(256);
+        for (int i = 0; i < 16; i++) qs[i] = (uint8_t)(nz_nibble() | nz_nibble() << 4);
+        break;
+    }
     default: break;
     }
 }
 
-static int block_elems(ns_dtype dt) { return dt == NS_DT_Q8_0 || dt == NS_DT_Q4_0 ? 32 : 256; }
+static int block_elems(ns_dtype dt) {
+    return dt == NS_DT_Q4_K || dt == NS_DT_Q5_K || dt == NS_DT_Q6_K ? 256 : 32;
+}
 
 static uint8_t *random_weight(ns_dtype dt, int64_t rows, int64_t cols) {
     const size_t rb = ns_dtype_row_bytes(dt, cols), bb = rb / (size_t)(cols / block_elems(dt));
@@ -191,7 +207,8 @@ static void quantize_like_kernel(const float *x, float *xq, size_t n) {
 
 /* ------------------------------------------------------------ matmul */
 
-static const ns_dtype TYPES[] = {NS_DT_Q8_0, NS_DT_Q4_0, NS_DT_Q4_K, NS_DT_Q5_K, NS_DT_Q6_K};
+static const ns_dtype TYPES[] = {NS_DT_Q8_0, NS_DT_Q4_0, NS_DT_Q4_K, NS_DT_Q5_K, NS_DT_Q6_K,
+                                 NS_DT_Q4_1, NS_DT_Q5_0, NS_DT_Q5_1};
 
 static void nan_fill(ns_backend *be, ns_tensor *t) {
     size_t n = (size_t)(t->rows * t->cols);

@@ -961,7 +961,7 @@ static ns_status cu_weight_quant(ns_backend *be, ns_tensor *t, ns_dtype dt, int6
     cu_impl *c = IMPL(be);
     memset(t, 0, sizeof *t);
     if (!cu_quant_type_ok(dt))
-        return ns_fail(err, NS_ERR_UNSUPPORTED, "cuda: %s weights are not supported (Q8_0, Q4_0, Q4_K, Q5_K and Q6_K are)",
+        return ns_fail(err, NS_ERR_UNSUPPORTED, "cuda: %s weights are not supported (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K are)",
                        ns_dtype_name(dt));
     if (!cu_quant_check_shape(dt, rows, cols))
         return ns_fail(err, NS_ERR_INVALID, "cuda: %s weight of %lld x %lld is not made of whole blocks",

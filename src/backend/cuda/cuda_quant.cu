@@ -12,7 +12,9 @@
  *                                          Q6_K ql[128] qh[64]
  *   B: 16 bytes of per-block scales        Q4_K/Q5_K d, dmin, scales[12];
  *                                          Q6_K scales[16]
- *   C: the f16 block scale                 Q8_0, Q4_0, Q6_K d
+ *   C: the f16 block scale                 Q8_0, Q4_0, Q6_K, Q5_0 d;
+ *                                          Q4_1, Q5_1 d, m
+ *   (Q5_0 and Q5_1 keep their 32 fifth bits, 4 bytes, as B.)
  * A = base, B = A + nbt*|A|, C = B + nbt*|B|. Nothing else is stored: no
  * dequantized copy of a weight stays in device memory.
  *
@@ -75,6 +77,9 @@ static bool layout_of(ns_dtype dt, qlayout *l) {
     case NS_DT_Q4_K: *l = {256, 128, 16, 0, 16, 0, 0, 144}; return true;
     case NS_DT_Q5_K: *l = {256, 160, 16, 0, 16, 0, 0, 176}; return true;
     case NS_DT_Q6_K: *l = {256, 192, 16, 2, 0, 192, 208, 210}; return true;
+    case NS_DT_Q4_1: *l = {32, 16, 0, 4, 4, 0, 0, 20}; return true;
+    case NS_DT_Q5_0: *l = {32, 16, 4, 2, 6, 2, 0, 22}; return true;
+    case NS_DT_Q5_1: *l = {32, 16, 4, 4, 8, 4, 0, 24}; return true;
     default: return false;
     }
 }
@@ -93,6 +98,11 @@ template <> struct QT<NS_DT_Q4_0> { enum { QE = 32, A = 16, B = 0, CPB = 1, MINB
 template <> struct QT<NS_DT_Q4_K> { enum { QE = 256, A = 128, B = 16, CPB = 4, MINB = 4, U = 2 }; };
 template <> struct QT<NS_DT_Q5_K> { enum { QE = 256, A = 160, B = 16, CPB = 4, MINB = 4, U = 1 }; };
 template <> struct QT<NS_DT_Q6_K> { enum { QE = 256, A = 192, B = 16, CPB = 4, MINB = 4, U = 1 }; };
+template <> struct QT<NS_DT_Q4_1> { enum { QE = 32, A = 16, B = 0, CPB = 1, MINB = 6, U = 2 }; };
+template <> struct QT<NS_DT_Q5_0> { enum { QE = 32, A = 16, B = 4, CPB = 1, MINB = 6, U = 2 }; };
+template <> struct QT<NS_DT_Q5_1> { enum { QE = 32, A = 16, B = 4, CPB = 1, MINB = 6, U = 2 }; };
+/* bytes per block of the C array */
+template <int T> struct QC { enum { C = (T == NS_DT_Q4_1 || T == NS_DT_Q5_1) ? 4 : (T == NS_DT_Q4_K || T == NS_DT_Q5_K) ? 0 : 2 }; };
 
 /* The three arrays of a weight of nbt blocks. */
 struct qview {
@@ -169,7 +179,9 @@ struct qraw {
     uint4 w, w2; /* A bytes (w2: second 16 bytes of 32-byte units) */
     uint4 h, h2; /* Q5_K/Q6_K high bits */
     uint4 m;     /* B bytes (Q4_K/Q5_K/Q6_K) */
-    float d;     /* C scale (Q8_0, Q4_0, Q6_K) */
+    float d;     /* C scale (Q8_0, Q4_0, Q6_K, Q4_1, Q5_0, Q5_1) */
+    float mn;    /* C minimum (Q4_1, Q5_1) */
+    uint32_t qh; /* fifth bits (Q5_0, Q5_1) */
 };
 
 template <int T> __device__ __forceinline__ void chunk_load(const qview &v, size_t blk, int c, qraw &r) {
@@ -180,6 +192,16 @@ template <int T> __device__ __forceinline__ void chunk_load(const qview &v, size
     } else if constexpr (T == NS_DT_Q4_0) {
         r.w = ldg4(v.a + blk * 16);
         r.d = ld_f16(v.c + blk * 2);
+    } else if constexpr (T == NS_DT_Q4_1 || T == NS_DT_Q5_0 || T == NS_DT_Q5_1) {
+        r.w = ldg4(v.a + blk * 16);
+        if constexpr (T == NS_DT_Q5_0) {
+            r.d = ld_f16(v.c + blk * 2);
+        } else {
+            const uint32_t dm = __ldg(reinterpret_cast<const uint32_t *>(v.c + blk * 4));
+            r.d = __half2float(__ushort_as_half((unsigned short)(dm & 0xFFFF)));
+            r.mn = __half2float(__ushort_as_half((unsigned short)(dm >> 16)));
+        }
+        if constexpr (T != NS_DT_Q4_1) r.qh = __ldg(reinterpret_cast<const uint32_t *>(v.b + blk * 4));
     } else if constexpr (T == NS_DT_Q4_K) { /* unit c: qs[32c, 32c+32), sub-blocks 2c and 2c+1 */
         r.w = ldg4(v.a + blk * 128 + 32 * c);
         r.w2 = ldg4(v.a + blk * 128 + 32 * c + 16);
@@ -221,6 +243,23 @@ __device__ __forceinline__ uint4 addhi(uint4 q, uint4 h, int s, uint32_t mask) {
                       q.z | (((h.z >> s) & mask) << 4), q.w | (((h.w >> s) & mask) << 4));
 }
 
+/* Bits 0..3 of b as bit 4 of bytes 0..3 (the four multiplied copies of b
+ * do not overlap, so the product is their OR). */
+__device__ __forceinline__ uint32_t spread4(uint32_t b) { return ((b * 0x00204081u) & 0x01010101u) << 4; }
+
+/* The 32 codes of a Q4_1/Q5_0/Q5_1 block: low nibbles (values 0..15) and
+ * high nibbles (16..31), with the fifth bits of qh for Q5. */
+template <int T> __device__ __forceinline__ void legacy_codes(const qraw &r, uint4 &lo, uint4 &hi) {
+    lo = lo4(r.w);
+    hi = hi4(r.w);
+    if constexpr (T != NS_DT_Q4_1) {
+        lo.x |= spread4(r.qh & 0xF), lo.y |= spread4((r.qh >> 4) & 0xF);
+        lo.z |= spread4((r.qh >> 8) & 0xF), lo.w |= spread4((r.qh >> 12) & 0xF);
+        hi.x |= spread4((r.qh >> 16) & 0xF), hi.y |= spread4((r.qh >> 20) & 0xF);
+        hi.z |= spread4((r.qh >> 24) & 0xF), hi.w |= spread4(r.qh >> 28);
+    }
+}
+
 /* Activation rows: n-th row's int8 values, block scales, 16-sums. */
 struct qx {
     const int8_t *q;
@@ -247,6 +286,18 @@ __device__ __forceinline__ void chunk_dot(const qraw &r, int c, int xe, const qx
             const int s = dot16(ql, ldg4(xr)) + dot16(qh, ldg4(xr + 16));
             const float *s16 = x.s + (size_t)n * (K / 16) + xe / 16;
             acc[n] += r.d * (__ldg(x.d + (size_t)n * (K / 32) + xe / 32) * (float)s - 8.f * (__ldg(s16) + __ldg(s16 + 1)));
+        }
+    } else if constexpr (T == NS_DT_Q4_1 || T == NS_DT_Q5_0 || T == NS_DT_Q5_1) {
+        uint4 ql, qh;
+        legacy_codes<T>(r, ql, qh);
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            const uint8_t *xr = (const uint8_t *)(x.q + (size_t)n * K + xe);
+            const int s = dot16(ql, ldg4(xr)) + dot16(qh, ldg4(xr + 16));
+            const float2 s16 = __ldg(reinterpret_cast<const float2 *>(x.s + (size_t)n * (K / 16) + xe / 16));
+            const float dxs = __ldg(x.d + (size_t)n * (K / 32) + xe / 32) * (float)s, sx = s16.x + s16.y;
+            if constexpr (T == NS_DT_Q5_0) acc[n] += r.d * (dxs - 16.f * sx);
+            else acc[n] += r.d * dxs + r.mn * sx;
         }
     } else if constexpr (T == NS_DT_Q4_K || T == NS_DT_Q5_K) {
         /* unit c: sub-block 2c from the low nibbles, 2c+1 from the high */
@@ -427,15 +478,20 @@ static int type_index(ns_dtype dt) {
     case NS_DT_Q4_K: return 2;
     case NS_DT_Q5_K: return 3;
     case NS_DT_Q6_K: return 4;
+    case NS_DT_Q4_1: return 5;
+    case NS_DT_Q5_0: return 6;
+    case NS_DT_Q5_1: return 7;
     default: return -1;
     }
 }
 
 static qgemv_fn pick_gemv(ns_dtype dt, int n, bool sw) {
-    static const qgemv_fn plain[5][8] = {QG_ROW(NS_DT_Q8_0, false), QG_ROW(NS_DT_Q4_0, false), QG_ROW(NS_DT_Q4_K, false),
-                                         QG_ROW(NS_DT_Q5_K, false), QG_ROW(NS_DT_Q6_K, false)};
-    static const qgemv_fn swig[5][8] = {QG_ROW(NS_DT_Q8_0, true), QG_ROW(NS_DT_Q4_0, true), QG_ROW(NS_DT_Q4_K, true),
-                                        QG_ROW(NS_DT_Q5_K, true), QG_ROW(NS_DT_Q6_K, true)};
+    static const qgemv_fn plain[8][8] = {QG_ROW(NS_DT_Q8_0, false), QG_ROW(NS_DT_Q4_0, false), QG_ROW(NS_DT_Q4_K, false),
+                                         QG_ROW(NS_DT_Q5_K, false), QG_ROW(NS_DT_Q6_K, false), QG_ROW(NS_DT_Q4_1, false),
+                                         QG_ROW(NS_DT_Q5_0, false), QG_ROW(NS_DT_Q5_1, false)};
+    static const qgemv_fn swig[8][8] = {QG_ROW(NS_DT_Q8_0, true), QG_ROW(NS_DT_Q4_0, true), QG_ROW(NS_DT_Q4_K, true),
+                                        QG_ROW(NS_DT_Q5_K, true), QG_ROW(NS_DT_Q6_K, true), QG_ROW(NS_DT_Q4_1, true),
+                                        QG_ROW(NS_DT_Q5_0, true), QG_ROW(NS_DT_Q5_1, true)};
     const int ti = type_index(dt);
     if (ti < 0 || n < 1 || n > CU_QGEMV_MAX) return NULL;
     return sw ? swig[ti][n - 1] : plain[ti][n - 1];
@@ -555,6 +611,17 @@ template <int T> __device__ __forceinline__ void deq16(const qview &v, size_t bl
         *reinterpret_cast<uint4 *>(q) = ldg4(v.a + blk * 16);
 #pragma unroll
         for (int i = 0; i < 16; i++) y[i] = d * (float)((g ? q[i] >> 4 : q[i] & 0xF) - 8);
+    } else if constexpr (T == NS_DT_Q4_1 || T == NS_DT_Q5_0 || T == NS_DT_Q5_1) {
+        qraw r;
+        chunk_load<T>(v, blk, 0, r);
+        uint4 lo, hi;
+        legacy_codes<T>(r, lo, hi);
+        *reinterpret_cast<uint4 *>(q) = g ? hi : lo;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            if constexpr (T == NS_DT_Q5_0) y[i] = r.d * (float)((int)q[i] - 16);
+            else y[i] = (float)q[i] * r.d + r.mn;
+        }
     } else if constexpr (T == NS_DT_Q4_K || T == NS_DT_Q5_K) {
         const uint4 m = ldg4(v.b + blk * 16);
         const int j = g >> 1, hh = g & 1;
@@ -634,6 +701,9 @@ void cu_quant_embed(cu_impl *c, float *out, const ns_tensor *table, int n_tokens
     case NS_DT_Q4_K: cu_launch(c, k_qembed<NS_DT_Q4_K>, dim3(n_tokens), dim3(128), 0, out, w, nbt, c->meta.tokens, dim); break;
     case NS_DT_Q5_K: cu_launch(c, k_qembed<NS_DT_Q5_K>, dim3(n_tokens), dim3(128), 0, out, w, nbt, c->meta.tokens, dim); break;
     case NS_DT_Q6_K: cu_launch(c, k_qembed<NS_DT_Q6_K>, dim3(n_tokens), dim3(128), 0, out, w, nbt, c->meta.tokens, dim); break;
+    case NS_DT_Q4_1: cu_launch(c, k_qembed<NS_DT_Q4_1>, dim3(n_tokens), dim3(128), 0, out, w, nbt, c->meta.tokens, dim); break;
+    case NS_DT_Q5_0: cu_launch(c, k_qembed<NS_DT_Q5_0>, dim3(n_tokens), dim3(128), 0, out, w, nbt, c->meta.tokens, dim); break;
+    case NS_DT_Q5_1: cu_launch(c, k_qembed<NS_DT_Q5_1>, dim3(n_tokens), dim3(128), 0, out, w, nbt, c->meta.tokens, dim); break;
     default: cu_check(c, cudaErrorInvalidValue, "embed: not a quantized table"); return;
     }
     CU_LAUNCHED(c, "quantized embed");
@@ -649,6 +719,9 @@ static void launch_dequant(cu_impl *c, const ns_tensor *w, bf16 *dst) {
     case NS_DT_Q4_K: cu_launch(c, k_dequant_bf16<NS_DT_Q4_K>, grid, block, 0, p, nbt, dst, groups); break;
     case NS_DT_Q5_K: cu_launch(c, k_dequant_bf16<NS_DT_Q5_K>, grid, block, 0, p, nbt, dst, groups); break;
     case NS_DT_Q6_K: cu_launch(c, k_dequant_bf16<NS_DT_Q6_K>, grid, block, 0, p, nbt, dst, groups); break;
+    case NS_DT_Q4_1: cu_launch(c, k_dequant_bf16<NS_DT_Q4_1>, grid, block, 0, p, nbt, dst, groups); break;
+    case NS_DT_Q5_0: cu_launch(c, k_dequant_bf16<NS_DT_Q5_0>, grid, block, 0, p, nbt, dst, groups); break;
+    case NS_DT_Q5_1: cu_launch(c, k_dequant_bf16<NS_DT_Q5_1>, grid, block, 0, p, nbt, dst, groups); break;
     default: cu_check(c, cudaErrorInvalidValue, "dequantize: not a quantized weight"); return;
     }
     CU_LAUNCHED(c, "dequantize weight");
@@ -786,7 +859,7 @@ template <int T> __global__ void k_qrandom(uint8_t *base, size_t nbt, uint64_t s
     const size_t blk = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (blk >= nbt) return;
     uint8_t *a = base + blk * QT<T>::A, *b = base + nbt * QT<T>::A + blk * QT<T>::B;
-    uint8_t *cc = base + nbt * (QT<T>::A + QT<T>::B) + blk * 2;
+    uint8_t *cc = base + nbt * (QT<T>::A + QT<T>::B) + blk * QC<T>::C;
     const uint64_t s0 = seed * 0x9e3779b97f4a7c15ULL + blk * 0x100000001b3ULL;
     for (int i = 0; i < QT<T>::A / 8; i++) {
         const uint64_t r = ns_splitmix64_mix(s0 + (uint64_t)i);
@@ -799,6 +872,17 @@ template <int T> __global__ void k_qrandom(uint8_t *base, size_t nbt, uint64_t s
     if constexpr (T == NS_DT_Q8_0 || T == NS_DT_Q4_0) {
         const __half d = __float2half_rn(scale / (T == NS_DT_Q8_0 ? 127.f : 8.f));
         memcpy(cc, &d, 2);
+    } else if constexpr (T == NS_DT_Q4_1 || T == NS_DT_Q5_0 || T == NS_DT_Q5_1) {
+        /* codes 0..15 or 0..31 around the middle: d * q + m with m = -16 d
+         * (Q5_1) / -8 d (Q4_1) */
+        const float dv = scale / (T == NS_DT_Q4_1 ? 8.f : 16.f);
+        const __half d = __float2half_rn(dv);
+        memcpy(cc, &d, 2);
+        if constexpr (T != NS_DT_Q5_0) {
+            const __half m = __float2half_rn(-dv * (T == NS_DT_Q4_1 ? 8.f : 16.f));
+            memcpy(cc + 2, &m, 2);
+        }
+        if constexpr (T != NS_DT_Q4_1) memcpy(b, &r, 4);
     } else if constexpr (T == NS_DT_Q4_K || T == NS_DT_Q5_K) {
         const float dv = scale / (T == NS_DT_Q4_K ? 63.f * 15.f : 63.f * 31.f);
         const __half d = __float2half_rn(dv), dm = __float2half_rn(dv * (T == NS_DT_Q4_K ? 7.5f : 15.5f));
@@ -827,6 +911,9 @@ bool cu_quant_random(cu_impl *c, ns_tensor *t, uint64_t seed, float scale) {
     case NS_DT_Q4_K: k_qrandom<NS_DT_Q4_K><<<grid, block, 0, c->stream>>>(p, nbt, seed, scale); break;
     case NS_DT_Q5_K: k_qrandom<NS_DT_Q5_K><<<grid, block, 0, c->stream>>>(p, nbt, seed, scale); break;
     case NS_DT_Q6_K: k_qrandom<NS_DT_Q6_K><<<grid, block, 0, c->stream>>>(p, nbt, seed, scale); break;
+    case NS_DT_Q4_1: k_qrandom<NS_DT_Q4_1><<<grid, block, 0, c->stream>>>(p, nbt, seed, scale); break;
+    case NS_DT_Q5_0: k_qrandom<NS_DT_Q5_0><<<grid, block, 0, c->stream>>>(p, nbt, seed, scale); break;
+    case NS_DT_Q5_1: k_qrandom<NS_DT_Q5_1><<<grid, block, 0, c->stream>>>(p, nbt, seed, scale); break;
     default: return !cu_check(c, cudaErrorInvalidValue, "random: not a quantized type");
     }
     return !CU_LAUNCHED(c, "random quantized weight");
