@@ -34,6 +34,19 @@ static json_t *named_events(const char *body, int *bad) {
     return arr;
 }
 
+/* POSTs body to path: the answer must be 200 with named SSE events that
+ * all parse. Returns them (the caller decrefs). */
+static json_t *post_events(const char *path, const char *body) {
+    ns_buf out;
+    ns_buf_init(&out, 0);
+    CHECK_EQ_INT(http("POST", path, body, &out), 200);
+    int bad = 0;
+    json_t *evs = named_events(out.data ? out.data : "", &bad);
+    CHECK_EQ_INT(bad, 0);
+    ns_buf_free(&out);
+    return evs;
+}
+
 static const char *ev_name(json_t *ev) { return json_string_value(json_object_get(ev, "event")); }
 static json_t *ev_data(json_t *ev) { return json_object_get(ev, "data"); }
 static const char *sget(json_t *o, const char *k) { return json_string_value(json_object_get(o, k)); }
@@ -54,12 +67,7 @@ TEST(messages_stream_blocks) {
              "{\"model\":\"m\",\"max_tokens\":200,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"show "
              "main.c\"}],%s}",
              MSG_TOOLS);
-    ns_buf out;
-    ns_buf_init(&out, 0);
-    CHECK_EQ_INT(http("POST", "/v1/messages?beta=true", body, &out), 200);
-    int bad;
-    json_t *evs = named_events(out.data ? out.data : "", &bad);
-    CHECK_EQ_INT(bad, 0);
+    json_t *evs = post_events("/v1/messages?beta=true", body);
     /* the sequence, with deltas folded */
     char seq[2048] = "";
     char thinking[512] = "", text[512] = "", args[512] = "", sig[128] = "", name[64] = "";
@@ -121,7 +129,6 @@ TEST(messages_stream_blocks) {
     CHECK_EQ_STR(args, ARGS);
     CHECKF(n_args > 1, "the input should stream in pieces (%d)", n_args);
     json_decref(evs);
-    ns_buf_free(&out);
 }
 
 TEST(messages_whole_and_stop_sequence) {
@@ -196,12 +203,7 @@ TEST(responses_stream_items) {
     char body[1024];
     snprintf(body, sizeof body,
              "{\"input\":\"show main.c\",\"stream\":true,\"include\":[\"reasoning.encrypted_content\"],%s}", RESP_TOOLS);
-    ns_buf out;
-    ns_buf_init(&out, 0);
-    CHECK_EQ_INT(http("POST", "/v1/responses", body, &out), 200);
-    int bad;
-    json_t *evs = named_events(out.data ? out.data : "", &bad);
-    CHECK_EQ_INT(bad, 0);
+    json_t *evs = post_events("/v1/responses", body);
     char seq[2048] = "", reasoning[512] = "", text[512] = "", args[512] = "";
     size_t i;
     json_t *ev, *final = NULL;
@@ -241,7 +243,6 @@ TEST(responses_stream_items) {
     CHECK_EQ_INT(iget(u, "output_tokens"), g_script_n);
     CHECK(iget(json_object_get(u, "output_tokens_details"), "reasoning_tokens") > 5);
     json_decref(evs);
-    ns_buf_free(&out);
 }
 
 TEST(responses_custom_tool_call) {
@@ -263,11 +264,9 @@ TEST(responses_custom_tool_call) {
     CHECK_EQ_STR(sget(j, "status"), "completed");
     json_decref(j);
     /* streamed: the input decoded as it grows; the deltas add up to it */
-    ns_buf_reset(&out);
+    ns_buf_free(&out);
     snprintf(body, sizeof body, "{\"input\":\"patch it\",\"stream\":true,%s}", RESP_TOOLS);
-    CHECK_EQ_INT(http("POST", "/v1/responses", body, &out), 200);
-    int bad;
-    json_t *evs = named_events(out.data ? out.data : "", &bad);
+    json_t *evs = post_events("/v1/responses", body);
     char deltas[256] = "";
     int n_deltas = 0;
     bool done = false;
@@ -285,33 +284,21 @@ TEST(responses_custom_tool_call) {
     CHECKF(n_deltas > 1, "the input should stream in pieces (%d)", n_deltas);
     CHECK(done);
     json_decref(evs);
-    ns_buf_free(&out);
 }
 
 /* An engine failure mid-stream: Anthropic's error event after what was
  * sent; Responses' response.failed with the items finished so far. */
 TEST(stream_failures) {
     script_text("partial answer", NS_FINISH_ERROR);
-    ns_buf out;
-    ns_buf_init(&out, 0);
-    CHECK_EQ_INT(http("POST", "/v1/messages",
-                      "{\"model\":\"m\",\"max_tokens\":50,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":"
-                      "\"x\"}]}",
-                      &out),
-                 200);
-    int bad;
-    json_t *evs = named_events(out.data ? out.data : "", &bad);
-    CHECK_EQ_INT(bad, 0);
+    json_t *evs = post_events("/v1/messages", "{\"model\":\"m\",\"max_tokens\":50,\"stream\":true,\"messages\":[{"
+                                              "\"role\":\"user\",\"content\":\"x\"}]}");
     json_t *last = json_array_get(evs, json_array_size(evs) - 1);
     CHECK_EQ_STR(ev_name(last), "error");
     CHECK_EQ_STR(sget(json_object_get(ev_data(last), "error"), "type"), "api_error");
     CHECK_EQ_STR(ev_name(json_array_get(evs, 0)), "message_start");
     json_decref(evs);
-    ns_buf_reset(&out);
     script_text("partial answer", NS_FINISH_ERROR);
-    CHECK_EQ_INT(http("POST", "/v1/responses", "{\"input\":\"x\",\"stream\":true}", &out), 200);
-    evs = named_events(out.data ? out.data : "", &bad);
-    CHECK_EQ_INT(bad, 0);
+    evs = post_events("/v1/responses", "{\"input\":\"x\",\"stream\":true}");
     last = json_array_get(evs, json_array_size(evs) - 1);
     CHECK_EQ_STR(ev_name(last), "response.failed");
     json_t *r = json_object_get(ev_data(last), "response");
@@ -320,7 +307,6 @@ TEST(stream_failures) {
     json_t *msg = json_array_get(json_object_get(r, "output"), 0);
     CHECK_EQ_STR(sget(json_array_get(json_object_get(msg, "content"), 0), "text"), "partial answer");
     json_decref(evs);
-    ns_buf_free(&out);
 }
 
 /* thinking.budget_tokens: after the budget the request is cut inside
