@@ -408,7 +408,8 @@ void cu_gemm(cu_impl *c, float *out, const bf16 *in_bf, const float *in_f32, con
              int64_t k);
 
 /* ---- quantized weights (cuda_quant.cu) ----
- * Weights of type Q8_0/Q4_0/Q4_K/Q5_K/Q6_K hold the file's bytes,
+ * Weights of a GGUF block type (Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K)
+ * hold the file's bytes,
  * rearranged at upload (layout in cuda_quant.cu). Products with n <=
  * CU_QGEMV_MAX input rows run a GEMV on the blocks; larger n dequantize
  * the weight into a bf16 scratch and use cuBLASLt (in_bf required). */

@@ -1,13 +1,14 @@
-/* cuda_quant.cu — GGUF block-quantized weights (Q8_0, Q4_0, Q4_K, Q5_K,
- * Q6_K) on the CUDA backend: upload, decode GEMV on the blocks, prefill
+/* cuda_quant.cu — GGUF block-quantized weights (Q8_0, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q4_K, Q5_K, Q6_K) on the CUDA backend: upload, decode GEMV on the
+ * blocks, prefill
  * through a bf16 dequantization scratch and cuBLASLt, embedding lookup.
  *
  * Device layout. A quantized weight holds exactly the file's bytes
  * (ns_tensor_bytes), but rearranged at upload from ggml's array of blocks
  * into up to three arrays over all nbt blocks of the tensor, so that every
  * load of the GEMV is an aligned, coalesced 16-byte load (ggml blocks of
- * 34, 18 and 210 bytes are not 16-byte aligned):
- *   A: the quant bytes of each block      Q8_0 qs[32]; Q4_0 qs[16];
+ * 34, 18, 20, 22, 24 and 210 bytes are not 16-byte aligned):
+ *   A: the quant bytes of each block      Q8_0 qs[32]; Q4_0/Q4_1/Q5_x qs[16];
  *                                          Q4_K qs[128]; Q5_K qh[32] qs[128];
  *                                          Q6_K ql[128] qh[64]
  *   B: 16 bytes of per-block scales        Q4_K/Q5_K d, dmin, scales[12];
