@@ -106,8 +106,8 @@ static void usage(FILE *f) {
             "  --micro                  matmul path micro-benchmark (cuda; default off)\n"
             "  --seed N                 dummy-weight seed (default 1)\n"
             "  --weight-type T          dummy-weight type: bf16 (default), or GGUF blocks q8_0, q4_0,\n"
-            "                           q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (cuda; every matrix of that type, random\n"
-            "                           blocks; the roofline counts the quantized bytes)\n"
+            "                           q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (cuda; every matrix of\n"
+            "                           that type, random blocks; the roofline counts their bytes)\n"
             "  LIST: comma-separated counts, k = 1024 (e.g. 512,8k)\n",
             default_device);
 }
