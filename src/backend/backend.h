@@ -38,7 +38,9 @@
 
 /* NS_DT_Q* are GGUF's block-quantized weight formats (ggml layouts; see
  * src/backend/cpu/quant.h): weights only, rows made of whole blocks, never
- * activations or KV. Only the CPU backend accepts them. */
+ * activations or KV. The CPU backend and the CUDA backend
+ * (src/backend/cuda/cuda_quant.cu) accept them as matrices; CUDA's moe_ffn
+ * does not (BF16 router and experts). */
 typedef enum {
     NS_DT_F32 = 0,
     NS_DT_BF16 = 1,
