@@ -3,9 +3,8 @@
  *
  * moe_ffn runs at several shapes: tokens 1, 2, 4, 5, 7, 64, 300, 1000,
  * 2100 (and a chunked 4100), experts 8/16/64/128, top-k 1/2/4/8, with and
- * without renormalisation, covering the gathered GEMV (up to 4 tokens),
- * the grouped GEMVs (a few rows per expert) and the grouped GEMM's 64- and
- * 128-row tile shapes;
+ * without renormalisation, covering the gathered GEMV (up to 4 tokens)
+ * and the grouped GEMM's 16-, 64- and 128-row tile shapes;
  * hidden and expert widths that are not multiples of the kernels' tiles
  * (so every tail is exercised) and the Qwen3-30B-A3B layer shape. Each
  * shape runs as a prefill batch (one sequence, eager) and, up to 64
@@ -13,8 +12,8 @@
  * recorded, so the same step runs eagerly, is captured into a CUDA graph
  * and is replayed, each time with new inputs, and each result must match
  * the CPU — and a replay must actually have happened. A second backend
- * runs the alternative paths (unfused decode routing, 16-row GEMM tiles
- * instead of grouped GEMVs for a few rows per expert).
+ * runs the alternative paths (unfused decode routing, grouped GEMVs
+ * instead of 16-row GEMM tiles for a few rows per expert).
  *
  * Tolerances (relative L2 per comparison): the gathered-GEMV path (up to
  * 4 tokens) keeps activations in F32: 1e-4. The grouped-GEMM path rounds
@@ -324,8 +323,8 @@ TEST(test_moe_shapes) {
 
 TEST(test_moe_qwen3_30b_layer) {
     /* one Qwen3-30B-A3B layer: hidden 2048, 128 experts of 768, top 8:
-     * gathered GEMV at 1 token, grouped GEMVs at 64, the grouped GEMM's
-     * 64- and 128-row tiles at 300 and 2100 */
+     * gathered GEMV at 1 token, the grouped GEMM's 16-, 64- and 128-row
+     * tiles at 64, 300 and 2100 */
     static const moe_case cs[] = {{1, 128, 8, true}, {64, 128, 8, true}, {300, 128, 8, true}, {2100, 128, 8, true}};
     pair in, out;
     pair_alloc(&in, 2100, 2048);
@@ -355,10 +354,10 @@ TEST(test_moe_chunked_prefill) {
 TEST(test_moe_alternative_paths) {
     /* NS_CUDA_MOE_FUSE=0: decode routing as two launches (router logits,
      * then top-k) instead of the fused router whose last block selects;
-     * NS_CUDA_MOE_GGEMV=0: a few rows per expert through 16-row GEMM tiles
-     * instead of the grouped GEMVs */
+     * NS_CUDA_MOE_GGEMV=1: a few rows per expert through grouped GEMVs
+     * instead of 16-row GEMM tiles */
     setenv("NS_CUDA_MOE_FUSE", "0", 1);
-    setenv("NS_CUDA_MOE_GGEMV", "0", 1);
+    setenv("NS_CUDA_MOE_GGEMV", "1", 1);
     ns_backend *g2 = NULL, *keep = gpu;
     ns_error err = {0};
     ns_status rc = ns_backend_cuda_create(0, &g2, &err);

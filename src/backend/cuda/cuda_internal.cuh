@@ -203,7 +203,7 @@ typedef struct cu_impl {
     void *moe_ws;
     size_t moe_ws_bytes;
     int moe_fuse; /* CU_SW_*: decode router + top-k in one launch (NS_CUDA_MOE_FUSE=0: off) */
-    int moe_ggemv; /* CU_SW_*: grouped GEMVs for a few rows per expert (NS_CUDA_MOE_GGEMV=0: 16-row tiles) */
+    int moe_ggemv; /* CU_SW_*: grouped GEMVs for a few rows per expert (NS_CUDA_MOE_GGEMV=1; default: 16-row tiles) */
 
     /* quantized weights (cuda_quant.cu): activation and dequantization
      * scratch, created by the first quantized weight's upload */
