@@ -33,21 +33,8 @@
 #include "backend/cuda/cuda.h"
 #include "test.h"
 
-static ns_backend *cpu, *gpu;
-static uint64_t rs = 0x9e3779b97f4a7c15ULL;
-
-static uint64_t next_u64(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return rs;
-}
-
-/* uniform in [-1, 1), never exactly zero */
-static float frand(void) {
-    float f = (float)((double)(next_u64() >> 40) / 8388608.0 - 1.0);
-    return f == 0.0f ? 0.5f : f;
-}
+#define GPU_TEST_SEED 0x9e3779b97f4a7c15ULL
+#include "gpu_test.h"
 
 static float *rand_vec(size_t n, float scale) {
     float *x = malloc(n * sizeof *x);
@@ -407,15 +394,7 @@ TEST(test_moe_bad_shapes_fail) {
 }
 
 int main(void) {
-    ns_error err = {0};
-    if (ns_backend_cpu_create(8, &cpu, &err) != NS_OK) {
-        printf("not ok - setup: cpu backend: %s\n", err.msg);
-        return 1;
-    }
-    if (ns_backend_cuda_create(0, &gpu, &err) != NS_OK) {
-        printf("not ok - setup: cuda backend: %s\n", err.msg);
-        return 1;
-    }
+    if (!gpu_test_open(8)) return 1;
     RUN(test_add_bias);
     RUN(test_moe_shapes);
     RUN(test_moe_qwen3_30b_layer);

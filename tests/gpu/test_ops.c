@@ -21,21 +21,8 @@
 #include "sample/sample.h"
 #include "test.h"
 
-static ns_backend *cpu, *gpu;
-static uint64_t rs = 0x1234567887654321ULL;
-
-static uint64_t next_u64(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return rs;
-}
-
-/* uniform in [-1, 1), never exactly zero */
-static float frand(void) {
-    float f = (float)((double)(next_u64() >> 40) / 8388608.0 - 1.0);
-    return f == 0.0f ? 0.5f : f;
-}
+#define GPU_TEST_SEED 0x1234567887654321ULL
+#include "gpu_test.h"
 
 static float bf16_round(float f) {
     uint32_t u;
@@ -1063,15 +1050,7 @@ TEST(test_errors_are_reported) {
 }
 
 int main(void) {
-    ns_error err = {0};
-    if (ns_backend_cpu_create(8, &cpu, &err) != NS_OK) {
-        printf("not ok - setup: cpu backend: %s\n", err.msg);
-        return 1;
-    }
-    if (ns_backend_cuda_create(0, &gpu, &err) != NS_OK) {
-        printf("not ok - setup: cuda backend: %s\n", err.msg);
-        return 1;
-    }
+    if (!gpu_test_open(8)) return 1;
     RUN(test_weight_random_matches_cpu);
     RUN(test_weight_from_host_f32_rounds_to_bf16);
     RUN(test_embed);

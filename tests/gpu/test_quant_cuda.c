@@ -56,23 +56,10 @@
 #include "model/model.h"
 #include "test.h"
 
-static ns_backend *cpu, *gpu;
-static uint64_t rs = 0x9e3779b97f4a7c15ULL;
-
-static uint64_t next_u64(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return rs;
-}
+#define GPU_TEST_SEED 0x9e3779b97f4a7c15ULL
+#include "gpu_test.h"
 
 static uint32_t rnd(uint32_t n) { return (uint32_t)(next_u64() >> 33) % n; }
-
-/* uniform in [-1, 1), never exactly zero */
-static float frand(void) {
-    float f = (float)((double)(next_u64() >> 40) / 8388608.0 - 1.0);
-    return f == 0.0f ? 0.5f : f;
-}
 
 #define OK(expr)                                                                          \
     do {                                                                                  \
@@ -576,15 +563,7 @@ TEST(test_fused_decode_q8_0) { fused_vs_unfused(NS_DT_Q8_0); }
 TEST(test_fused_decode_q6_k) { fused_vs_unfused(NS_DT_Q6_K); }
 
 int main(void) {
-    ns_error err = {0};
-    if (ns_backend_cuda_create(0, &gpu, &err) != NS_OK) {
-        printf("not ok - setup: cuda backend: %s\n", err.msg);
-        return 1;
-    }
-    if (ns_backend_cpu_create(8, &cpu, &err) != NS_OK) {
-        printf("not ok - setup: cpu backend: %s\n", err.msg);
-        return 1;
-    }
+    if (!gpu_test_open(8)) return 1;
     RUN(test_quant_gemv);
     RUN(test_quant_prefill);
     RUN(test_quant_bad_shape);
