@@ -147,6 +147,31 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[64]) {
 
 /* ---------------------------------------------------------------- kernel */
 
+/* One 16-byte chunk (c of 16) of key `key`'s K and V rows into row r of
+ * the stage at kd/vd: the page-table lookup (shift for power-of-two
+ * pages), then two cp.async; keys past n_keys are zero-filled. Shared by
+ * both producer layouts. */
+__device__ __forceinline__ void s9_copy_kv_chunk(const cu_sm90_params &p, const int32_t *pt, int kvh, int key,
+                                                 int n_keys, uint32_t kd, uint32_t vd, int r, int c) {
+    const bool ok = key < n_keys;
+    const uint8_t *src = p.kv;
+    if (ok) {
+        int pi, slot;
+        if (p.P_shift >= 0) {
+            pi = key >> p.P_shift;
+            slot = key & (p.P - 1);
+        } else {
+            pi = key / p.P;
+            slot = key - pi * p.P;
+        }
+        src = p.kv + (size_t)pt[pi] * p.page_bytes + p.k_off + (size_t)kvh * p.head_bytes +
+              (size_t)slot * ((size_t)S9_D * 2) + (size_t)c * 16;
+    }
+    const uint32_t off = s9_sw(S9_BN, r, c);
+    s9_cp_async16(kd + off, src, ok ? 16 : 0);
+    s9_cp_async16(vd + off, ok ? src + (p.v_off - p.k_off) : src, ok ? 16 : 0);
+}
+
 /* Producer: K/V tiles 0..nt-1 of kv head kvh of sequence s into the two
  * stages. Tile kt's "full" barrier is arrived by all 128 producer threads
  * once their own copies of it have landed (cp.async.wait_group) and been
@@ -156,8 +181,6 @@ __device__ __forceinline__ void s9_producer(const cu_sm90_params &p, uint8_t *sm
     const int tid = threadIdx.x; /* 0..127 */
     const int c = tid & 15, rb = tid >> 4;
     const uint32_t kbase = s9_smem_addr(smem + 2 * S9_Q_BYTES), vbase = kbase + S9_STAGES * S9_KV_BYTES;
-    const size_t kv_delta = p.v_off - p.k_off;
-    const size_t row_bytes = (size_t)S9_D * 2;
     const int32_t *pt = p.page_table + (size_t)s * p.pt_stride;
     for (int kt = 0; kt < nt; kt++) {
         const int st = kt % S9_STAGES;
@@ -165,24 +188,8 @@ __device__ __forceinline__ void s9_producer(const cu_sm90_params &p, uint8_t *sm
         const uint32_t kd = kbase + st * S9_KV_BYTES, vd = vbase + st * S9_KV_BYTES;
 #pragma unroll 4
         for (int j = 0; j < S9_BN / 8; j++) {
-            const int r = rb + 8 * j, key = kt * S9_BN + r;
-            const bool ok = key < n_keys;
-            const uint8_t *src = p.kv;
-            if (ok) {
-                int pi, slot;
-                if (p.P_shift >= 0) {
-                    pi = key >> p.P_shift;
-                    slot = key & (p.P - 1);
-                } else {
-                    pi = key / p.P;
-                    slot = key - pi * p.P;
-                }
-                src = p.kv + (size_t)pt[pi] * p.page_bytes + p.k_off + (size_t)kvh * p.head_bytes +
-                      (size_t)slot * row_bytes + (size_t)c * 16;
-            }
-            const uint32_t off = s9_sw(S9_BN, r, c);
-            s9_cp_async16(kd + off, src, ok ? 16 : 0);
-            s9_cp_async16(vd + off, ok ? src + kv_delta : src, ok ? 16 : 0);
+            const int r = rb + 8 * j;
+            s9_copy_kv_chunk(p, pt, kvh, kt * S9_BN + r, n_keys, kd, vd, r, c);
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");
         if (kt > 0) {
@@ -212,8 +219,6 @@ __device__ __forceinline__ void s9_producer_warps(const cu_sm90_params &p, uint8
     const int pw = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int c = lane & 15, rb = lane >> 4;
     const uint32_t kbase = s9_smem_addr(smem + 2 * S9_Q_BYTES), vbase = kbase + S9_STAGES * S9_KV_BYTES;
-    const size_t kv_delta = p.v_off - p.k_off;
-    const size_t row_bytes = (size_t)S9_D * 2;
     const int32_t *pt = p.page_table + (size_t)s * p.pt_stride;
     if (pw >= S9_STAGES) return;
     for (int kt = pw; kt < nt; kt += S9_STAGES) {
@@ -222,24 +227,8 @@ __device__ __forceinline__ void s9_producer_warps(const cu_sm90_params &p, uint8
         const uint32_t kd = kbase + st * S9_KV_BYTES, vd = vbase + st * S9_KV_BYTES;
 #pragma unroll 4
         for (int j = 0; j < S9_BN / 2; j++) {
-            const int r = rb + 2 * j, key = kt * S9_BN + r;
-            const bool ok = key < n_keys;
-            const uint8_t *src = p.kv;
-            if (ok) {
-                int pi, slot;
-                if (p.P_shift >= 0) {
-                    pi = key >> p.P_shift;
-                    slot = key & (p.P - 1);
-                } else {
-                    pi = key / p.P;
-                    slot = key - pi * p.P;
-                }
-                src = p.kv + (size_t)pt[pi] * p.page_bytes + p.k_off + (size_t)kvh * p.head_bytes +
-                      (size_t)slot * row_bytes + (size_t)c * 16;
-            }
-            const uint32_t off = s9_sw(S9_BN, r, c);
-            s9_cp_async16(kd + off, src, ok ? 16 : 0);
-            s9_cp_async16(vd + off, ok ? src + kv_delta : src, ok ? 16 : 0);
+            const int r = rb + 2 * j;
+            s9_copy_kv_chunk(p, pt, kvh, kt * S9_BN + r, n_keys, kd, vd, r, c);
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
