@@ -579,6 +579,21 @@ static void attention_run(attn_bufs *ab, const batch_buf *bb, const attn_cfg *cf
     pair_check(&ab->out, T, tol, buf);
 }
 
+/* The page ids 0..pages-1 in a random order (malloc'd, the caller frees
+ * it): page tables built from it leave no sequence contiguous in the
+ * pool. */
+static int32_t *shuffled_pages(int pages) {
+    int32_t *perm = malloc((size_t)pages * 4);
+    for (int i = 0; i < pages; i++) perm[i] = i;
+    for (int i = pages - 1; i > 0; i--) {
+        int j = (int)(next_u64() % (uint64_t)(i + 1));
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    return perm;
+}
+
 static void attention_step(const batch_buf *bb, const attn_cfg *cf, int layer, double tol, const char *what) {
     attn_bufs ab;
     attn_bufs_alloc(&ab, bb->b.n_tokens, cf);
@@ -598,14 +613,7 @@ static void attention_config(const attn_cfg *cf) {
     enum { NS = 6 };
     const seq_spec fin[NS] = {{100, 100}, {300, 37}, {1000, 1}, {17, 1}, {2, 2}, {200, 64}};
     int32_t max_pages = (1001 + cf->P - 1) / cf->P + 1;
-    int32_t *perm = malloc((size_t)pages * 4);
-    for (int i = 0; i < pages; i++) perm[i] = i;
-    for (int i = pages - 1; i > 0; i--) {
-        int j = (int)(next_u64() % (uint64_t)(i + 1));
-        int32_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    int32_t *perm = shuffled_pages(pages);
     int32_t *pt = calloc((size_t)NS * max_pages, 4);
     int used = 0;
     for (int s = 0; s < NS; s++)
@@ -771,14 +779,7 @@ static void attention_batch(const attn_cfg *cf, const seq_spec *fin, int ns, dou
     kv_layouts(cf, layers, pages, &lc, &lg);
     OK(cpu->ops->kv_alloc(cpu, &lc, &_e));
     OK(gpu->ops->kv_alloc(gpu, &lg, &_e));
-    int32_t *perm = malloc((size_t)pages * 4);
-    for (int i = 0; i < pages; i++) perm[i] = i;
-    for (int i = pages - 1; i > 0; i--) {
-        int j = (int)(next_u64() % (uint64_t)(i + 1));
-        int32_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    int32_t *perm = shuffled_pages(pages);
     int32_t *pt = calloc((size_t)ns * max_pages, 4);
     int used = 0;
     for (int s = 0; s < ns; s++)
