@@ -911,6 +911,42 @@ TEST(test_attention_decode_mixed) {
     }
 }
 
+/* The tensor-core decode kernel forced on, with K/V copy mode `mode`
+ * (cuda.h ns_cuda_set_attn_dec_load). */
+static void set_dec_load_forced(ns_backend *be, int mode) {
+    ns_cuda_set_attn_dec_mma(be, 2);
+    ns_cuda_set_attn_dec_load(be, mode);
+}
+
+/* The tensor-core decode kernel's K/V copy modes (16-byte cp.async; the
+ * same with page ids loaded a tile ahead; one bulk copy per K/V row on an
+ * mbarrier, where rows past a split's end are zero-filled by hand) within
+ * 1e-4 of the CPU reference: batch 1 at 40001 tokens (128 splits of 320
+ * keys, the last holding one key, two with none), batch 1 at 12001 tokens with
+ * the Qwen3-8B head layout (32 splits, as a 32k decode step), a mixed
+ * batch (1 ... 33000 tokens, tiles ending at every page offset that
+ * matters), GQA 1/4/8, head dims 64 and 128, pages of 16 and 32 tokens. */
+TEST(test_attention_decode_load_modes) {
+    const seq_spec b1_40k[] = {{40001, 1}}, b1_12k[] = {{12001, 1}};
+    const seq_spec mixed[] = {{33000, 1}, {1, 1}, {4095, 1}, {17, 1}, {16, 1}, {15, 1}, {8191, 1}, {65, 1}};
+    const attn_cfg g4 = {128, 2, 8, 16}, qwen = {128, 8, 32, 16}, g8 = {128, 1, 8, 16}, g1 = {128, 2, 2, 16},
+                   d64 = {64, 2, 8, 32};
+    const gpu_switch k = {set_dec_load_forced,
+                          3,
+                          {0, 1, 2},
+                          {"(cp.async)", "(page ids ahead)", "(bulk rows)", NULL, NULL, NULL, NULL, NULL}};
+    attention_batch(&g4, b1_40k, 1, 1e-4, 1e-3, "decode B1 40001 GQA4", &k);
+    attention_batch(&qwen, b1_12k, 1, 1e-4, 1e-3, "decode B1 12001 Qwen3-8B heads", &k);
+    const attn_cfg *mc[] = {&g4, &g8, &g1, &d64};
+    for (size_t i = 0; i < sizeof mc / sizeof mc[0]; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "decode load modes mixed GQA%d D=%d", mc[i]->H / mc[i]->KVH, mc[i]->D);
+        attention_batch(mc[i], mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-4, 1e-3, what, &k);
+    }
+    ns_cuda_set_attn_dec_mma(gpu, -1); /* back to the defaults */
+    ns_cuda_set_attn_dec_load(gpu, -1);
+}
+
 /* ---------------------------------------------------------------- KV pages */
 
 TEST(test_kv_pages) {
@@ -1066,6 +1102,7 @@ int main(void) {
     RUN(test_attention_prefill_boundaries);
     RUN(test_attention_40k_context);
     RUN(test_attention_decode_mixed);
+    RUN(test_attention_decode_load_modes);
     RUN(test_kv_pages);
     RUN(test_kv_pages_async);
     RUN(test_sample);

@@ -47,6 +47,11 @@ void ns_cuda_set_graphs(ns_backend *be, int on);
 /* Fused kernels for the engine's fixed op sequences in decode steps: on
  * (default) or off. Fused and unfused give the same numbers. */
 void ns_cuda_set_fusion(ns_backend *be, int on);
+/* With fusion on: the RMSNorm before a decode GEMV group and the residual
+ * add after a decode GEMV folded into those GEMVs (batch 1-2, bf16
+ * weights; cuda_decode.cu): on or off (default: env NS_CUDA_DEC_FUSE, else
+ * off). Same numbers either way. */
+void ns_cuda_set_dec_fuse(ns_backend *be, int on);
 /* Programmatic dependent launch between kernels: on (default) or off. */
 void ns_cuda_set_pdl(ns_backend *be, int on);
 /* L2 prefetch of the next GEMV's weights by small decode kernels. */
@@ -69,6 +74,13 @@ void ns_cuda_set_attn_sm90(ns_backend *be, int on);
  * measured faster (default: >= 32 splits or >= 16 decode rows), 2 =
  * always, 0 = never (CUDA cores); env NS_CUDA_ATTN_DEC_MMA likewise. */
 void ns_cuda_set_attn_dec_mma(ns_backend *be, int on);
+/* How the tensor-core decode kernel copies its K/V tiles: 0 = 16-byte
+ * cp.async, page ids looked up per tile (default until measured), 1 = the
+ * same with page ids loaded a tile ahead, 2 = one cp.async.bulk per K/V
+ * row on an mbarrier (compute capability >= 9.0; 1 elsewhere); env
+ * NS_CUDA_DEC_LOAD likewise. Same results bit for bit; for A/B runs and
+ * tests. */
+void ns_cuda_set_attn_dec_load(ns_backend *be, int mode);
 void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager);
 
 /* Per-op timing with events (forces eager execution while on). */

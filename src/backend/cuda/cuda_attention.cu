@@ -64,6 +64,20 @@ __device__ __forceinline__ const uint8_t *kv_row(const attn_params &p, int s, in
     return p.kv + (size_t)page * p.page_bytes + off + (size_t)kvh * p.head_bytes + (size_t)slot * (p.head_bytes / p.P);
 }
 
+/* Page id of position pos of sequence s, and the address of K (off =
+ * k_off) or V (off = v_off) of kv head kvh at pos given that page id:
+ * kv_row split in two, so a kernel can load the page id a tile ahead and
+ * keep the page-table load off the chain between a tile's arrival and the
+ * next tile's copy. */
+__device__ __forceinline__ int kv_page(const attn_params &p, int s, int pos) {
+    const int pi = p.P_shift >= 0 ? pos >> p.P_shift : pos / p.P;
+    return p.page_table[(size_t)s * p.pt_stride + pi];
+}
+__device__ __forceinline__ const uint8_t *kv_row_at(const attn_params &p, int page, int pos, int kvh, size_t off) {
+    const int slot = p.P_shift >= 0 ? pos & (p.P - 1) : pos % p.P;
+    return p.kv + (size_t)page * p.page_bytes + off + (size_t)kvh * p.head_bytes + (size_t)slot * (p.head_bytes / p.P);
+}
+
 /* ============================================================ prefill */
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
@@ -682,150 +696,68 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uin
     lo = *reinterpret_cast<const uint32_t *>(&l);
 }
 
-/* Flash-decoding on mma.sync: CTA = (split, kv head, sequence), 4 warps,
- * all G <= 8 query heads of the kv head at once, so each K/V byte is read
- * once per group. K/V tiles of 64 keys stream through three cp.async
- * stages; warp w owns keys 16w..16w+15 of every tile and keeps its own
- * online softmax (no block barrier per tile besides the stage handoff).
- * S^T[16 keys x 8 heads] = K Q^T (M = keys, N = heads padded to 8, K =
- * dims), O^T[dims x 8 heads] += V^T P^T (M = dims, N = heads, K = keys);
- * the S accumulator becomes the P^T operand by an 8x8 register transpose
- * (movmatrix). q and p are split into bf16 hi + lo halves (two MMAs each)
- * so the result matches the fp32 CUDA-core kernel to ~1e-5: decode error
- * would otherwise compound over generated tokens. The four warps' states
- * merge in shared memory; the splits merge in decode_merge. */
+/* K/V tile loading of k_attn_decode_mma (NS_CUDA_DEC_LOAD, cuda.h):
+ * DM_LOAD_CPASYNC  16-byte cp.async per thread and row chunk, page ids
+ *                  looked up when the tile is issued (v13);
+ * DM_LOAD_AHEAD    the same copies, but each thread's page ids for the
+ *                  next tile are loaded while this one is issued, so the
+ *                  dependent page-table load (an L2 round trip) no longer
+ *                  sits between a tile's arrival and the next tile's
+ *                  copies;
+ * DM_LOAD_BULK     one cp.async.bulk (TMA, 1-D) per K/V row: thread r
+ *                  copies K row r, thread 64 + r V row r of the tile (256
+ *                  contiguous bytes at D = 128) into the same padded
+ *                  layout, completing on a per-stage mbarrier; 128 copy
+ *                  instructions per tile instead of 2048, no copy
+ *                  registers held, page ids a tile ahead as above. */
+enum { DM_LOAD_CPASYNC = 0, DM_LOAD_AHEAD = 1, DM_LOAD_BULK = 2 };
+#define DM_SPIN_MAX (1u << 22)
+
+__device__ __forceinline__ void dm_mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* Arrives on bar and adds bytes to its expected transaction count. The
+ * stage's bulk copies may complete before this (the tx-count is signed);
+ * the phase cannot finish before this single expected arrival. */
+__device__ __forceinline__ void dm_mbar_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+/* Bounded wait for the phase of the given parity: a broken pipeline traps
+ * (the launch fails with an error) instead of hanging the stream. */
+__device__ __forceinline__ void dm_mbar_wait(uint32_t bar, uint32_t parity) {
+    for (uint32_t i = 0; i < DM_SPIN_MAX; i++) {
+        uint32_t done;
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+        if (done) return;
+    }
+    __trap();
+}
+__device__ __forceinline__ void dm_bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+#else
+    (void)dst, (void)src, (void)bytes, (void)bar;
+    __trap(); /* the bulk variant is only selected on compute capability >= 9.0 */
+#endif
+}
+
+/* The end of k_attn_decode_mma: the four warps' (o, m, l) merge in shared
+ * memory (the K stages are reused; every copy has landed), then either the
+ * output row (one split) or this split's partial, then the split merge.
+ * Contains block barriers: every thread calls it. */
 template <int D>
-__global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_t k_off, size_t v_off, int early) {
-    PDL_TRIGGER();
-    if (!early) PDL_WAIT();
-    constexpr int LD = D + 8; /* padded rows: ldmatrix conflict-free */
-    constexpr int CH = D / 8;
+__device__ __forceinline__ void dm_finish(const attn_params &p, uint8_t *dsm, float (&o)[D / 16][4], float m_0, float m_1,
+                                          float l_0, float l_1, int di, int kvh, int t, int split, int nsp) {
     constexpr int NI = D / 16;
-    extern __shared__ __align__(16) uint8_t dsm[];
-    bf16 *Ks = reinterpret_cast<bf16 *>(dsm);
-    bf16 *Vs = Ks + DM_ST * DM_TK * LD;
     __shared__ float wm[4][8], wl[4][8];
-
-    const int split = blockIdx.x, kvh = blockIdx.y, di = blockIdx.z, nsp = gridDim.x;
-    const int s = p.dec_seqs[di];
-    const int L = p.seq_len[s], t = p.seq_start[s];
-    const int chunk = (((L + nsp - 1) / nsp) + DM_TK - 1) / DM_TK * DM_TK;
-    const int k0 = split * chunk, k1 = min(L, k0 + chunk);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int n_tiles = k1 > k0 ? (k1 - k0 + DM_TK - 1) / DM_TK : 0;
     const int G = p.G, h_first = kvh * G;
-    /* Copy mapping: CH threads per K/V row, one 16-byte chunk each, so a
-     * warp instruction reads whole rows (2 rows of 256 bytes at D = 128):
-     * every 32-byte sector is fetched once. (Two threads per row, each
-     * with half the row, made each instruction touch half of 32 sectors:
-     * twice the L2-to-SM traffic of the bytes used.) */
-    constexpr int RPP = 128 / CH;       /* rows per pass */
-    constexpr int NPASS = DM_TK / RPP;  /* passes per tile */
-    const int cc = tid % CH, rb = tid / CH;
-    /* this thread's rows of the first tile (read before the PDL wait) */
-    const uint8_t *kr0[NPASS];
-#pragma unroll
-    for (int j = 0; j < NPASS; j++) {
-        const int key = k0 + rb + j * RPP;
-        kr0[j] = key < k1 ? kv_row(p, s, key, kvh, k_off) : p.kv;
-    }
-    if (early) PDL_WAIT();
-
-    auto issue = [&](int it) {
-        const int kb = k0 + it * DM_TK, st = it % DM_ST;
-        bf16 *kd = Ks + st * DM_TK * LD, *vd = Vs + st * DM_TK * LD;
-#pragma unroll
-        for (int j = 0; j < NPASS; j++) {
-            const int r = rb + j * RPP;
-            const bool ok = kb + r < k1;
-            const uint8_t *kr = !ok ? p.kv : it == 0 ? kr0[j] : kv_row(p, s, kb + r, kvh, k_off);
-            const uint8_t *vr = ok ? kr + (v_off - k_off) : p.kv;
-            cp_async16(kd + r * LD + cc * 8, kr + cc * 16, ok ? 16 : 0);
-            cp_async16(vd + r * LD + cc * 8, vr + cc * 16, ok ? 16 : 0);
-        }
-    };
-    if (n_tiles > 0) issue(0);
-    cp_async_commit();
-    if (n_tiles > 1) issue(1);
-    cp_async_commit();
-
-    /* Q^T as the B operand: head n = lane / 4, dims (lane % 4) * 2 (+1),
-     * +8 for the second register; heads past G are zero */
-    uint32_t qh[NI][2], ql[NI][2];
-    {
-        const int n = lane >> 2;
-        const float *qr = p.q + (size_t)t * p.q_stride + (size_t)(h_first + n) * D;
-#pragma unroll
-        for (int kk = 0; kk < NI; kk++)
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int d = kk * 16 + (lane & 3) * 2 + r * 8;
-                float2 v = make_float2(0.f, 0.f);
-                if (n < G) v = *reinterpret_cast<const float2 *>(qr + d);
-                split_bf16x2(v.x * p.scale_log2, v.y * p.scale_log2, qh[kk][r], ql[kk][r]);
-            }
-    }
-
-    float o[NI][4];
-#pragma unroll
-    for (int i = 0; i < NI; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m_0 = -INFINITY, m_1 = -INFINITY, l_0 = 0.f, l_1 = 0.f; /* heads (lane % 4) * 2 + 0 / 1 */
-
-    for (int it = 0; it < n_tiles; it++) {
-        cp_async_wait<1>();
-        __syncthreads(); /* tile it landed for all threads; stage (it + 2) % 3 was consumed at it - 1 */
-        if (it + 2 < n_tiles) issue(it + 2);
-        cp_async_commit();
-        const int st = it % DM_ST;
-        const bf16 *Kt = Ks + st * DM_TK * LD + warp * 16 * LD, *Vt = Vs + st * DM_TK * LD + warp * 16 * LD;
-        /* hi and lo products in separate accumulators: two chains of
-         * NI dependent MMAs instead of one of 2 NI */
-        float sc[4] = {0.f, 0.f, 0.f, 0.f}, sl[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int kk = 0; kk < NI; kk++) {
-            uint32_t a[4];
-            ldsm_x4(a, Kt + (lane & 15) * LD + kk * 16 + (lane >> 4) * 8);
-            mma_bf16(sc, a, qh[kk][0], qh[kk][1]);
-            mma_bf16(sl, a, ql[kk][0], ql[kk][1]);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; e++) sc[e] += sl[e];
-        const int key = k0 + it * DM_TK + warp * 16 + (lane >> 2);
-        if (key >= k1) sc[0] = sc[1] = -INFINITY;
-        if (key + 8 >= k1) sc[2] = sc[3] = -INFINITY;
-        float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
-#pragma unroll
-        for (int off = 4; off < 32; off <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-        }
-        const float mn0 = fmaxf(m_0, mx0), mn1 = fmaxf(m_1, mx1);
-        /* a warp whose keys are all past the end has mn = -inf: use 0 as
-         * the reference so exp2 gives 0, never NaN */
-        const float r0 = mn0 == -INFINITY ? 0.f : mn0, r1 = mn1 == -INFINITY ? 0.f : mn1;
-        const float a0 = exp2f(m_0 - r0), a1 = exp2f(m_1 - r1);
-        m_0 = mn0;
-        m_1 = mn1;
-        const float p0 = exp2f(sc[0] - r0), p1 = exp2f(sc[1] - r1), p2 = exp2f(sc[2] - r0), p3 = exp2f(sc[3] - r1);
-        l_0 = l_0 * a0 + p0 + p2;
-        l_1 = l_1 * a1 + p1 + p3;
-        uint32_t h01, l01, h23, l23;
-        split_bf16x2(p0, p1, h01, l01);
-        split_bf16x2(p2, p3, h23, l23);
-        const uint32_t bh0 = movmatrix_t(h01), bh1 = movmatrix_t(h23), bl0 = movmatrix_t(l01), bl1 = movmatrix_t(l23);
-#pragma unroll
-        for (int i = 0; i < NI; i++) {
-            o[i][0] *= a0;
-            o[i][1] *= a1;
-            o[i][2] *= a0;
-            o[i][3] *= a1;
-            uint32_t a[4];
-            ldsm_x4_t(a, Vt + ((lane & 7) + ((lane >> 4) << 3)) * LD + i * 16 + ((lane >> 3) & 1) * 8);
-            mma_bf16(o[i], a, bh0, bh1);
-            mma_bf16(o[i], a, bl0, bl1);
-        }
-    }
-    cp_async_wait<0>();
     /* per-thread l covers its two keys; the warp's l sums lanes of equal
      * lane % 4 (same heads) */
 #pragma unroll
@@ -879,6 +811,202 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
     if (nsp > 1) decode_merge<D>(p, di, kvh, t, nsp);
 }
 
+/* One K/V tile of k_attn_decode_mma for warp `warp`: S^T = K Q^T, online
+ * softmax per head, O^T += V^T P^T (see the kernel's comment). */
+template <int D>
+__device__ __forceinline__ void dm_tile(const bf16 *Kt, const bf16 *Vt, const uint32_t (&qh)[D / 16][2],
+                                        const uint32_t (&ql)[D / 16][2], float (&o)[D / 16][4], float &m_0, float &m_1,
+                                        float &l_0, float &l_1, int key, int k1) {
+    constexpr int LD = D + 8, NI = D / 16;
+    const int lane = threadIdx.x & 31;
+    /* hi and lo products in separate accumulators: two chains of NI
+     * dependent MMAs instead of one of 2 NI */
+    float sc[4] = {0.f, 0.f, 0.f, 0.f}, sl[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kk = 0; kk < NI; kk++) {
+        uint32_t a[4];
+        ldsm_x4(a, Kt + (lane & 15) * LD + kk * 16 + (lane >> 4) * 8);
+        mma_bf16(sc, a, qh[kk][0], qh[kk][1]);
+        mma_bf16(sl, a, ql[kk][0], ql[kk][1]);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) sc[e] += sl[e];
+    if (key >= k1) sc[0] = sc[1] = -INFINITY;
+    if (key + 8 >= k1) sc[2] = sc[3] = -INFINITY;
+    float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+    const float mn0 = fmaxf(m_0, mx0), mn1 = fmaxf(m_1, mx1);
+    /* a warp whose keys are all past the end has mn = -inf: use 0 as the
+     * reference so exp2 gives 0, never NaN */
+    const float r0 = mn0 == -INFINITY ? 0.f : mn0, r1 = mn1 == -INFINITY ? 0.f : mn1;
+    const float a0 = exp2f(m_0 - r0), a1 = exp2f(m_1 - r1);
+    m_0 = mn0;
+    m_1 = mn1;
+    const float p0 = exp2f(sc[0] - r0), p1 = exp2f(sc[1] - r1), p2 = exp2f(sc[2] - r0), p3 = exp2f(sc[3] - r1);
+    l_0 = l_0 * a0 + p0 + p2;
+    l_1 = l_1 * a1 + p1 + p3;
+    uint32_t h01, l01, h23, l23;
+    split_bf16x2(p0, p1, h01, l01);
+    split_bf16x2(p2, p3, h23, l23);
+    const uint32_t bh0 = movmatrix_t(h01), bh1 = movmatrix_t(h23), bl0 = movmatrix_t(l01), bl1 = movmatrix_t(l23);
+#pragma unroll
+    for (int i = 0; i < NI; i++) {
+        o[i][0] *= a0;
+        o[i][1] *= a1;
+        o[i][2] *= a0;
+        o[i][3] *= a1;
+        uint32_t a[4];
+        ldsm_x4_t(a, Vt + ((lane & 7) + ((lane >> 4) << 3)) * LD + i * 16 + ((lane >> 3) & 1) * 8);
+        mma_bf16(o[i], a, bh0, bh1);
+        mma_bf16(o[i], a, bl0, bl1);
+    }
+}
+
+/* Flash-decoding on mma.sync: CTA = (split, kv head, sequence), 4 warps,
+ * all G <= 8 query heads of the kv head at once, so each K/V byte is read
+ * once per group. K/V tiles of 64 keys stream through three stages (LOAD:
+ * how they are copied, see DM_LOAD_*); warp w owns keys 16w..16w+15 of
+ * every tile and keeps its own online softmax (no block barrier per tile
+ * besides the stage handoff). S^T[16 keys x 8 heads] = K Q^T (M = keys,
+ * N = heads padded to 8, K = dims), O^T[dims x 8 heads] += V^T P^T (M =
+ * dims, N = heads, K = keys); the S accumulator becomes the P^T operand by
+ * an 8x8 register transpose (movmatrix). q and p are split into bf16 hi +
+ * lo halves (two MMAs each) so the result matches the fp32 CUDA-core
+ * kernel to ~1e-5: decode error would otherwise compound over generated
+ * tokens. The four warps' states merge in shared memory; the splits merge
+ * in decode_merge. */
+template <int D, int LOAD>
+__global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_t k_off, size_t v_off, int early) {
+    PDL_TRIGGER();
+    if (!early) PDL_WAIT();
+    constexpr int LD = D + 8; /* padded rows: ldmatrix conflict-free */
+    constexpr int CH = D / 8;
+    constexpr int NI = D / 16;
+    static_assert(LOAD != DM_LOAD_BULK || DM_TK == 64, "bulk loads: one K or V row per thread");
+    extern __shared__ __align__(16) uint8_t dsm[];
+    bf16 *Ks = reinterpret_cast<bf16 *>(dsm);
+    bf16 *Vs = Ks + DM_ST * DM_TK * LD;
+    __shared__ __align__(8) uint64_t bars[DM_ST]; /* DM_LOAD_BULK: stage "full" barriers */
+
+    const int split = blockIdx.x, kvh = blockIdx.y, di = blockIdx.z, nsp = gridDim.x;
+    const int s = p.dec_seqs[di];
+    const int L = p.seq_len[s], t = p.seq_start[s];
+    const int chunk = (((L + nsp - 1) / nsp) + DM_TK - 1) / DM_TK * DM_TK;
+    const int k0 = split * chunk, k1 = min(L, k0 + chunk);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n_tiles = k1 > k0 ? (k1 - k0 + DM_TK - 1) / DM_TK : 0;
+    const int G = p.G, h_first = kvh * G;
+    /* Copy mapping of the cp.async loads: CH threads per K/V row, one
+     * 16-byte chunk each, so a warp instruction reads whole rows (2 rows of
+     * 256 bytes at D = 128): every 32-byte sector is fetched once. */
+    constexpr int RPP = 128 / CH;       /* rows per pass */
+    constexpr int NPASS = DM_TK / RPP;  /* passes per tile */
+    constexpr int NR = LOAD == DM_LOAD_BULK ? 1 : NPASS; /* rows this thread copies per tile */
+    const int cc = tid % CH, rb = tid / CH;
+    auto row_of = [&](int j) { return LOAD == DM_LOAD_BULK ? (tid & (DM_TK - 1)) : rb + j * RPP; };
+    /* page ids of this thread's rows in the next tile to issue (read
+     * before the PDL wait: metadata is final at launch in recorded tapes) */
+    int pg[NR];
+#pragma unroll
+    for (int j = 0; j < NR; j++) {
+        const int key = k0 + row_of(j);
+        pg[j] = key < k1 ? kv_page(p, s, key) : 0;
+    }
+    if (LOAD == DM_LOAD_BULK) {
+        if (tid == 0)
+            for (int i = 0; i < DM_ST; i++) dm_mbar_init((uint32_t)__cvta_generic_to_shared(&bars[i]), 1);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads(); /* barriers initialised before any copy or wait */
+    }
+    if (early) PDL_WAIT();
+
+    auto issue = [&](int it) {
+        const int kb = k0 + it * DM_TK, st = it % DM_ST;
+        bf16 *kd = Ks + st * DM_TK * LD, *vd = Vs + st * DM_TK * LD;
+        if constexpr (LOAD == DM_LOAD_BULK) {
+            const int r = tid & (DM_TK - 1), nvalid = min(DM_TK, k1 - kb);
+            const bool is_v = tid >= DM_TK;
+            const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&bars[st]);
+            if (tid == 0) dm_mbar_expect(bar, (uint32_t)(nvalid * 2 * D * 2));
+            bf16 *dst = (is_v ? vd : kd) + r * LD;
+            if (r < nvalid) {
+                dm_bulk_copy((uint32_t)__cvta_generic_to_shared(dst), kv_row_at(p, pg[0], kb + r, kvh, is_v ? v_off : k_off),
+                             D * 2, bar);
+            } else {
+                /* rows past the end: zeros (stale bytes could be NaN, and
+                 * P = 0 times NaN in V is NaN); read after the tile's
+                 * barrier wait and the block barrier that follows it */
+#pragma unroll
+                for (int c = 0; c < CH; c++) reinterpret_cast<uint4 *>(dst)[c] = make_uint4(0u, 0u, 0u, 0u);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < NPASS; j++) {
+                const int r = rb + j * RPP;
+                const bool ok = kb + r < k1;
+                const uint8_t *kr = !ok                         ? p.kv
+                                    : LOAD == DM_LOAD_CPASYNC && it > 0 ? kv_row(p, s, kb + r, kvh, k_off)
+                                                                      : kv_row_at(p, pg[j], kb + r, kvh, k_off);
+                const uint8_t *vr = ok ? kr + (v_off - k_off) : p.kv;
+                cp_async16(kd + r * LD + cc * 8, kr + cc * 16, ok ? 16 : 0);
+                cp_async16(vd + r * LD + cc * 8, vr + cc * 16, ok ? 16 : 0);
+            }
+        }
+        if (LOAD != DM_LOAD_CPASYNC) {
+            /* the next tile's page ids: the load completes while this
+             * tile and the ones before it are computed */
+#pragma unroll
+            for (int j = 0; j < NR; j++) {
+                const int key = kb + DM_TK + row_of(j);
+                pg[j] = key < k1 ? kv_page(p, s, key) : 0;
+            }
+        }
+    };
+    if (n_tiles > 0) issue(0);
+    if (LOAD != DM_LOAD_BULK) cp_async_commit();
+    if (n_tiles > 1) issue(1);
+    if (LOAD != DM_LOAD_BULK) cp_async_commit();
+
+    /* Q^T as the B operand: head n = lane / 4, dims (lane % 4) * 2 (+1),
+     * +8 for the second register; heads past G are zero */
+    uint32_t qh[NI][2], ql[NI][2];
+    {
+        const int n = lane >> 2;
+        const float *qr = p.q + (size_t)t * p.q_stride + (size_t)(h_first + n) * D;
+#pragma unroll
+        for (int kk = 0; kk < NI; kk++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int d = kk * 16 + (lane & 3) * 2 + r * 8;
+                float2 v = make_float2(0.f, 0.f);
+                if (n < G) v = *reinterpret_cast<const float2 *>(qr + d);
+                split_bf16x2(v.x * p.scale_log2, v.y * p.scale_log2, qh[kk][r], ql[kk][r]);
+            }
+    }
+
+    float o[NI][4];
+#pragma unroll
+    for (int i = 0; i < NI; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m_0 = -INFINITY, m_1 = -INFINITY, l_0 = 0.f, l_1 = 0.f; /* heads (lane % 4) * 2 + 0 / 1 */
+
+    for (int it = 0; it < n_tiles; it++) {
+        const int st = it % DM_ST;
+        if constexpr (LOAD == DM_LOAD_BULK) dm_mbar_wait((uint32_t)__cvta_generic_to_shared(&bars[st]), (it / DM_ST) & 1);
+        else cp_async_wait<1>();
+        __syncthreads(); /* tile it landed for all threads; stage (it + 2) % 3 was consumed at it - 1 */
+        if (it + 2 < n_tiles) issue(it + 2);
+        if (LOAD != DM_LOAD_BULK) cp_async_commit();
+        const bf16 *Kt = Ks + st * DM_TK * LD + warp * 16 * LD, *Vt = Vs + st * DM_TK * LD + warp * 16 * LD;
+        dm_tile<D>(Kt, Vt, qh, ql, o, m_0, m_1, l_0, l_1, k0 + it * DM_TK + warp * 16 + (lane >> 2), k1);
+    }
+    if (LOAD != DM_LOAD_BULK) cp_async_wait<0>();
+    dm_finish<D>(p, dsm, o, m_0, m_1, l_0, l_1, di, kvh, t, split, nsp);
+}
+
 /* ============================================================ launcher */
 
 template <int D>
@@ -909,18 +1037,42 @@ static bool launch_decode_t(cu_impl *c, const attn_params &p, dim3 grid) {
     return !CU_LAUNCHED(c, "attention decode");
 }
 
-template <int D>
-static bool launch_decode_mma(cu_impl *c, const attn_params &p, dim3 grid) {
+template <int D, int LOAD>
+static bool launch_decode_mma_t(cu_impl *c, const attn_params &p, dim3 grid) {
     static bool attr_done = false;
     const int smem = 2 * DM_ST * DM_TK * (D + 8) * 2;
     if (!attr_done) {
-        if (cu_check(c, cudaFuncSetAttribute(k_attn_decode_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+        if (cu_check(c, cudaFuncSetAttribute(k_attn_decode_mma<D, LOAD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                      "attention decode smem attribute"))
             return false;
         attr_done = true;
     }
-    cu_launch(c, k_attn_decode_mma<D>, dim3(grid), dim3(128), smem, p, p.k_off, p.v_off, (int)c->tape_early);
+    cu_launch(c, k_attn_decode_mma<D, LOAD>, dim3(grid), dim3(128), smem, p, p.k_off, p.v_off, (int)c->tape_early);
     return !CU_LAUNCHED(c, "attention decode mma");
+}
+
+/* The K/V copy mode (cuda.h ns_cuda_set_attn_dec_load); bulk copies need
+ * compute capability 9.0, below it mode 2 runs as mode 1. */
+static int decode_load_mode(cu_impl *c) {
+    int mode = cu_attn_switch(&c->attn_dec_load, "NS_CUDA_DEC_LOAD", CU_ATTN_DEC_LOAD_MAX, DM_LOAD_CPASYNC);
+    if (mode == DM_LOAD_BULK) {
+        if (c->attn_dec_cc9 == 0) {
+            int major = 0;
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
+            c->attn_dec_cc9 = major >= 9 ? 1 : 2;
+        }
+        if (c->attn_dec_cc9 != 1) mode = DM_LOAD_AHEAD;
+    }
+    return mode;
+}
+
+template <int D>
+static bool launch_decode_mma(cu_impl *c, const attn_params &p, dim3 grid) {
+    switch (decode_load_mode(c)) {
+    case DM_LOAD_AHEAD: return launch_decode_mma_t<D, DM_LOAD_AHEAD>(c, p, grid);
+    case DM_LOAD_BULK: return launch_decode_mma_t<D, DM_LOAD_BULK>(c, p, grid);
+    default: return launch_decode_mma_t<D, DM_LOAD_CPASYNC>(c, p, grid);
+    }
 }
 
 /* Splits of the tensor-core decode kernel. set_batch's count (in the
@@ -977,6 +1129,9 @@ extern "C" void ns_cuda_set_attn_sm90(ns_backend *be, int on) {
 }
 extern "C" void ns_cuda_set_attn_dec_mma(ns_backend *be, int on) {
     set_attn_switch(be, &cu_impl::attn_dec_mma, on, CU_ATTN_DEC_MMA_MAX, 1);
+}
+extern "C" void ns_cuda_set_attn_dec_load(ns_backend *be, int mode) {
+    set_attn_switch(be, &cu_impl::attn_dec_load, mode, CU_ATTN_DEC_LOAD_MAX, DM_LOAD_CPASYNC);
 }
 
 void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer, int n_heads,

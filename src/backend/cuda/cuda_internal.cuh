@@ -180,6 +180,7 @@ typedef struct cu_impl {
     cu_graph_entry graphs[CU_MAX_GRAPHS];
     int graphs_enabled;
     int fusion; /* fuse fixed op sequences of recorded tapes */
+    int dec_fuse; /* with fusion: RMSNorm / residual add folded into decode GEMVs (cuda_decode.cu) */
     int pdl;    /* programmatic dependent launch between our kernels */
     int prefetch; /* L2 prefetch of the next GEMV's weights in small kernels */
     int split_keys; /* fewest keys per decode-attention split */
@@ -189,6 +190,8 @@ typedef struct cu_impl {
     int attn_sm90;    /* Hopper prefill attention (cuda_attn_sm90.cu) where usable */
     int attn_sm90_cc; /* 0 = not checked yet, 1 = this device runs the sm_90a kernel, 2 = it does not */
     int attn_dec_mma; /* decode attention on tensor cores (GQA group as the MMA N dimension) */
+    int attn_dec_load; /* how the tensor-core decode kernel copies K/V tiles (ns_cuda_set_attn_dec_load) */
+    int attn_dec_cc9;  /* 0 = not checked yet, 1 = compute capability >= 9.0 (cp.async.bulk), 2 = below */
     int early_loads; /* decode tapes: small kernels read constants and metadata before the PDL wait */
     bool tape_early; /* run_tape: this tape's norm weights / RoPE frequencies are written by none of its ops */
     uintptr_t *wr;   /* run_tape scratch: written ranges [lo, hi) pairs */
@@ -375,6 +378,7 @@ enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2 };
 int cu_attn_switch(int *field, const char *env, int max, int def);
 #define CU_ATTN_SM90_MAX 7
 #define CU_ATTN_DEC_MMA_MAX 2
+#define CU_ATTN_DEC_LOAD_MAX 2
 /* grid (G / 2, n_tiles, KVH); returns false on a launch error (recorded). */
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles);
 /* GEMV over up to 3 weight matrices sharing the F32 input x [n, k]:
@@ -385,6 +389,40 @@ void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w
  * out = silu(gate) * up (out may alias gate); out_bf optional shadow. */
 void cu_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf, const bf16 *wg, const bf16 *wu,
                     int64_t m, const float *x, int n, int k);
+/* Decode GEMVs with a neighbouring row op folded in (cuda_gemm.cu; the
+ * tape patterns are matched in cuda_decode.cu, switch NS_CUDA_DEC_FUSE):
+ * norm_w set: x is the residual [n, k], the input is rmsnorm(x) * norm_w
+ * (bit-identical to the unfused RMSNorm), also written to xn [n, k];
+ * swiglu: 2 segments gate/up, sw_out = silu(gate) * up (+ bf16 shadow);
+ * res set (1 segment): res += out, after out is written. n is 1 or 2.
+ * Returns false on an unsupported shape or launch error (recorded). */
+typedef struct cu_gemv_dec_args {
+    int nseg;
+    float *out[3];
+    const bf16 *w[3];
+    int64_t m[3];
+    const float *x;
+    int n;
+    int64_t k;
+    const float *norm_w;
+    float *xn;
+    float eps;
+    bool swiglu;
+    float *sw_out;
+    bf16 *sw_out_bf;
+    bool add_res;
+    float *res;
+} cu_gemv_dec_args;
+bool cu_gemv_dec(cu_impl *c, const cu_gemv_dec_args *g);
+/* The tape matcher for them: when ops[i..] is one of the patterns
+ * (rmsnorm + 1-3 GEMVs sharing its output; rmsnorm + gate/up GEMVs +
+ * swiglu; GEMV + the residual add of its output), fills *g and *label and
+ * returns the number of ops it covers, else 0. Nothing is launched. */
+int32_t cu_dec_match(const cu_impl *c, const cu_op *ops, int32_t i, int32_t n, cu_gemv_dec_args *g,
+                     const char **label);
+/* Launches a matched pattern and does the shadow bookkeeping of its
+ * outputs (ops, i: as given to cu_dec_match). */
+void cu_dec_run(cu_impl *c, const cu_op *ops, int32_t i, int32_t used, const cu_gemv_dec_args *g);
 /* fused decode kernels (cuda_fused.cu) */
 void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, float *q, float *k, const float *v,
                                   int n_tokens, int n_heads, const float *q_norm, const float *k_norm, float eps,
@@ -432,5 +470,21 @@ void cu_quant_gemv_multi(cu_impl *c, int nseg, float *const *out, const ns_tenso
 void cu_quant_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf, const ns_tensor *wg,
                           const ns_tensor *wu, const float *x, int n, int k);
 void cu_quant_embed(cu_impl *c, float *out, const ns_tensor *table, int n_tokens);
+/* Quantized MoE experts (cuda_quant.cu's kernels for cuda_moe.cu, which
+ * fills this in and owns every buffer it names). */
+typedef struct cu_qmoe {
+    const void *const *tab; /* device [3E] expert base pointers: gate, up, down */
+    ns_dtype dt[3];         /* gate, up (the same), down types */
+    int E, K, H, F;
+    int8_t *xq;             /* quantized activation scratch, max(Tc H, Tc K F) values */
+    float *xd, *xs;         /* its per-32 scales and per-16 scaled sums */
+} cu_qmoe;
+/* Decode (Tc <= CU_MOE_GEMV_MAX tokens): quantizes x [Tc, H], gathered
+ * gate/up GEMV with SwiGLU into h [Tc K, F], quantizes h, gathered down
+ * GEMV into y [Tc K, H] (combined by the caller). False on a launch error. */
+bool cu_quant_moe_gemv(cu_impl *c, const cu_qmoe &m, const float *x, int Tc, const int32_t *ids, float *h, float *y);
+/* Grouped path: every expert with counts[e] > 0 dequantized to bf16 into
+ * deq ([3][E][F H]) and bftab[3E] pointed at the copies (all of them). */
+bool cu_quant_moe_dequant(cu_impl *c, const cu_qmoe &m, const int32_t *counts, bf16 *deq, const bf16 **bftab);
 
 #endif
