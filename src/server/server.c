@@ -2,6 +2,8 @@
  * routing and response plumbing (see server.h). */
 #include "server/server.h"
 
+#include "server/http_gate.h"
+
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
@@ -28,21 +30,12 @@
 #define DEFAULT_REQUEST_TIMEOUT_S 30u
 #define KEEPALIVE_MAX_S 15.0
 #define MHD_POOL_BYTES ((size_t)128 << 10) /* libmicrohttpd's buffer per connection */
-#define MAX_URI_BYTES 8192                 /* longer: 414 */
-#define MAX_HEADER_LINE_BYTES 8192         /* one header line longer: 431 */
-#define MAX_HEAD_BYTES 32768               /* the whole head longer: 431 */
+#define MAX_URI_BYTES NS_HTTP_MAX_URI_BYTES
+#define MAX_HEADER_LINE_BYTES NS_HTTP_MAX_HEADER_LINE_BYTES
+#define MAX_HEAD_BYTES NS_HTTP_MAX_HEAD_BYTES
+#define MAX_DAEMONS 4
 #define STREAM_BUFFER_CAP ((size_t)4 << 20) /* a stream's producer waits above this */
-#define REAPER_PERIOD_MS 200
 #define FD_RESERVE 128 /* descriptors kept for everything but connections */
-
-/* One TCP connection (libmicrohttpd's socket_context), in accept order. */
-typedef struct conn_rec {
-    struct conn_rec *prev, *next;
-    int fd;
-    int64_t deadline_ms; /* the request must be complete by then; 0 = none (guarded by conn_mu) */
-    int64_t since_ms;    /* when the wait for the current request began */
-    bool shut;           /* shut down by the reaper or to make room */
-} conn_rec;
 
 typedef struct str_list {
     char **v;
@@ -51,7 +44,12 @@ typedef struct str_list {
 } str_list;
 
 struct ns_server {
-    struct MHD_Daemon *d;
+    /* libmicrohttpd daemons without listen sockets: the gate accepts and
+     * hands connections to them in turn */
+    struct MHD_Daemon *d[MAX_DAEMONS];
+    unsigned n_daemons;
+    atomic_uint next_daemon;
+    ns_gate *gate;
     const ns_http_route *routes;
     int n_routes;
     void *ud;
@@ -69,17 +67,8 @@ struct ns_server {
     str_list hosts, origins;
     atomic_int active;
     atomic_bool draining, stopping;
-    atomic_uint_fast64_t n_req, n_2xx, n_4xx, n_5xx, n_gone, n_reaped, n_evicted;
+    atomic_uint_fast64_t n_req, n_2xx, n_4xx, n_5xx, n_gone;
     atomic_uint_fast64_t n_job_ids; /* request ids of handler threads, for the log */
-
-    /* connections, for the request deadline and eviction */
-    pthread_mutex_t conn_mu;
-    pthread_cond_t conn_cv;
-    conn_rec *conn_head, *conn_tail;
-    unsigned n_conns;
-    double last_evict_warn;
-    pthread_t reaper;
-    bool reaper_started;
 
     /* handler threads */
     pthread_mutex_t jobs_mu;
@@ -128,8 +117,6 @@ typedef struct req_state {
     ns_buf body;
     struct ns_http_job *job;
 } req_state;
-
-static int64_t now_ms(void) { return (int64_t)(ns_clock_now() * 1000.0); }
 
 /* ---------------- helpers for handlers ---------------- */
 
@@ -482,101 +469,37 @@ static enum MHD_Result queue_simple_error(ns_server *s, struct MHD_Connection *m
     return queue_error(s, mc, path, &e, 0);
 }
 
-/* ---------------- connections: deadlines and room ---------------- */
+/* ---------------- connections: the gate's records ---------------- */
 
-static conn_rec *conn_of(struct MHD_Connection *mc) {
+static ns_gate_conn *conn_of(struct MHD_Connection *mc) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     return ci ? ci->socket_context : NULL;
 }
 
 /* Starts (or, with on=false, stops) the wait for a complete request. */
 static void conn_deadline(ns_server *s, struct MHD_Connection *mc, bool on) {
-    conn_rec *c = conn_of(mc);
-    if (!c) return;
-    pthread_mutex_lock(&s->conn_mu);
-    if (on) {
-        c->since_ms = now_ms();
-        c->deadline_ms = c->since_ms + s->request_timeout_ms;
-    } else {
-        c->deadline_ms = 0;
-    }
-    pthread_mutex_unlock(&s->conn_mu);
+    ns_gate_wait(s->gate, conn_of(mc), on);
 }
 
-/* Near max_connections: shut down the connection that has waited longest
- * for a complete request (conn_mu held). */
-static void make_room(ns_server *s) {
-    unsigned margin = s->max_conns / 16 > 4 ? s->max_conns / 16 : 4;
-    if (s->n_conns + margin < s->max_conns) return;
-    conn_rec *victim = NULL;
-    for (conn_rec *c = s->conn_head; c; c = c->next)
-        if (c->deadline_ms && !c->shut && (!victim || c->since_ms < victim->since_ms)) victim = c;
-    if (!victim || victim == s->conn_tail) return; /* never the one just accepted */
-    victim->shut = true;
-    shutdown(victim->fd, SHUT_RDWR);
-    atomic_fetch_add(&s->n_evicted, 1);
-    double now = ns_clock_now();
-    if (now - s->last_evict_warn > 10.0) {
-        s->last_evict_warn = now;
-        NS_WARN("http: %u of %u connections open: closing the ones waiting longest for a request "
-                "(raise --max-connections, or lower --request-timeout)", s->n_conns, s->max_conns);
-    }
+/* The gate screened a connection's first head: one of the daemons takes
+ * it (and closes it, should it refuse). */
+static bool handover(void *ud, int fd, const struct sockaddr *sa, socklen_t len) {
+    ns_server *s = ud;
+    unsigned i = atomic_fetch_add(&s->next_daemon, 1) % s->n_daemons;
+    return MHD_add_connection(s->d[i], fd, sa, len) == MHD_YES;
 }
 
 static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe) {
     ns_server *s = cls;
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
-        conn_rec *c = calloc(1, sizeof *c);
-        if (!c) return;
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
-        c->fd = ci ? ci->connect_fd : -1;
-        c->since_ms = now_ms();
-        c->deadline_ms = c->since_ms + s->request_timeout_ms;
-        pthread_mutex_lock(&s->conn_mu);
-        c->prev = s->conn_tail;
-        if (s->conn_tail) s->conn_tail->next = c;
-        else s->conn_head = c;
-        s->conn_tail = c;
-        s->n_conns++;
-        make_room(s);
-        pthread_mutex_unlock(&s->conn_mu);
-        *socket_context = c;
+        *socket_context = ci ? ns_gate_adopt(s->gate, ci->connect_fd) : NULL;
     } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
         /* called before libmicrohttpd closes the descriptor */
-        conn_rec *c = *socket_context;
-        if (!c) return;
-        pthread_mutex_lock(&s->conn_mu);
-        if (c->prev) c->prev->next = c->next;
-        else s->conn_head = c->next;
-        if (c->next) c->next->prev = c->prev;
-        else s->conn_tail = c->prev;
-        s->n_conns--;
-        pthread_mutex_unlock(&s->conn_mu);
-        free(c);
+        ns_gate_closed(s->gate, *socket_context);
         *socket_context = NULL;
     }
-}
-
-/* Shuts down connections past their request deadline. */
-static void *reaper_main(void *arg) {
-    ns_server *s = arg;
-    pthread_mutex_lock(&s->conn_mu);
-    while (!atomic_load(&s->stopping)) {
-        struct timespec ts = ns_clock_deadline(CLOCK_REALTIME, REAPER_PERIOD_MS);
-        pthread_cond_timedwait(&s->conn_cv, &s->conn_mu, &ts);
-        int64_t now = now_ms();
-        for (conn_rec *c = s->conn_head; c; c = c->next) {
-            if (!c->deadline_ms || c->shut || now < c->deadline_ms) continue;
-            c->shut = true;
-            shutdown(c->fd, SHUT_RDWR);
-            atomic_fetch_add(&s->n_reaped, 1);
-            NS_DEBUG("http: closing a connection that sent no complete request in %lld ms",
-                     (long long)s->request_timeout_ms);
-        }
-    }
-    pthread_mutex_unlock(&s->conn_mu);
-    return NULL;
 }
 
 /* ---------------- jobs: handlers off the event loop ---------------- */
@@ -1104,11 +1027,62 @@ static void server_free(ns_server *s) {
     free(s->admin_key);
     str_list_free(&s->hosts);
     str_list_free(&s->origins);
-    pthread_mutex_destroy(&s->conn_mu);
-    pthread_cond_destroy(&s->conn_cv);
     pthread_mutex_destroy(&s->jobs_mu);
     pthread_cond_destroy(&s->jobs_cv);
     free(s);
+}
+
+/* The listening socket (as libmicrohttpd would make it: SO_REUSEADDR,
+ * IPv6 only on an IPv6 address, non-blocking); -1 with errno on failure.
+ * *port gets the bound port (for --port 0). */
+static int listen_socket(const struct addrinfo *ai, unsigned max_conns, int *port) {
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (ai->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    int backlog = max_conns < 256 ? 256 : max_conns > 4096 ? 4096 : (int)max_conns;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, backlog) != 0 ||
+        getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    *port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                            : ((struct sockaddr_in *)&ss)->sin_port);
+    return fd;
+}
+
+/* The event loops: libmicrohttpd daemons without a listen socket (the
+ * gate accepts), one epoll thread each. False when one failed to start. */
+static bool start_daemons(ns_server *s, unsigned timeout_s) {
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    s->n_daemons = ncpu >= 4 ? MAX_DAEMONS : 2;
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
+                     MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC;
+    for (unsigned i = 0; i < s->n_daemons; i++) {
+        /* caps are the gate's (it counts every connection of every daemon) */
+        s->d[i] = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
+                                   MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
+                                   MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                   MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                                   MHD_OPTION_CONNECTION_LIMIT, s->max_conns,
+                                   MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
+                                   MHD_OPTION_CONNECTION_MEMORY_LIMIT, MHD_POOL_BYTES,
+                                   MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                                   MHD_OPTION_END);
+        if (!s->d[i]) return false;
+    }
+    return true;
+}
+
+static void stop_daemons(ns_server *s) {
+    for (unsigned i = 0; i < s->n_daemons; i++)
+        if (s->d[i]) MHD_stop_daemon(s->d[i]);
+    memset(s->d, 0, sizeof s->d);
 }
 
 ns_status ns_server_start(const ns_server_opts *o, const ns_http_route *routes, int n_routes, void *ud,
@@ -1118,8 +1092,6 @@ ns_status ns_server_start(const ns_server_opts *o, const ns_http_route *routes, 
     if (o->port < 0 || o->port > 65535) return ns_fail(err, NS_ERR_INVALID, "--port must be in [0, 65535]");
     ns_server *s = calloc(1, sizeof *s);
     if (!s) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
-    pthread_mutex_init(&s->conn_mu, NULL);
-    pthread_cond_init(&s->conn_cv, NULL);
     pthread_mutex_init(&s->jobs_mu, NULL);
     pthread_cond_init(&s->jobs_cv, NULL);
     ns_status prc = parse_list(o->allowed_hosts, true, &s->hosts, "--allowed-hosts", err);
@@ -1161,39 +1133,29 @@ ns_status ns_server_start(const ns_server_opts *o, const ns_http_route *routes, 
         freeaddrinfo(ai);
         return ns_fail(err, NS_ERR_NOMEM, "out of memory");
     }
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned workers = ncpu >= 4 ? 4u : 2u;
-    unsigned backlog = s->max_conns < 256 ? 256 : s->max_conns > 4096 ? 4096 : s->max_conns;
-    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    if (s->ipv6) flags |= MHD_USE_IPv6;
-    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
-                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                            MHD_OPTION_THREAD_POOL_SIZE, workers,
-                            MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
-                            MHD_OPTION_CONNECTION_LIMIT, s->max_conns,
-                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_connections_per_peer,
-                            MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, MHD_POOL_BYTES,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                            MHD_OPTION_LISTEN_BACKLOG_SIZE, backlog,
-                            MHD_OPTION_END);
+    int lfd = listen_socket(ai, s->max_conns, &s->port);
+    int lerr = errno;
     freeaddrinfo(ai);
-    if (!s->d) {
-        int e = errno;
+    if (lfd < 0) {
         server_free(s);
-        return ns_fail(err, NS_ERR_IO, "cannot listen on %s:%d: %s", host, o->port,
-                       e ? strerror(e) : "microhttpd refused to start");
+        return ns_fail(err, NS_ERR_IO, "cannot listen on %s:%d: %s", host, o->port, strerror(lerr));
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : o->port;
-    if (pthread_create(&s->reaper, NULL, reaper_main, s) != 0) {
-        MHD_stop_daemon(s->d);
+    if (!start_daemons(s, timeout_s)) {
+        close(lfd);
+        stop_daemons(s);
         server_free(s);
-        return ns_fail(err, NS_ERR_INTERNAL, "cannot start the connection reaper thread");
+        return ns_fail(err, NS_ERR_IO, "cannot start libmicrohttpd");
     }
-    s->reaper_started = true;
+    ns_gate_opts go = {.listen_fd = lfd, .max_conns = s->max_conns,
+                       .max_per_peer = o->max_connections_per_peer,
+                       .request_timeout_ms = s->request_timeout_ms, .max_body = s->max_body,
+                       .handover = handover, .ud = s};
+    ns_status grc = ns_gate_start(&go, &s->gate, err);
+    if (grc != NS_OK) {
+        stop_daemons(s);
+        server_free(s);
+        return grc;
+    }
     *out = s;
     return NS_OK;
 }
@@ -1221,13 +1183,9 @@ void ns_server_stop(ns_server *s) {
     pthread_mutex_lock(&s->jobs_mu);
     while (s->n_jobs > 0) pthread_cond_wait(&s->jobs_cv, &s->jobs_mu);
     pthread_mutex_unlock(&s->jobs_mu);
-    if (s->reaper_started) {
-        pthread_mutex_lock(&s->conn_mu);
-        pthread_cond_broadcast(&s->conn_cv);
-        pthread_mutex_unlock(&s->conn_mu);
-        pthread_join(s->reaper, NULL);
-    }
-    MHD_stop_daemon(s->d);
+    ns_gate_stop(s->gate); /* no new connections; those being screened close */
+    stop_daemons(s);       /* libmicrohttpd closes the rest (ns_gate_closed) */
+    ns_gate_free(s->gate);
     server_free(s);
 }
 
@@ -1238,9 +1196,11 @@ void ns_server_get_counters(const ns_server *s, ns_server_counters *c) {
     c->responses_4xx = atomic_load(&m->n_4xx);
     c->responses_5xx = atomic_load(&m->n_5xx);
     c->disconnects = atomic_load(&m->n_gone);
-    pthread_mutex_lock(&m->conn_mu);
-    c->connections_open = m->n_conns;
-    pthread_mutex_unlock(&m->conn_mu);
-    c->request_timeouts = atomic_load(&m->n_reaped);
-    c->evictions = atomic_load(&m->n_evicted);
+    ns_gate_counters g;
+    ns_gate_get_counters(m->gate, &g);
+    c->requests += g.rejected;
+    c->responses_4xx += g.rejected; /* heads the gate refused (400, 413, 414, 431, 501, 505 counted as 4xx) */
+    c->connections_open = g.open;
+    c->request_timeouts = g.reaped;
+    c->evictions = g.evicted;
 }

@@ -3,12 +3,16 @@
  * Content-Type), routing, API-key check, streaming responses and graceful
  * shutdown.
  *
- * Connection model. All socket I/O is event-driven: libmicrohttpd's epoll
- * loop on a small pool of worker threads (MHD_USE_EPOLL_INTERNAL_THREAD +
- * MHD_OPTION_THREAD_POOL_SIZE) accepts connections, reads request heads and
- * bodies and writes responses for every connection. A connection that sends
- * nothing, sends half a request, or stops reading costs a file descriptor
- * and its buffer, never a thread.
+ * Connection model. All socket I/O is event-driven. The gate
+ * (http_gate.h, one thread) owns the listening socket: it accepts, applies
+ * the connection caps and the request deadline, and screens the head of
+ * each connection's first request (peeked, not consumed) so that a request
+ * libmicrohttpd would answer with its own HTML page gets an error in the
+ * one shape instead. A screened connection goes to one of 2-4 libmicrohttpd
+ * daemons (MHD_USE_NO_LISTEN_SOCKET + MHD_add_connection, each an epoll
+ * loop on its own thread), which read request heads and bodies and write
+ * responses. A connection that sends nothing, sends half a request, or
+ * stops reading costs a file descriptor and its buffer, never a thread.
  *
  * Handlers run in one of two places:
  *   - GET routes run inline on the event loop. They must not block: they
@@ -34,9 +38,9 @@
  *
  * Deadlines. A request must arrive complete (head and body) within
  * request_timeout_s of the connection's start, or of the end of the
- * previous response on a kept-alive connection; a reaper thread shuts down
- * connections past the deadline (shutdown(2); libmicrohttpd then closes
- * them, without a reply). A complete request has no deadline: a queued or
+ * previous response on a kept-alive connection; the gate closes
+ * connections past the deadline, without a reply (one libmicrohttpd holds
+ * is shut down with shutdown(2) and libmicrohttpd closes it). A complete request has no deadline: a queued or
  * running generation lives as long as it needs. timeout_s is the idle limit
  * of a connection the server is writing to (libmicrohttpd's inactivity
  * timeout; a suspended connection, waiting for its handler or its stream's
@@ -44,17 +48,21 @@
  * every keepalive_s = min(15 s, timeout_s / 3) (ns_http_conn.keepalive_s),
  * so a client or proxy with the same idle limit never sees a silent stream.
  *
- * Limits. At most max_connections connections (RLIMIT_NOFILE is raised to
- * its hard limit to match; if that is still too low, max_connections is cut
- * and a warning says so). When nearly all are taken (the last 1/16), each
- * new connection shuts down the connection that has been waiting longest
- * for a complete request, so an idle crowd cannot lock out /health.
- * max_connections_per_peer caps the connections of one client address.
- * libmicrohttpd's own buffer per connection is 128 KiB; the server's limits
- * are below it, so they are answered here, in the one error shape: a request
- * URI over 8 KiB -> 414 uri_too_long; a header line over 8 KiB or a head
- * over 32 KiB -> 431 header_too_large. (A head larger than 128 KiB, or bytes
- * that are not HTTP, still get libmicrohttpd's own reply.)
+ * Limits (the gate's). At most max_connections connections (RLIMIT_NOFILE
+ * is raised to its hard limit to match; if that is still too low,
+ * max_connections is cut and a warning says so). When nearly all are taken
+ * (the last 1/16), each new connection shuts down the connection that has
+ * been waiting longest for a complete request, so an idle crowd cannot lock
+ * out /health; with none waiting, a new connection is answered 503
+ * too_many_connections. max_connections_per_peer caps the connections of
+ * one client address (429 too_many_connections). The head limits are
+ * answered in the one error shape, by the gate for a first request and
+ * again here once libmicrohttpd parsed a later one: a request URI over
+ * 8 KiB -> 414 uri_too_long; a header line over 8 KiB or a head over
+ * 32 KiB -> 431 header_too_large (libmicrohttpd's own buffer is 128 KiB).
+ * What is left to libmicrohttpd's own replies: a later request on a
+ * kept-alive connection that it cannot parse, and a malformed chunked
+ * body (see http_gate.h).
  *
  * Request checks, in order, as soon as the head is complete (before the body
  * is read): 414/431 sizes; the Host header (when check_host is set and the
