@@ -66,7 +66,9 @@ void ns_cuda_set_early_loads(ns_backend *be, int on);
  * tile k issued with PV of tile k - 1), 3 = pipelined with ping-pong
  * between the consumer warp groups; 4, 5, 6 = 1, 2, 3 with one producer
  * warp per K/V stage; 7 = 1 with the consumer groups started half a tile
- * apart. Env NS_CUDA_ATTN_SM90 takes the same values. For A/B runs and
+ * apart; 8, 9 = 1, 3 with K/V tiles fetched by TMA (one tensor-map box per
+ * page and 64-dim half; pages of 8, 16, 32, 64 or 128 tokens, else as 1,
+ * 3). Env NS_CUDA_ATTN_SM90 takes the same values. For A/B runs and
  * tests; all give the same results within bf16 rounding. */
 void ns_cuda_set_attn_sm90(ns_backend *be, int on);
 /* Decode attention on tensor cores (mma.sync; the GQA group's query heads

@@ -1185,6 +1185,7 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
         sp.k_off = p.k_off;
         sp.v_off = p.v_off;
         sp.head_bytes = p.head_bytes;
+        sp.kv_bytes = (size_t)l->n_pages * l->page_size_bytes;
         sp.seq_start = m->seq_start;
         sp.seq_len = m->seq_len;
         sp.page_table = m->page_table;

@@ -31,6 +31,9 @@
  * Built for sm_90a only (wgmma and setmaxnreg do not exist elsewhere);
  * cu_attention selects it only on compute capability 9.0.
  */
+#include <cuda.h> /* the driver API's CUtensorMap types; the encoder is fetched through the runtime (no -lcuda) */
+#include <string.h>
+
 #include "backend/cuda/cuda_internal.cuh"
 
 #define S9_BM 64       /* query rows per consumer warp group */
@@ -76,6 +79,19 @@ __device__ __forceinline__ void s9_cp_async16(uint32_t dst, const void *src, int
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 __device__ __forceinline__ void s9_fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* Arrives on bar and adds bytes to the transaction count its phase waits for. */
+__device__ __forceinline__ void s9_mbar_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+/* TMA: the box at (x, y) of tensor map m into shared memory at dst,
+ * completing on bar (its bytes count against the expected tx). */
+__device__ __forceinline__ void s9_tma_2d(uint32_t dst, const CUtensorMap *m, int x, int y, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(m)), "r"(x), "r"(y), "r"(bar)
+        : "memory");
+}
 __device__ __forceinline__ void s9_named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ uint32_t s9_pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -234,6 +250,61 @@ __device__ __forceinline__ void s9_producer_warps(const cu_sm90_params &p, uint8
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         s9_fence_async_smem();
         s9_mbar_arrive(bar_full + 8 * st);
+    }
+}
+
+/* Producer with TMA (variants 8, 9): every tile whose 128 keys all lie
+ * below n_keys is fetched by one warp as 4 x 128 / P tensor-map boxes
+ * (K and V, two 64-dim halves, one page of P rows each; the map views the
+ * pool as rows of 128 bf16 with a 128-byte swizzle, so a box lands in
+ * exactly the SW128 layout s9_sw describes, pages at 1024-byte aligned
+ * offsets): ~32 copy instructions per tile instead of 4096 cp.async and
+ * their address arithmetic. Lane 0 arms the stage's "full" barrier with
+ * the tile's bytes; the other 127 producer threads just arrive. The last,
+ * partial tile goes through the cp.async path, which zero-fills the keys
+ * past n_keys (pool slots past a sequence's end hold stale bytes or the
+ * NaN poison, and a zero probability times NaN is NaN). Selected only when
+ * P divides 128 and is a multiple of 8 (cu_attn_prefill_sm90). */
+__device__ __forceinline__ void s9_producer_tma(const cu_sm90_params &p, const CUtensorMap *tm, uint8_t *smem,
+                                                uint32_t bar_full, uint32_t bar_empty, int s, int kvh, int n_keys,
+                                                int nt) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int c = tid & 15, rb = tid >> 4;
+    const uint32_t kbase = s9_smem_addr(smem + 2 * S9_Q_BYTES), vbase = kbase + S9_STAGES * S9_KV_BYTES;
+    const int32_t *pt = p.page_table + (size_t)s * p.pt_stride;
+    const int ppt = S9_BN / p.P; /* pages per tile */
+    const long long page_rows = (long long)(p.page_bytes / 256);
+    const long long row_k = (long long)((p.k_off + (size_t)kvh * p.head_bytes) / 256);
+    const long long row_v = (long long)((p.v_off + (size_t)kvh * p.head_bytes) / 256);
+    for (int kt = 0; kt < nt; kt++) {
+        const int st = kt % S9_STAGES;
+        if (kt >= S9_STAGES) s9_mbar_wait(bar_empty + 8 * st, (kt / S9_STAGES - 1) & 1);
+        const uint32_t kd = kbase + st * S9_KV_BYTES, vd = vbase + st * S9_KV_BYTES, bf = bar_full + 8 * st;
+        if ((kt + 1) * S9_BN <= n_keys) {
+            if (tid < 32) {
+                if (lane == 0) s9_mbar_expect(bf, 2 * S9_KV_BYTES);
+                __syncwarp();
+                for (int op = lane; op < 4 * ppt; op += 32) {
+                    const int is_v = op >= 2 * ppt, i = (op % (2 * ppt)) >> 1, half = op & 1;
+                    const long long page = pt[kt * ppt + i];
+                    const int y = (int)(page * page_rows + (is_v ? row_v : row_k));
+                    s9_tma_2d((is_v ? vd : kd) + half * (S9_BN * 128) + i * p.P * 128, tm, half * 64, y, bf);
+                }
+                if (lane != 0) s9_mbar_arrive(bf);
+            } else {
+                s9_mbar_arrive(bf);
+            }
+        } else {
+#pragma unroll 4
+            for (int j = 0; j < S9_BN / 8; j++) {
+                const int r = rb + 8 * j;
+                s9_copy_kv_chunk(p, pt, kvh, kt * S9_BN + r, n_keys, kd, vd, r, c);
+            }
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+            s9_fence_async_smem();
+            s9_mbar_arrive(bf);
+        }
     }
 }
 
@@ -527,8 +598,9 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
  * order (all KV heads at once) keeps 8x that working set, more than L2
  * at long contexts. Within a KV head the longest tiles (first in the
  * list) start first. */
-template <bool PIPE, bool PINGPONG, bool WARP_PRODUCER, bool OFFSET = false>
-__global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) {
+template <bool PIPE, bool PINGPONG, bool WARP_PRODUCER, bool OFFSET = false, bool TMA = false>
+__global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(const __grid_constant__ cu_sm90_params p,
+                                                              const __grid_constant__ CUtensorMap tmap) {
 #if S9_ENABLED
     PDL_ENTRY();
     extern __shared__ uint8_t s9_raw[];
@@ -555,7 +627,8 @@ __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) 
     const int wg = threadIdx.x >> 7;
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
-        if constexpr (WARP_PRODUCER) s9_producer_warps(p, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
+        if constexpr (TMA) s9_producer_tma(p, &tmap, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
+        else if constexpr (WARP_PRODUCER) s9_producer_warps(p, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
         else s9_producer(p, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
@@ -563,13 +636,14 @@ __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(cu_sm90_params p) 
     }
 #else
     (void)p;
+    (void)tmap;
     __trap(); /* never selected without sm_90a code (cu_attn_sm90_usable) */
 #endif
 }
 
 /* ---------------------------------------------------------------- host */
 
-static bool s9_set_smem(cu_impl *c, void (*k)(cu_sm90_params)) {
+static bool s9_set_smem(cu_impl *c, void (*k)(cu_sm90_params, CUtensorMap)) {
     return !cu_check(c, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, S9_SMEM),
                      "attention sm90 smem attribute");
 }
@@ -589,28 +663,80 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
                                       s9_set_smem(c, k_attn_prefill_sm90<false, false, true>) &&
                                       s9_set_smem(c, k_attn_prefill_sm90<true, false, true>) &&
                                       s9_set_smem(c, k_attn_prefill_sm90<true, true, true>) &&
-                                      s9_set_smem(c, k_attn_prefill_sm90<false, false, false, true>)))
+                                      s9_set_smem(c, k_attn_prefill_sm90<false, false, false, true>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<false, false, false, false, true>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<true, true, false, false, true>)))
             c->attn_sm90_cc = 2;
     }
     return c->attn_sm90_cc == 1;
+}
+
+/* The tensor map of the TMA variants: the pool at p->kv as a 2-D tensor
+ * of rows of 128 bf16 (256 bytes: one K or V row of one head; page_bytes,
+ * k_off, v_off and head_bytes are multiples of it), boxes of 64 x P with a
+ * 128-byte swizzle. Cached per (pool address, size): the FP8 path runs
+ * this kernel on its own bf16 scratch pool. False (use the cp.async
+ * producer) where a TMA box cannot express the pages: P not a multiple of
+ * 8 dividing 128, row coordinates past 2^31, or no encoder in the driver. */
+typedef CUresult (*s9_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                 const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static bool s9_tensor_map(cu_impl *c, const cu_sm90_params *p, CUtensorMap *out) {
+    if (p->P < 8 || p->P % 8 || S9_BN % p->P || p->kv_bytes == 0 || p->page_bytes % 256 || p->head_bytes % 256 ||
+        p->k_off % 256 || p->v_off % 256 || p->kv_bytes / 256 >= (1ull << 31))
+        return false;
+    if (c->attn_tmap_kv != p->kv || c->attn_tmap_bytes != p->kv_bytes) {
+        static s9_encode_fn encode = NULL;
+        if (!encode) {
+            void *fn = NULL;
+            cudaDriverEntryPointQueryResult q;
+            if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+                    cudaSuccess &&
+                q == cudaDriverEntryPointSuccess)
+                encode = (s9_encode_fn)fn;
+            else
+                (void)cudaGetLastError();
+        }
+        alignas(64) CUtensorMap m;
+        memset(&m, 0, sizeof m);
+        const cuuint64_t dims[2] = {128, (cuuint64_t)(p->kv_bytes / 256)}, strides[1] = {256};
+        const cuuint32_t box[2] = {64, (cuuint32_t)p->P}, estr[2] = {1, 1};
+        c->attn_tmap_ok = encode && encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p->kv, dims, strides, box, estr,
+                                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+        static_assert(sizeof(CUtensorMap) == sizeof c->attn_tmap, "opaque tensor map storage");
+        memcpy(c->attn_tmap, &m, sizeof m);
+        c->attn_tmap_kv = p->kv;
+        c->attn_tmap_bytes = p->kv_bytes;
+    }
+    memcpy(out, c->attn_tmap, sizeof *out);
+    return c->attn_tmap_ok != 0;
 }
 
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
     const dim3 grid((unsigned)(p->G / 2), (unsigned)n_tiles, (unsigned)(p->H / p->G)), block(384);
     /* default: unpipelined (measured fastest, docs/cuda.md v13) */
     const size_t sm = (size_t)S9_SMEM;
+    alignas(64) CUtensorMap tm;
+    memset(&tm, 0, sizeof tm);
+    int v = c->attn_sm90 - 1;
+    /* the TMA variants fall back to their cp.async twins where no map fits */
+    if ((v == 8 || v == 9) && !s9_tensor_map(c, p, &tm)) v = v == 8 ? 1 : 3;
     /* variants (cuda.h): 1 in order per tile (default: measured fastest
      * in run 1), 2 pipelined, 3 pipelined + ping-pong; 4-6 the same with
      * one producer warp per stage; 7 = 1 with the consumer groups half a
-     * tile apart */
-    switch (c->attn_sm90 - 1) {
-    case 2: cu_launch(c, k_attn_prefill_sm90<true, false, false>, grid, block, sm, *p); break;
-    case 3: cu_launch(c, k_attn_prefill_sm90<true, true, false>, grid, block, sm, *p); break;
-    case 4: cu_launch(c, k_attn_prefill_sm90<false, false, true>, grid, block, sm, *p); break;
-    case 5: cu_launch(c, k_attn_prefill_sm90<true, false, true>, grid, block, sm, *p); break;
-    case 6: cu_launch(c, k_attn_prefill_sm90<true, true, true>, grid, block, sm, *p); break;
-    case 7: cu_launch(c, k_attn_prefill_sm90<false, false, false, true>, grid, block, sm, *p); break;
-    default: cu_launch(c, k_attn_prefill_sm90<false, false, false>, grid, block, sm, *p); break;
+     * tile apart; 8, 9 = 1, 3 with the TMA producer */
+    switch (v) {
+    case 2: cu_launch(c, k_attn_prefill_sm90<true, false, false>, grid, block, sm, *p, tm); break;
+    case 3: cu_launch(c, k_attn_prefill_sm90<true, true, false>, grid, block, sm, *p, tm); break;
+    case 4: cu_launch(c, k_attn_prefill_sm90<false, false, true>, grid, block, sm, *p, tm); break;
+    case 5: cu_launch(c, k_attn_prefill_sm90<true, false, true>, grid, block, sm, *p, tm); break;
+    case 6: cu_launch(c, k_attn_prefill_sm90<true, true, true>, grid, block, sm, *p, tm); break;
+    case 7: cu_launch(c, k_attn_prefill_sm90<false, false, false, true>, grid, block, sm, *p, tm); break;
+    case 8: cu_launch(c, k_attn_prefill_sm90<false, false, false, false, true>, grid, block, sm, *p, tm); break;
+    case 9: cu_launch(c, k_attn_prefill_sm90<true, true, false, false, true>, grid, block, sm, *p, tm); break;
+    default: cu_launch(c, k_attn_prefill_sm90<false, false, false>, grid, block, sm, *p, tm); break;
     }
     return !CU_LAUNCHED(c, "attention prefill sm90");
 }

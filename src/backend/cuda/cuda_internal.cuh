@@ -192,6 +192,12 @@ typedef struct cu_impl {
     int attn_dec_mma; /* decode attention on tensor cores (GQA group as the MMA N dimension) */
     int attn_dec_load; /* how the tensor-core decode kernel copies K/V tiles (ns_cuda_set_attn_dec_load) */
     int attn_dec_cc9;  /* 0 = not checked yet, 1 = compute capability >= 9.0 (cp.async.bulk), 2 = below */
+    /* the Hopper prefill's TMA tensor map over the KV pool (an opaque
+     * 128-byte CUtensorMap), valid for (attn_tmap_kv, attn_tmap_bytes) */
+    uint64_t attn_tmap[16];
+    const void *attn_tmap_kv;
+    size_t attn_tmap_bytes;
+    int attn_tmap_ok;
     int early_loads; /* decode tapes: small kernels read constants and metadata before the PDL wait */
     bool tape_early; /* run_tape: this tape's norm weights / RoPE frequencies are written by none of its ops */
     uintptr_t *wr;   /* run_tape scratch: written ranges [lo, hi) pairs */
@@ -365,6 +371,7 @@ typedef struct cu_sm90_params {
     int pt_stride, P, P_shift, H, G, q_stride;
     float scale_log2;
 } cu_sm90_params;
+    size_t kv_bytes;     /* bytes addressable from kv (the pool): bounds of the TMA variants' tensor map */
 /* Whether the Hopper kernel runs here for this shape (and the switch is
  * on); the first call checks the device and sets the kernel's smem limit. */
 bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G);
@@ -376,7 +383,7 @@ enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2 };
  * [0, max]: def). Values: Hopper prefill 0 off / 1..7 variants (cuda.h),
  * decode 0 off / 1 auto / 2 always. */
 int cu_attn_switch(int *field, const char *env, int max, int def);
-#define CU_ATTN_SM90_MAX 7
+#define CU_ATTN_SM90_MAX 9
 #define CU_ATTN_DEC_MMA_MAX 2
 #define CU_ATTN_DEC_LOAD_MAX 2
 /* grid (G / 2, n_tiles, KVH); returns false on a launch error (recorded). */
