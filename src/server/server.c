@@ -197,7 +197,10 @@ bool ns_http_client_gone(const ns_http_conn *c) {
         if (j->handled) {
             j->probe_due = true; /* a stream: its producer writes a keep-alive */
         } else if (j->http10) {
-            gone = true; /* no interim responses in HTTP/1.0 */
+            /* HTTP/1.0 has no interim response to probe with (a 1xx would
+             * be taken for the answer): a half-closed client still waits
+             * for its answer, so the request goes on, and a client that
+             * closed is noticed when the answer is written */
         } else {
             /* the handler runs with the connection suspended and nothing
              * sent yet: an interim response goes out before the answer */

@@ -218,9 +218,12 @@ void ns_server_get_counters(const ns_server *s, ns_server_counters *c);
  * HTTP/1.1 it sends an interim "100 Continue" (clients ignore an unexpected
  * 1xx); for a stream, ns_http_client_probe_due() asks the producer for a
  * keep-alive. A reset comes back from a closed client and the next call says
- * gone. HTTP/1.0 has no interim responses: there, end of stream means gone
- * while a whole response is being prepared. Handlers answer a request whose
- * client is gone with 499. */
+ * gone. HTTP/1.0 has no interim responses (a 1xx would be read as the
+ * answer), so while a whole response to an HTTP/1.0 request is prepared the
+ * client's end of stream is taken for a half-close: the request runs to its
+ * end and a client that really closed is noticed only when the answer is
+ * written (the work is lost, the client is not). Handlers answer a request
+ * whose client is gone with 499. */
 bool ns_http_client_gone(const ns_http_conn *c);
 /* True once after ns_http_client_gone saw the client's end of stream during
  * a stream: write something (a keep-alive comment) now. */
