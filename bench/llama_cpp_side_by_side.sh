@@ -1,33 +1,33 @@
 #!/usr/bin/env bash
 # bench/llama_cpp_side_by_side.sh — nightshift against llama.cpp on the same
-# GPU in the same run, Qwen3-8B shape (bench/configs/qwen3-8b.json), random
-# bf16 weights on both sides, flash attention on for llama.cpp; prints one
-# table with the ratios (issue 12).
+# GPU in the same run, on the model shapes of issues 12 and 14; prints one
+# table with the ratios.
 #
 # Usage (on the GPU machine, from anywhere):
-#   bash bench/llama_cpp_side_by_side.sh LLAMA_SRC_TGZ [WORKDIR]
-# LLAMA_SRC_TGZ: llama.cpp source without .git, as prepared from the npm
-# package node-llama-cpp (docs/cuda.md, "llama.cpp side by side", says
-# exactly how). WORKDIR (default build/llama-side, ignored by git) holds
-# the build, the checkpoint, the GGUF and the logs.
+#   bash bench/llama_cpp_side_by_side.sh LLAMA_SRC_TARBALL [WORKDIR]
+# LLAMA_SRC_TARBALL: llama.cpp's source (a directory llama.cpp/ inside a
+# .tgz or .txz), as bundled in the npm package node-llama-cpp; docs/cuda.md
+# ("llama.cpp side by side") says how it is prepared. WORKDIR (default
+# build/llama-side, ignored by git) holds the build, the GGUFs and the logs.
 #
-# Phases, each skipped when its output already exists, so a run cut by a
-# time limit continues where it stopped when started again:
-#   1. build llama-bench and llama-server (cmake, GGML_CUDA, sm_90)
-#   2. random-weight checkpoint with transformers from the config's shape
-#      (tokenizer files from tests/fixtures/models/tiny-qwen3: the Qwen
-#      tokenizer, needed by the converter; no network on the GPU machine)
-#   3. convert_hf_to_gguf.py --outtype bf16 (then the checkpoint is removed)
-#   4. llama-bench: prefill 8192 / 32768 (-p, -n 0), decode at depth 1024 /
-#      32768 with batch 1 (-n 64 -d), -fa 1 -ngl 99, best ubatch of
-#      LLAMA_UBATCH (default 512,2048)
-#   5. nightshift bench_engine (the `nightshift bench-engine` code) on the
-#      same shapes, --device cuda --dummy-weights
-#   6. the table
-# Environment: SBS_PHASES (default "1 2 3 4 5 6") to run a subset;
-# SBS_REPS (default 3) repetitions for llama-bench; CUDA_HOME as for
-# tests/gpu/run.sh. Exits non-zero with a message naming the phase that
-# failed; logs are in WORKDIR/*.log.
+# Phases (SBS_PHASES, default "1 2 3 4 5"); each skips what already exists,
+# so a run cut by a time limit continues where it stopped:
+#   1. build llama-bench and llama-batched-bench (cmake, GGML_CUDA, sm_90)
+#   2. GGUFs with bench/make_dummy_gguf.py (seconds, mostly sparse holes;
+#      its header says why that is fair): Qwen3-8B shape bf16, q8_0, q4_k;
+#      Qwen3-30B-A3B shape bf16
+#   3. llama.cpp, flash attention on, all layers on the GPU:
+#      llama-bench prefill (-p, -n 0) and decode at a depth (-n 64 -d);
+#      llama-batched-bench for batched decode (-npp 1024 -ntg 64 -npl B)
+#   4. nightshift: bench_engine (the code of `nightshift bench-engine`) on
+#      the same lines: --dummy-weights for bf16, --model THE SAME GGUF for
+#      the quantized ones
+#   5. the table (also written to WORKDIR/table.md)
+# SBS_MODELS (default "8b-bf16 8b-q4_k 8b-q8_0 30b-bf16"); SBS_REPS (3);
+# SBS_NS_BIN: the bench_engine binary to run (default: this tree's, built
+# with make CUDA=1 when missing).
+# CUDA_HOME as for tests/gpu/run.sh. Exits non-zero naming the failed
+# phase; logs are in WORKDIR/*.log.
 set -euo pipefail
 
 die() {
@@ -35,150 +35,166 @@ die() {
     exit 1
 }
 
-[ $# -ge 1 ] || die "usage: bash bench/llama_cpp_side_by_side.sh LLAMA_SRC_TGZ [WORKDIR]"
-TGZ=$(realpath "$1")
-[ -f "$TGZ" ] || die "no source tarball at $1"
+[ $# -ge 1 ] || die "usage: bash bench/llama_cpp_side_by_side.sh LLAMA_SRC_TARBALL [WORKDIR]"
+TARBALL=$(realpath "$1")
+[ -f "$TARBALL" ] || die "no source tarball at $1"
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 WORK=$(realpath -m "${2:-$ROOT/build/llama-side}")
 mkdir -p "$WORK"
-PHASES=${SBS_PHASES:-1 2 3 4 5 6}
+PHASES=${SBS_PHASES:-1 2 3 4 5}
+MODELS=${SBS_MODELS:-8b-bf16 8b-q4_k 8b-q8_0 30b-bf16}
 REPS=${SBS_REPS:-3}
-UBATCH=${LLAMA_UBATCH:-512,2048}
-CONFIG=$ROOT/bench/configs/qwen3-8b.json
-TOK_DIR=$ROOT/tests/fixtures/models/tiny-qwen3
 if [ -z "${CUDA_HOME:-}" ]; then
     if [ -d /usr/local/cuda ]; then CUDA_HOME=/usr/local/cuda; else CUDA_HOME=$(dirname "$(dirname "$(command -v nvcc)")"); fi
 fi
 export CUDA_HOME PATH=$CUDA_HOME/bin:$PATH
 NPROC=$(nproc)
 want() { case " $PHASES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-
-# cmake: the system's, or the one a pip wheel installed
-CMAKE=$(command -v cmake || true)
-if [ -z "$CMAKE" ]; then
-    CMAKE=$(python3 -c 'import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, "cmake"))' 2>/dev/null || true)
-fi
+CMAKE=$(command -v cmake || python3 -c 'import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, "cmake"))' 2>/dev/null || true)
 
 SRC=$WORK/llama.cpp
-BENCH_BIN=$WORK/build/bin/llama-bench
-if want 1 && [ ! -x "$BENCH_BIN" ]; then
+BIN=$WORK/build/bin
+unpack() {
+    [ -f "$SRC/CMakeLists.txt" ] && return 0
+    rm -rf "$SRC"
+    case "$TARBALL" in *.txz | *.tar.xz) tar xJf "$TARBALL" -C "$WORK" ;; *) tar xzf "$TARBALL" -C "$WORK" ;; esac
+    [ -f "$SRC/CMakeLists.txt" ] || die "$TARBALL does not hold llama.cpp/CMakeLists.txt"
+}
+
+if want 1 && [ ! -x "$BIN/llama-batched-bench" ]; then
     [ -n "$CMAKE" ] || die "phase 1: no cmake (system or pip 'cmake' package) on this machine"
-    if [ ! -f "$SRC/CMakeLists.txt" ]; then
-        rm -rf "$SRC"
-        tar xzf "$TGZ" -C "$WORK" || die "phase 1: cannot unpack $TGZ"
-        [ -f "$SRC/CMakeLists.txt" ] || die "phase 1: $TGZ does not hold llama.cpp/CMakeLists.txt"
-    fi
+    unpack
     echo "phase 1: building llama.cpp (log $WORK/build.log)"
     start=$(date +%s)
     if ! { "$CMAKE" -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-        -DGGML_NATIVE=ON && "$CMAKE" --build "$WORK/build" -j"$NPROC" --target llama-bench llama-server; } \
-        >"$WORK/build.log" 2>&1; then
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF &&
+        "$CMAKE" --build "$WORK/build" -j"$NPROC" --target llama-bench llama-batched-bench; } >"$WORK/build.log" 2>&1; then
         tail -30 "$WORK/build.log"
         die "phase 1: llama.cpp build failed"
     fi
-    echo "phase 1: built in $(( $(date +%s) - start )) s"
+    echo "phase 1: built in $(($(date +%s) - start)) s"
 fi
 
-CKPT=$WORK/qwen3-8b-random
-GGUF=$WORK/qwen3-8b-random-bf16.gguf
-if want 2 && [ ! -f "$GGUF" ] && [ ! -f "$CKPT/.done" ]; then
-    echo "phase 2: random-weight checkpoint (log $WORK/ckpt.log)"
-    rm -rf "$CKPT"
-    mkdir -p "$CKPT"
-    cp "$CONFIG" "$CKPT/config.json"
-    cp "$TOK_DIR/tokenizer.json" "$TOK_DIR/tokenizer_config.json" "$CKPT/"
-    if ! python3 - "$CKPT" >"$WORK/ckpt.log" 2>&1 <<'EOF'
-import sys, torch, transformers
-out = sys.argv[1]
-cfg = transformers.AutoConfig.from_pretrained(out)
-torch.manual_seed(0)
-dev = "cuda" if torch.cuda.is_available() else "cpu"
-with torch.device(dev):
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
-model = model.to(torch.bfloat16)
-model.save_pretrained(out, safe_serialization=True, max_shard_size="4GB")
-print("params", sum(p.numel() for p in model.parameters()))
-EOF
-    then
-        tail -20 "$WORK/ckpt.log"
-        die "phase 2: checkpoint generation failed"
-    fi
-    # the saved config may carry a newer dtype key; keep the original shape file
-    touch "$CKPT/.done"
+# model key -> config, weight type, GGUF path
+config_of() { case "$1" in 8b-*) echo "$ROOT/bench/configs/qwen3-8b.json" ;; 30b-*) echo "$ROOT/bench/configs/qwen3-30b-a3b.json" ;; esac; }
+type_of() { echo "${1#*-}"; }
+gguf_of() { echo "$WORK/$1.gguf"; }
+
+if want 2; then
+    unpack
+    for m in $MODELS; do
+        [ -f "$(gguf_of "$m")" ] && continue
+        echo "phase 2: $m"
+        PYTHONPATH=$SRC/gguf-py python3 "$ROOT/bench/make_dummy_gguf.py" "$(config_of "$m")" \
+            "$ROOT/tests/fixtures/models/tiny-qwen3" "$(type_of "$m")" "$(gguf_of "$m")" >>"$WORK/gguf.log" 2>&1 ||
+            { tail -20 "$WORK/gguf.log"; die "phase 2: make_dummy_gguf.py failed for $m"; }
+    done
 fi
 
-if want 3 && [ ! -f "$GGUF" ]; then
-    [ -f "$CKPT/.done" ] || die "phase 3: no checkpoint (run phase 2)"
-    [ -f "$SRC/convert_hf_to_gguf.py" ] || tar xzf "$TGZ" -C "$WORK"
-    echo "phase 3: converting to GGUF bf16 (log $WORK/convert.log)"
-    if ! python3 "$SRC/convert_hf_to_gguf.py" "$CKPT" --outtype bf16 --outfile "$GGUF.part" >"$WORK/convert.log" 2>&1; then
-        tail -20 "$WORK/convert.log"
-        rm -f "$GGUF.part"
-        die "phase 3: convert_hf_to_gguf.py failed"
-    fi
-    mv "$GGUF.part" "$GGUF"
-    rm -rf "$CKPT" # 16 GB: the GGUF is all the benchmark needs
+# What each model is measured on (both sides): prefill lengths, decode
+# contexts at batch 1, batched decode sizes at context 1k.
+prefills_of() { case "$1" in 8b-bf16) echo 8192,32768 ;; 30b-bf16) echo 8192 ;; *) echo "" ;; esac; }
+depths_of() { case "$1" in 8b-bf16) echo 1024,32768 ;; *) echo 1024 ;; esac; }
+batches_of() { case "$1" in 8b-bf16 | 30b-bf16) echo 8,64 ;; *) echo 8 ;; esac; }
+
+if want 3; then
+    [ -x "$BIN/llama-bench" ] || die "phase 3: no llama-bench (run phase 1)"
+    for m in $MODELS; do
+        g=$(gguf_of "$m")
+        [ -f "$g" ] || die "phase 3: no $g (run phase 2)"
+        pp=$(prefills_of "$m")
+        if [ -n "$pp" ] && [ ! -s "$WORK/$m.llama-pp.json" ]; then
+            echo "phase 3: $m llama-bench prefill $pp"
+            "$BIN/llama-bench" -m "$g" -ngl 99 -fa 1 -p "$pp" -n 0 -ub 512,2048 -b 8192 -r "$REPS" -o json \
+                >"$WORK/$m.llama-pp.json" 2>>"$WORK/llama.log" || die "phase 3: llama-bench prefill failed for $m (see $WORK/llama.log)"
+        fi
+        if [ ! -s "$WORK/$m.llama-tg.json" ]; then
+            echo "phase 3: $m llama-bench decode at depth $(depths_of "$m")"
+            "$BIN/llama-bench" -m "$g" -ngl 99 -fa 1 -p 0 -n 64 -d "$(depths_of "$m")" -r "$REPS" -o json \
+                >"$WORK/$m.llama-tg.json" 2>>"$WORK/llama.log" || die "phase 3: llama-bench decode failed for $m (see $WORK/llama.log)"
+        fi
+        if [ ! -s "$WORK/$m.llama-batched.txt" ]; then
+            echo "phase 3: $m llama-batched-bench B$(batches_of "$m")"
+            "$BIN/llama-batched-bench" -m "$g" -ngl 99 -fa on -c $((64 * 1100)) -b 2048 -ub 512 -npp 1024 -ntg 64 \
+                -npl "$(batches_of "$m")" >"$WORK/$m.llama-batched.txt" 2>&1 ||
+                die "phase 3: llama-batched-bench failed for $m (see $WORK/$m.llama-batched.txt)"
+        fi
+    done
 fi
 
-LB_PP=$WORK/llama-bench-prefill.json
-LB_TG=$WORK/llama-bench-decode.json
 if want 4; then
-    [ -x "$BENCH_BIN" ] || die "phase 4: no llama-bench (run phase 1)"
-    [ -f "$GGUF" ] || die "phase 4: no GGUF (run phases 2 and 3)"
-    echo "phase 4: llama-bench (log $WORK/llama-bench.log)"
-    "$BENCH_BIN" -m "$GGUF" -ngl 99 -fa 1 -p 8192,32768 -n 0 -ub "$UBATCH" -b 8192 -r "$REPS" -o json \
-        >"$LB_PP" 2>"$WORK/llama-bench.log" || die "phase 4: llama-bench prefill failed (see $WORK/llama-bench.log)"
-    "$BENCH_BIN" -m "$GGUF" -ngl 99 -fa 1 -p 0 -n 64 -d 1024,32768 -r "$REPS" -o json \
-        >"$LB_TG" 2>>"$WORK/llama-bench.log" || die "phase 4: llama-bench decode failed (see $WORK/llama-bench.log)"
-fi
-
-NS_OUT=$WORK/nightshift-bench.txt
-if want 5; then
-    NS_BIN=$ROOT/build/cuda/gpu-tests/bench_engine
+    NS_BIN=${SBS_NS_BIN:-$ROOT/build/cuda/gpu-tests/bench_engine}
     if [ ! -x "$NS_BIN" ]; then
-        echo "phase 5: building bench_engine (make CUDA=1)"
+        echo "phase 4: building bench_engine (make CUDA=1)"
         make -C "$ROOT" CUDA=1 -j"$NPROC" build/cuda/gpu-tests/bench_engine >"$WORK/ns-build.log" 2>&1 ||
-            die "phase 5: make CUDA=1 failed (see $WORK/ns-build.log; tests/gpu/run.sh sets up the dependencies)"
+            die "phase 4: make CUDA=1 failed (see $WORK/ns-build.log; tests/gpu/run.sh sets up the dependencies)"
     fi
-    echo "phase 5: nightshift bench_engine"
-    "$NS_BIN" --device cuda --dummy-weights "$CONFIG" --prefill 8192,32768 --contexts 1k,32k --batches 1 \
-        >"$NS_OUT" 2>&1 || { tail -20 "$NS_OUT"; die "phase 5: bench_engine failed"; }
+    for m in $MODELS; do
+        out=$WORK/$m.nightshift.txt
+        [ -s "$out" ] && continue
+        pp=$(prefills_of "$m")
+        ctx=$(depths_of "$m" | sed 's/1024/1k/; s/32768/32k/')
+        if [ "$(type_of "$m")" = bf16 ]; then
+            weights=(--dummy-weights "$(config_of "$m")")
+        else
+            weights=(--model "$(gguf_of "$m")")
+        fi
+        echo "phase 4: $m nightshift"
+        "$NS_BIN" --device cuda "${weights[@]}" ${pp:+--prefill "$pp"} --contexts "$ctx" --batches "1,$(batches_of "$m")" \
+            >"$out" 2>&1 || { tail -20 "$out"; die "phase 4: bench_engine failed for $m"; }
+    done
 fi
 
-if want 6; then
-    if [ ! -f "$LB_PP" ] || [ ! -f "$LB_TG" ] || [ ! -f "$NS_OUT" ]; then
-        die "phase 6: results missing (run phases 4 and 5)"
-    fi
-    python3 - "$LB_PP" "$LB_TG" "$NS_OUT" <<'EOF'
-import json, re, sys
-pp, tg, ns_path = sys.argv[1:4]
-def best(path, key):
+if want 5; then
+    python3 - "$WORK" $MODELS <<'EOF' | tee "$WORK/table.md"
+import json, os, re, sys
+work, models = sys.argv[1], sys.argv[2:]
+
+def llama_bench(path, key):
     out = {}
-    for r in json.load(open(path)):
-        k = key(r)
-        out[k] = max(out.get(k, 0.0), float(r["avg_ts"]))
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        for r in json.load(open(path)):
+            k = key(r)
+            out[k] = max(out.get(k, 0.0), float(r["avg_ts"]))  # best ubatch
     return out
-lpp = best(pp, lambda r: ("prefill", int(r["n_prompt"])))
-ltg = best(tg, lambda r: ("decode", int(r["n_depth"])))
-ns = {}
-for line in open(ns_path):
-    m = re.match(r"prefill\s+(\d+) tokens:\s+([\d.]+) s\s+([\d.]+) tok/s", line)
-    if m:
-        ns[("prefill", int(m.group(1)))] = float(m.group(3))
-    m = re.match(r"decode ctx\s+(\d+) batch\s+1:\s+([\d.]+) ms/step\s+([\d.]+) tok/s", line)
-    if m:
-        ns[("decode", int(m.group(1)))] = float(m.group(3))
-rows = [("prefill 8k tok/s", ("prefill", 8192)), ("prefill 32k tok/s", ("prefill", 32768)),
-        ("decode ctx 1k B1 tok/s", ("decode", 1024)), ("decode ctx 32k B1 tok/s", ("decode", 32768))]
-print("| measure | nightshift | llama.cpp | ratio |")
-print("|---|---|---|---|")
-for name, k in rows:
-    a, b = ns.get(k), (lpp if k[0] == "prefill" else ltg).get(k)
-    fa = "%.1f" % a if a else "missing"
-    fb = "%.1f" % b if b else "missing"
-    ratio = "%.2fx" % (a / b) if a and b else "-"
-    print("| %s | %s | %s | %s |" % (name, fa, fb, ratio))
+
+def batched(path):
+    # llama-batched-bench's table: |  PP |  TG |  B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | ...
+    out = {}
+    if os.path.exists(path):
+        for line in open(path):
+            f = [x.strip() for x in line.strip().strip("|").split("|")]
+            if len(f) >= 8 and f[0].isdigit():
+                out[("decode", 1024, int(f[2]))] = float(f[7])
+    return out
+
+def nightshift(path):
+    out = {}
+    if not os.path.exists(path):
+        return out
+    for line in open(path):
+        m = re.match(r"prefill\s+(\d+) tokens:\s+([\d.]+) s\s+([\d.]+) tok/s", line)
+        if m:
+            out[("prefill", int(m.group(1)))] = float(m.group(3))
+        m = re.match(r"decode ctx\s+(\d+) batch\s+(\d+):\s+([\d.]+) ms/step\s+([\d.]+) tok/s", line)
+        if m:
+            out[("decode", int(m.group(1)), int(m.group(2)))] = float(m.group(4))
+    return out
+
+print("| model | measure | nightshift | llama.cpp | ratio |")
+print("|---|---|---|---|---|")
+for mdl in models:
+    ll = llama_bench(os.path.join(work, mdl + ".llama-pp.json"), lambda r: ("prefill", int(r["n_prompt"])))
+    ll.update(llama_bench(os.path.join(work, mdl + ".llama-tg.json"), lambda r: ("decode", int(r["n_depth"]), 1)))
+    ll.update(batched(os.path.join(work, mdl + ".llama-batched.txt")))
+    ns = nightshift(os.path.join(work, mdl + ".nightshift.txt"))
+    for k in sorted(set(ll) | set(ns), key=lambda k: (k[0] != "prefill",) + k[1:]):
+        name = "prefill %d tok/s" % k[1] if k[0] == "prefill" else "decode ctx %d B%d tok/s" % (k[1], k[2])
+        a, b = ns.get(k), ll.get(k)
+        ratio = "%.2fx" % (a / b) if a and b else "-"
+        print("| %s | %s | %s | %s | %s |" % (mdl, name, "%.1f" % a if a else "missing",
+                                             "%.1f" % b if b else "missing", ratio))
 EOF
 fi
