@@ -140,6 +140,8 @@ static void usage(FILE *f) {
             "  --max-connections N      open connections at most (default %u); near it, those waiting\n"
             "                           longest for a request are closed\n"
             "  --max-connections-per-peer N  connections per client address (default 0 = no cap)\n"
+            "  --stream-buffer SIZE     unread bytes a stream may queue for a client that stopped\n"
+            "                           reading (default 4M); past it the generation is cancelled\n"
             "  --allowed-hosts H,...    more Host names to accept (default none; '*' = any) besides\n"
             "                           localhost, 127.0.0.1, [::1] and --host; Host is checked on\n"
             "                           loopback, or whenever this is given\n"
@@ -314,6 +316,7 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
                                                  "--ssd-cache", "--ssd-cache-size", "--dummy-weights",
                                                  "--pause-policy", "--request-timeout", "--max-connections",
                                                  "--max-connections-per-peer", "--allowed-hosts", "--cors-origins",
+                                                 "--stream-buffer",
                                                  "--record", "--record-max-bytes", "--record-keep"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= strcmp(a, with_value[k]) == 0;
@@ -334,6 +337,9 @@ static int parse_args(int argc, char **argv, serve_opts *o) {
         } else if (strcmp(a, "--max-connections-per-peer") == 0) {
             if (parse_ll(v, 0, 1 << 20, &x)) goto bad;
             o->http.max_connections_per_peer = (unsigned)x;
+        } else if (strcmp(a, "--stream-buffer") == 0) {
+            if (ns_cli_parse_size(v, &sz) != 0 || sz < 4096 || sz > (double)((size_t)1 << 30)) goto bad;
+            o->http.stream_buffer_bytes = (size_t)sz;
         }
         else if (strcmp(a, "--admin-key") == 0) o->http.admin_key = v;
         else if (strcmp(a, "--record") == 0) o->record_dir = v;

@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -34,7 +36,8 @@
 #define MAX_HEADER_LINE_BYTES NS_HTTP_MAX_HEADER_LINE_BYTES
 #define MAX_HEAD_BYTES NS_HTTP_MAX_HEAD_BYTES
 #define MAX_DAEMONS 4
-#define STREAM_BUFFER_CAP ((size_t)4 << 20) /* a stream's producer waits above this */
+#define STREAM_BUFFER_DEFAULT ((size_t)4 << 20) /* unread stream bytes before the generation is cancelled */
+#define STREAM_COMPACT_BYTES ((size_t)64 << 10)   /* the reader compacts a stream's buffer past this */
 #define FD_RESERVE 128 /* descriptors kept for everything but connections */
 
 typedef struct str_list {
@@ -63,6 +66,7 @@ struct ns_server {
     unsigned max_conns;
     int64_t request_timeout_ms;
     double keepalive_s;
+    size_t stream_cap; /* unread bytes of one stream at most (see produce) */
     bool host_check;
     str_list hosts, origins;
     atomic_int active;
@@ -551,6 +555,12 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         if (j->off == j->pending.len) {
             ns_buf_reset(&j->pending);
             j->off = 0;
+        } else if (j->off >= STREAM_COMPACT_BYTES && j->off * 2 >= j->pending.len) {
+            /* a client that reads, but never all of it: what it read goes,
+             * or the buffer would keep the whole stream */
+            memmove(j->pending.data, j->pending.data + j->off, j->pending.len - j->off);
+            j->pending.len -= j->off;
+            j->off = 0;
         }
         pthread_cond_broadcast(&j->cv); /* room for a waiting producer */
         ret = (ssize_t)n;
@@ -577,8 +587,16 @@ static void stream_response_free(void *cls) {
     job_unref(j);
 }
 
-/* Runs the stream's next() until the end, the client's departure or the
- * server's stop, feeding the reader. */
+/* Runs the stream's next() until the end, the client's departure, the
+ * server's stop, or a client that stopped reading, feeding the reader.
+ * The producer never waits for the client: a stalled reader would hold
+ * this thread (and its generation) until the connection timed out. When
+ * more than stream_cap bytes are unread (queued here or in the socket's
+ * send queue, which the kernel grows to megabytes), the generation is cancelled (the
+ * scheduler keeps its committed KV pages in the cache) and this thread
+ * ends; what was produced stays queued for the client, which keeps only a
+ * descriptor and that buffer until it reads it or --timeout closes it. The
+ * stream then ends without its terminator, so the client sees it was cut. */
 static void produce(ns_http_job *j) {
     ns_server *s = j->srv;
     ns_http_stream *st = &j->resp.stream;
@@ -588,12 +606,17 @@ static void produce(ns_http_job *j) {
     bool eof = false;
     for (;;) {
         pthread_mutex_lock(&j->mu);
-        while (j->pending.len - j->off > STREAM_BUFFER_CAP && !j->detached && !atomic_load(&s->stopping)) {
-            struct timespec ts = ns_clock_deadline(CLOCK_REALTIME, 100);
-            pthread_cond_timedwait(&j->cv, &j->mu, &ts);
-        }
+        size_t unread = j->pending.len - j->off;
+        int outq = 0; /* bytes in the socket's send queue: the kernel buffers for a stalled client too */
+        if (!j->detached && ioctl(j->fd, SIOCOUTQ, &outq) == 0 && outq > 0) unread += (size_t)outq;
         bool stop = j->detached || atomic_load(&s->stopping);
         pthread_mutex_unlock(&j->mu);
+        if (!stop && unread > s->stream_cap) {
+            NS_WARN("http: the client stopped reading its stream (%zu bytes unread, --stream-buffer %zu): "
+                    "generation cancelled, the connection is kept until it reads or times out",
+                    unread, s->stream_cap);
+            stop = true;
+        }
         if (stop) {
             rc = NS_ERR_CANCELLED;
             break;
@@ -1124,6 +1147,7 @@ ns_status ns_server_start(const ns_server_opts *o, const ns_http_route *routes, 
     s->host_check = (o->check_host && s->loopback) || s->hosts.n || s->hosts.any;
     unsigned timeout_s = o->timeout_s ? o->timeout_s : DEFAULT_TIMEOUT_S;
     s->keepalive_s = timeout_s / 3.0 < KEEPALIVE_MAX_S ? timeout_s / 3.0 : KEEPALIVE_MAX_S;
+    s->stream_cap = o->stream_buffer_bytes ? o->stream_buffer_bytes : STREAM_BUFFER_DEFAULT;
     s->request_timeout_ms = 1000 * (int64_t)(o->request_timeout_s ? o->request_timeout_s : DEFAULT_REQUEST_TIMEOUT_S);
     unsigned want = o->max_connections ? o->max_connections : DEFAULT_MAX_CONNECTIONS;
     s->max_conns = fd_room(want);

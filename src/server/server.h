@@ -24,8 +24,13 @@
  *     (MHD_suspend_connection) while the handler runs and resumed when it
  *     returns; the event loop goes on serving every other connection.
  * A stream (SSE) is produced on that same thread: it calls next() (which
- * may block on the request's event channel) and appends to a buffer (capped
- * at 4 MiB: the producer waits while a client does not read). libmicrohttpd
+ * may block on the request's event channel) and appends to a buffer; the
+ * producer never waits for the client. A client that stops reading lets
+ * the buffer grow to stream_buffer_bytes (default 4 MiB); past that its
+ * generation is cancelled (its committed KV pages stay cached), the warning
+ * is logged once, and the thread ends: the connection keeps its descriptor
+ * and the buffer until the client reads it or timeout_s passes without a
+ * byte written, and the stream ends without its terminator. libmicrohttpd
  * drains the buffer through a content-reader callback which, when the buffer
  * is empty, suspends the connection and returns 0 ("no data yet"); the
  * producer resumes it when it appends or ends. (Returning 0 without
@@ -33,8 +38,7 @@
  * request and not a fully event-driven pump: the scheduler's event channel
  * (ns_request_poll) is a condition variable, not a pollable descriptor; a
  * thread waits on it as designed, and only a complete, checked request gets
- * one. A stream whose client stops reading keeps its thread until the
- * connection idles out (timeout_s).
+ * one, for as long as its generation runs.
  *
  * Deadlines. A request must arrive complete (head and body) within
  * request_timeout_s of the connection's start, or of the end of the
@@ -175,6 +179,7 @@ typedef struct ns_server_opts {
     unsigned max_connections_per_peer; /* 0 = no per-address cap */
     unsigned timeout_s;        /* idle limit of a connection being written to; default 300 */
     unsigned request_timeout_s; /* a request must arrive complete within this; default 30 */
+    size_t stream_buffer_bytes; /* unread bytes of a stream before its generation is cancelled; default 4 MiB */
     bool check_host;           /* check Host when listening on loopback (serve sets it) */
     const char *allowed_hosts; /* comma-separated extra Host names ("*" = any); also
                                 * turns the check on for a non-loopback address */
