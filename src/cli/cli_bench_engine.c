@@ -713,6 +713,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
         /* what each decode-path feature is worth: batch 1, 1k context,
          * each flipped from its default in turn (prefetch is off by
          * default, the others on) */
+        const int dec_fuse = ns_cuda_get_dec_fuse(B->be); /* NS_CUDA_DEC_FUSE */
         struct {
             const char *name;
             void (*set)(ns_backend *, int);
@@ -721,7 +722,9 @@ static ns_status bench_run(bench *B, ns_error *err) {
                      {"early constant loads off", ns_cuda_set_early_loads, 1},
                      {"programmatic dependent launch off", ns_cuda_set_pdl, 1},
                      {"fused kernels off", ns_cuda_set_fusion, 1},
-                     {"CUDA graphs off", ns_cuda_set_graphs, 1}};
+                     {"CUDA graphs off", ns_cuda_set_graphs, 1},
+                     {dec_fuse ? "norm/add folded into decode GEMVs off" : "norm/add folded into decode GEMVs on",
+                      ns_cuda_set_dec_fuse, dec_fuse}};
         dec_result base;
         rc = run_decode(B, 1024, 1, B->o.steps, 3, &base, err);
         if (rc != NS_OK) return rc;

@@ -52,6 +52,7 @@ void ns_cuda_set_fusion(ns_backend *be, int on);
  * weights; cuda_decode.cu): on or off (default: env NS_CUDA_DEC_FUSE, else
  * off). Same numbers either way. */
 void ns_cuda_set_dec_fuse(ns_backend *be, int on);
+int ns_cuda_get_dec_fuse(ns_backend *be);
 /* Programmatic dependent launch between kernels: on (default) or off. */
 void ns_cuda_set_pdl(ns_backend *be, int on);
 /* L2 prefetch of the next GEMV's weights by small decode kernels. */

@@ -610,6 +610,19 @@ static int32_t try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n) 
     const cu_op *o = &ops[i];
     int pi;
     if (qgemv_eligible(o)) return try_fuse_quant(c, ops, i, n);
+    /* 0. batch-1/2 decode: RMSNorm / residual add folded into the GEMVs
+     * (cuda_decode.cu), ahead of the patterns below that they replace */
+    if (c->dec_fuse) {
+        cu_gemv_dec_args dg;
+        const char *label;
+        const int32_t used = cu_dec_match(c, ops, i, n, &dg, &label);
+        if (used > 0) {
+            prof_begin(c, label, &pi);
+            cu_dec_run(c, ops, i, used, &dg);
+            prof_end(c, pi);
+            return used;
+        }
+    }
     /* 1a. gate and up GEMVs followed by swiglu: one launch with the
      * SwiGLU epilogue */
     if (gemv_eligible(c, o) && i + 2 < n && gemv_eligible(c, &ops[i + 1]) && same_view(&ops[i + 1].b, &o->b) &&
@@ -1767,6 +1780,8 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     }
     c->graphs_enabled = env_int("NS_CUDA_GRAPHS", 1);
     c->fusion = env_int("NS_CUDA_FUSION", 1);
+    /* off until measured on the H200 (docs/cuda.md, v16) */
+    c->dec_fuse = env_int("NS_CUDA_DEC_FUSE", 0);
     c->pdl = env_int("NS_CUDA_PDL", 1);
     /* off by default: measured slower on H200 (docs/cuda.md, v7) */
     c->prefetch = env_int("NS_CUDA_PREFETCH", 0);
@@ -1836,6 +1851,8 @@ static void set_captured_setting(ns_backend *be, int cu_impl::*setting, int on) 
 }
 
 extern "C" void ns_cuda_set_fusion(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::fusion, on); }
+extern "C" void ns_cuda_set_dec_fuse(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::dec_fuse, on); }
+extern "C" int ns_cuda_get_dec_fuse(ns_backend *be) { return IMPL(be)->dec_fuse; }
 extern "C" void ns_cuda_set_pdl(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::pdl, on); }
 extern "C" void ns_cuda_set_prefetch(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::prefetch, on); }
 extern "C" void ns_cuda_set_early_loads(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::early_loads, on); }

@@ -333,3 +333,260 @@ void cu_gemm(cu_impl *c, float *out, const bf16 *in_bf, const float *in_f32, con
                                  c->lt_ws, c->lt_ws_bytes, c->stream),
                   "cublasLtMatmul");
 }
+
+/* ------------------------------------------- decode GEMVs with row ops
+ *
+ * At batch 1-2 the RMSNorm before a GEMV group and the residual add after
+ * a GEMV are kernels of their own that move a few kilobytes each, and each
+ * costs a launch, a PDL wait and a latency chain (~3-4 us in a graph).
+ * These variants of k_gemv fold them in (cuda_decode.cu matches the tape
+ * patterns; NS_CUDA_DEC_FUSE switches them):
+ * - NORM: the input is the residual x; every block computes sum(x^2) with
+ *   the reduction tree of k_rmsnorm_block at 512 threads (four "virtual
+ *   threads" per thread, the same per-thread partials, the same warp
+ *   butterflies and the same final 16-lane sum), so inv and every
+ *   normalized value (x * inv) * w are bit-identical to the unfused op; the
+ *   dot products then read them on the fly. Block 0 also writes the
+ *   normalized rows to xn, as the unfused RMSNorm leaves them (nothing
+ *   after the group need know the difference).
+ * - ADD: the epilogue also does res += out (the residual add that follows
+ *   the output and down projections), res[i] = res[i] + y as k_add4 does.
+ * The weight loads of a lane's first iteration are issued before the norm
+ * prologue, so the x read and the block reduction overlap the first HBM
+ * round trip. The dot products run in k_gemv's order, so the sums are
+ * bit-identical too. */
+struct dec_side {
+    const float *nw; /* NORM: norm weight [K] */
+    float *xn;       /* NORM: normalized rows out [N, K] */
+    float eps;
+    float *res; /* ADD: residual [N, M] */
+};
+
+__device__ __forceinline__ float4 nrm4(float4 a, float inv, float4 w) {
+    return make_float4((a.x * inv) * w.x, (a.y * inv) * w.y, (a.z * inv) * w.z, (a.w * inv) * w.w);
+}
+
+/* The 8 input values of chunk ch of row xr, normalized under NORM. */
+template <bool NORM>
+__device__ __forceinline__ void dec_xin(const float *__restrict__ xr, const float *__restrict__ nw, float inv, int ch,
+                                        float4 &x0, float4 &x1) {
+    const float4 *xv = reinterpret_cast<const float4 *>(xr) + 2 * ch;
+    x0 = __ldg(xv);
+    x1 = __ldg(xv + 1);
+    if constexpr (NORM) {
+        const float4 *wv = reinterpret_cast<const float4 *>(nw) + 2 * ch;
+        x0 = nrm4(x0, inv, __ldg(wv));
+        x1 = nrm4(x1, inv, __ldg(wv + 1));
+    }
+}
+
+template <int N, int KS, bool SW, bool NORM, bool ADD>
+__global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__restrict__ x, int K, dec_side sd) {
+    PDL_ENTRY();
+    const int wib = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int pair = blockIdx.x * (4 / KS) + wib / KS, kp = wib % KS;
+    const int total = SW ? sg.end0 : sg.end2;
+    const int row0 = SW ? pair : pair * 2;
+    const bool active = row0 < total;
+    const int row1 = SW ? pair + sg.end0 : (row0 + 1 < total ? row0 + 1 : row0);
+    const int nch = K / 8;
+    const int cb = kp * (nch / KS), ce = kp == KS - 1 ? nch : cb + nch / KS;
+    float acc0[N], acc1[N];
+#pragma unroll
+    for (int n = 0; n < N; n++) acc0[n] = acc1[n] = 0.f;
+    const bf16 *W0 = NULL, *W1 = NULL;
+    float *O0 = NULL, *O1 = NULL;
+    int l0 = 0, l1 = 0, M0 = 0, M1 = 0;
+    const uint4 *w0 = NULL, *w1 = NULL;
+    int c = cb + lane;
+    bool full = false;
+    uint4 a[4], b[4];
+    if (active) {
+        gemv_row(sg, row0, W0, O0, l0, M0);
+        gemv_row(sg, row1, W1, O1, l1, M1);
+        w0 = reinterpret_cast<const uint4 *>(W0 + (size_t)l0 * K);
+        w1 = reinterpret_cast<const uint4 *>(W1 + (size_t)l1 * K);
+        full = c + 96 < ce;
+        if (full) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                a[u] = ld_stream(w0 + c + 32 * u);
+                b[u] = ld_stream(w1 + c + 32 * u);
+            }
+        }
+    }
+    float inv[N];
+#pragma unroll
+    for (int n = 0; n < N; n++) inv[n] = 0.f;
+    if constexpr (NORM) {
+        /* k_rmsnorm_block with 512 threads: virtual thread j*128 + tid
+         * (virtual warp 4j + wib, lane `lane`) sums d = 4 vt + 2048 i */
+        __shared__ float part[N][16];
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            const float *xr = x + (size_t)n * K;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float ss = 0.f;
+                for (int d = (j * 128 + (int)threadIdx.x) * 4; d < K; d += 2048) {
+                    float4 v = *reinterpret_cast<const float4 *>(xr + d);
+                    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                }
+                ss = cu_warp_sum(ss);
+                if (lane == 0) part[n][4 * j + wib] = ss;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            float t = lane < 16 ? part[n][lane] : 0.f;
+            t = cu_warp_sum(t);
+            inv[n] = 1.0f / sqrtf(t / (float)K + sd.eps);
+        }
+        if (blockIdx.x == 0) {
+#pragma unroll
+            for (int n = 0; n < N; n++)
+                for (int d = (int)threadIdx.x * 4; d < K; d += 512) {
+                    const float4 v = *reinterpret_cast<const float4 *>(x + (size_t)n * K + d);
+                    const float4 ww = *reinterpret_cast<const float4 *>(sd.nw + d);
+                    *reinterpret_cast<float4 *>(sd.xn + (size_t)n * K + d) = nrm4(v, inv[n], ww);
+                }
+        }
+    }
+    if (active) {
+        while (full) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+#pragma unroll
+                for (int n = 0; n < N; n++) {
+                    float4 x0, x1;
+                    dec_xin<NORM>(x + (size_t)n * K, sd.nw, inv[n], c + 32 * u, x0, x1);
+                    acc0[n] += dot8(a[u], x0, x1);
+                    acc1[n] += dot8(b[u], x0, x1);
+                }
+            }
+            c += 128;
+            full = c + 96 < ce;
+            if (full) {
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    a[u] = ld_stream(w0 + c + 32 * u);
+                    b[u] = ld_stream(w1 + c + 32 * u);
+                }
+            }
+        }
+        for (; c < ce; c += 32) {
+            uint4 wa = ld_stream(w0 + c), wb = ld_stream(w1 + c);
+#pragma unroll
+            for (int n = 0; n < N; n++) {
+                float4 x0, x1;
+                dec_xin<NORM>(x + (size_t)n * K, sd.nw, inv[n], c, x0, x1);
+                acc0[n] += dot8(wa, x0, x1);
+                acc1[n] += dot8(wb, x0, x1);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                acc0[n] += __shfl_xor_sync(0xffffffffu, acc0[n], o);
+                acc1[n] += __shfl_xor_sync(0xffffffffu, acc1[n], o);
+            }
+        }
+    }
+    if constexpr (KS > 1) {
+        __shared__ float kpart[4][2][N];
+        if (lane == 0) {
+#pragma unroll
+            for (int n = 0; n < N; n++) {
+                kpart[wib][0][n] = acc0[n];
+                kpart[wib][1][n] = acc1[n];
+            }
+        }
+        __syncthreads();
+        if (kp != 0) return;
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            acc0[n] = kpart[wib][0][n];
+            acc1[n] = kpart[wib][1][n];
+#pragma unroll
+            for (int q = 1; q < KS; q++) {
+                acc0[n] += kpart[wib + q][0][n];
+                acc1[n] += kpart[wib + q][1][n];
+            }
+        }
+    }
+    if (active && lane == 0) {
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            if constexpr (SW) {
+                const float g = acc0[n], u = acc1[n];
+                const float y = g / (1.0f + expf(-g)) * u;
+                O0[(size_t)n * M0 + l0] = g;
+                O1[(size_t)n * M1 + l1] = u;
+                sg.o2[(size_t)n * M0 + l0] = y;
+                if (sg.obf) sg.obf[(size_t)n * M0 + l0] = __float2bfloat16_rn(y);
+            } else {
+                O0[(size_t)n * M0 + l0] = acc0[n];
+                if (row1 != row0) O1[(size_t)n * M1 + l1] = acc1[n];
+                if constexpr (ADD) {
+                    /* one segment: rows index the residual as they index O0 */
+                    float *r = sd.res + (size_t)n * M0;
+                    r[l0] = r[l0] + acc0[n];
+                    if (row1 != row0) r[l1] = r[l1] + acc1[n];
+                }
+            }
+        }
+    }
+}
+
+typedef void (*gemv_dec_fn)(gemv_segs, const float *, int, dec_side);
+
+#define GEMV_DEC_ROW(N, SW, NORM, ADD)                                                                                \
+    {k_gemv_dec<N, 1, SW, NORM, ADD>, k_gemv_dec<N, 2, SW, NORM, ADD>, k_gemv_dec<N, 4, SW, NORM, ADD>}
+
+bool cu_gemv_dec(cu_impl *c, const cu_gemv_dec_args *g) {
+    /* [mode][n - 1][ks]: 0 = norm + group, 1 = norm + gate/up SwiGLU, 2 = matmul + residual add */
+    static const gemv_dec_fn fns[3][2][3] = {
+        {GEMV_DEC_ROW(1, false, true, false), GEMV_DEC_ROW(2, false, true, false)},
+        {GEMV_DEC_ROW(1, true, true, false), GEMV_DEC_ROW(2, true, true, false)},
+        {GEMV_DEC_ROW(1, false, false, true), GEMV_DEC_ROW(2, false, false, true)},
+    };
+    const int mode = g->add_res ? 2 : g->swiglu ? 1 : 0;
+    if (g->n < 1 || g->n > 2 || g->k % 8 || g->nseg < 1 || g->nseg > 3 || (g->swiglu && g->nseg != 2) ||
+        (g->add_res && g->nseg != 1) || (mode < 2 && (g->k % 4 || !g->norm_w || !g->xn))) {
+        cu_check(c, cudaErrorInvalidValue, "gemv_dec: unsupported shape");
+        return false;
+    }
+    gemv_segs sg;
+    memset(&sg, 0, sizeof sg);
+    int64_t rows;
+    sg.w0 = g->w[0];
+    sg.o0 = g->out[0];
+    sg.end0 = (int)g->m[0];
+    if (g->swiglu) {
+        sg.w1 = g->w[1];
+        sg.o1 = g->out[1];
+        sg.o2 = g->sw_out;
+        sg.obf = g->sw_out_bf;
+        sg.end1 = sg.end2 = (int)(2 * g->m[0]);
+        rows = g->m[0]; /* row pairs: (gate r, up r) */
+    } else {
+        sg.end1 = sg.end0 + (g->nseg > 1 ? (int)g->m[1] : 0);
+        sg.end2 = sg.end1 + (g->nseg > 2 ? (int)g->m[2] : 0);
+        if (g->nseg > 1) sg.w1 = g->w[1], sg.o1 = g->out[1];
+        if (g->nseg > 2) sg.w2 = g->w[2], sg.o2 = g->out[2];
+        rows = (sg.end2 + 1) / 2;
+    }
+    dec_side sd;
+    sd.nw = g->norm_w;
+    sd.xn = g->xn;
+    sd.eps = g->eps;
+    sd.res = g->res;
+    const int ks = choose_ks(c, rows, (int)g->k);
+    const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
+    const int64_t pairs_per_block = 4 / ks;
+    const unsigned blocks = (unsigned)((rows + pairs_per_block - 1) / pairs_per_block);
+    cu_launch(c, fns[mode][g->n - 1][ki], dim3(blocks), dim3(128), 0, sg, g->x, (int)g->k, sd);
+    return !CU_LAUNCHED(c, "gemv_dec");
+}

@@ -1,0 +1,446 @@
+/* test_decode_fused.c — the decode GEMVs with RMSNorm / residual add
+ * folded in (cuda_decode.cu, k_gemv_dec in cuda_gemm.cu;
+ * NS_CUDA_DEC_FUSE / ns_cuda_set_dec_fuse).
+ *
+ * Op level: the engine's op sequences around the decode GEMVs (RMSNorm +
+ * q/k/v group, RMSNorm + gate/up + SwiGLU, output projection + residual
+ * add, down projection + residual add, chained as forward.c chains them,
+ * the normalized buffer reused as the projection output) are recorded as a
+ * decode step on random never-zero inputs and run with the switch on:
+ * eagerly (profiled, to see the fused kernels really ran), captured into a
+ * graph and replayed with new inputs. Every output must be bit-identical
+ * to the same tape run with the switch off (the older fusions and plain
+ * kernels), and within bf16 GEMV tolerance of the CPU reference. Shapes
+ * cover 1 and 2 rows, hidden sizes with and without a multiple of 2048
+ * (the norm's tail), an odd segment (a row pair straddling two matrices)
+ * and a hidden size of 1024 (the pattern must stand aside).
+ * Model level: a dummy Qwen3-shaped and a Qwen3-MoE-shaped model decode
+ * six steps at batch 1 and 2 with the switch on and off: logits
+ * bit-identical, and close to the CPU backend.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "test.h"
+
+#define GPU_TEST_SEED 0x5eed0fdec0de5eedULL
+#include "gpu_test.h"
+
+static ns_error _e;
+#define OK(x)                                                                                                         \
+    do {                                                                                                              \
+        ns_status _rc = (x);                                                                                          \
+        CHECKF(_rc == NS_OK, "%s: %s", #x, _e.msg);                                                                   \
+    } while (0)
+
+static uint16_t bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+static double rel_l2(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(ref[i])) return INFINITY;
+        double d = (double)a[i] - (double)ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* ------------------------------------------------------------ op level */
+
+/* A tensor on both backends. */
+typedef struct {
+    ns_tensor c, g;
+    int64_t rows, cols;
+    void *host; /* weights: the upload source, which the CPU backend may borrow; freed after c */
+} pair;
+
+static void act_pair(pair *p, int64_t rows, int64_t cols) {
+    p->rows = rows;
+    p->cols = cols;
+    OK(cpu->ops->tensor_alloc(cpu, &p->c, NS_DT_F32, rows, cols, &_e));
+    OK(gpu->ops->tensor_alloc(gpu, &p->g, NS_DT_F32, rows, cols, &_e));
+}
+
+/* BF16 matrix (rows > 1) or F32 vector (rows == 1), same values on both. */
+static void weight_pair(pair *p, int64_t rows, int64_t cols, float scale, float offset) {
+    size_t n = (size_t)(rows * cols);
+    p->rows = rows;
+    p->cols = cols;
+    if (rows == 1) {
+        float *h = malloc(n * 4);
+        for (size_t i = 0; i < n; i++) h[i] = offset + frand() * scale;
+        OK(cpu->ops->weight_from_host(cpu, &p->c, h, NS_DT_F32, 1, cols, &_e));
+        OK(gpu->ops->weight_from_host(gpu, &p->g, h, NS_DT_F32, 1, cols, &_e));
+        p->host = h;
+        return;
+    }
+    uint16_t *h = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = bf16_bits(frand() * scale);
+    OK(cpu->ops->weight_from_host(cpu, &p->c, h, NS_DT_BF16, rows, cols, &_e));
+    OK(gpu->ops->weight_from_host(gpu, &p->g, h, NS_DT_BF16, rows, cols, &_e));
+    p->host = h;
+}
+
+static void pair_free(pair *p) {
+    if (p->c.data) cpu->ops->tensor_free(cpu, &p->c);
+    if (p->g.data) gpu->ops->tensor_free(gpu, &p->g);
+    free(p->host);
+    p->host = NULL;
+}
+
+/* A decode step of n sequences (one token each), no KV pool: the CUDA
+ * backend records the ops that follow and runs them at the next sync. */
+static void decode_batch(ns_backend *be, int32_t n) {
+    int32_t tok[2] = {1, 2}, pos[2] = {5, 9}, ss[3] = {0, 1, 2}, sl[2] = {6, 10}, pt[2] = {0, 0};
+    ns_batch b = {.n_tokens = n, .n_seqs = n, .tokens = tok, .positions = pos, .seq_start = ss, .seq_len = sl,
+                  .page_table = pt, .max_pages = 0, .logit_rows = NULL, .n_logits = 0};
+    OK(be->ops->set_batch(be, &b, &_e));
+}
+
+typedef struct {
+    int n;           /* rows (sequences) */
+    int64_t H, FF;   /* hidden, intermediate */
+    int64_t mq, mk;  /* q and k/v widths */
+    pair x, xn, att, q, k, v, gate, up;
+    pair wq, wk, wv, wo, wg, wu, wd, n1, n2;
+} chain;
+
+static void chain_init(chain *ch, int n, int64_t H, int64_t FF, int64_t mq, int64_t mk) {
+    memset(ch, 0, sizeof *ch);
+    ch->n = n;
+    ch->H = H;
+    ch->FF = FF;
+    ch->mq = mq;
+    ch->mk = mk;
+    act_pair(&ch->x, n, H);
+    act_pair(&ch->xn, n, H);
+    act_pair(&ch->att, n, mq);
+    act_pair(&ch->q, n, mq);
+    act_pair(&ch->k, n, mk);
+    act_pair(&ch->v, n, mk);
+    act_pair(&ch->gate, n, FF);
+    act_pair(&ch->up, n, FF);
+    weight_pair(&ch->wq, mq, H, 0.05f, 0);
+    weight_pair(&ch->wk, mk, H, 0.05f, 0);
+    weight_pair(&ch->wv, mk, H, 0.05f, 0);
+    weight_pair(&ch->wo, H, mq, 0.05f, 0);
+    weight_pair(&ch->wg, FF, H, 0.05f, 0);
+    weight_pair(&ch->wu, FF, H, 0.05f, 0);
+    weight_pair(&ch->wd, H, FF, 0.05f, 0);
+    weight_pair(&ch->n1, 1, H, 0.5f, 1.0f);
+    weight_pair(&ch->n2, 1, H, 0.5f, 1.0f);
+}
+
+static void chain_free(chain *ch) {
+    pair *ps[] = {&ch->x,  &ch->xn, &ch->att, &ch->q,  &ch->k,  &ch->v,  &ch->gate, &ch->up, &ch->wq,
+                  &ch->wk, &ch->wv, &ch->wo,  &ch->wg, &ch->wu, &ch->wd, &ch->n1,   &ch->n2};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) pair_free(ps[i]);
+}
+
+/* forward.c's sequence around the GEMVs of one layer, attention replaced
+ * by the given `att` input: norm + q/k/v, then output projection + add,
+ * norm + gate/up + SwiGLU, down + add, and the next layer's norm + q/k/v. */
+static void chain_ops(ns_backend *be, chain *ch, int cpu_side) {
+#define T(p) (cpu_side ? &ch->p.c : &ch->p.g)
+    const ns_backend_ops *o = be->ops;
+    const float eps = 1e-6f;
+    o->rmsnorm(be, T(xn), T(x), T(n1), eps);
+    o->matmul(be, T(q), T(xn), T(wq));
+    o->matmul(be, T(k), T(xn), T(wk));
+    o->matmul(be, T(v), T(xn), T(wv));
+    o->matmul(be, T(xn), T(att), T(wo));
+    o->add(be, T(x), T(xn));
+    o->rmsnorm(be, T(xn), T(x), T(n2), eps);
+    o->matmul(be, T(gate), T(xn), T(wg));
+    o->matmul(be, T(up), T(xn), T(wu));
+    o->swiglu(be, T(gate), T(gate), T(up));
+    o->matmul(be, T(xn), T(gate), T(wd));
+    o->add(be, T(x), T(xn));
+    o->rmsnorm(be, T(xn), T(x), T(n1), eps);
+    o->matmul(be, T(q), T(xn), T(wq));
+    o->matmul(be, T(k), T(xn), T(wk));
+#undef T
+}
+
+#define N_OUT 7
+static void chain_outputs(chain *ch, pair **outs) {
+    pair *ps[N_OUT] = {&ch->x, &ch->xn, &ch->q, &ch->k, &ch->v, &ch->gate, &ch->up};
+    memcpy(outs, ps, sizeof ps);
+}
+
+static void free_bufs(float **bufs) {
+    for (int j = 0; j < N_OUT; j++) free(bufs[j]);
+}
+
+/* Which fused decode kernels the profile report names: bit 0 the norm +
+ * q/k/v group, bit 1 the norm + gate/up + SwiGLU, bit 2 GEMV + add. */
+static int profile_dec_kinds(void) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return -1;
+    ns_cuda_profile_report(gpu, f);
+    fclose(f);
+    int kinds = 0;
+    if (text) {
+        /* labels are padded with spaces in the report */
+        if (strstr(text, "dec norm+gemv  ")) kinds |= 1;
+        if (strstr(text, "dec norm+gemv gate/up+swiglu")) kinds |= 2;
+        if (strstr(text, "dec gemv+add")) kinds |= 4;
+    }
+    free(text);
+    return kinds;
+}
+
+/* One run of the chain on backend be from inputs (x0, a0); outputs into
+ * bufs (allocated here). */
+static void chain_run(ns_backend *be, chain *ch, const float *x0, const float *a0, float **bufs) {
+    const int cpu_side = be == cpu;
+    OK(be->ops->tensor_upload(be, cpu_side ? &ch->x.c : &ch->x.g, x0, &_e));
+    OK(be->ops->tensor_upload(be, cpu_side ? &ch->att.c : &ch->att.g, a0, &_e));
+    decode_batch(be, ch->n);
+    chain_ops(be, ch, cpu_side);
+    pair *outs[N_OUT];
+    chain_outputs(ch, outs);
+    for (int j = 0; j < N_OUT; j++) {
+        bufs[j] = malloc((size_t)(outs[j]->rows * outs[j]->cols) * 4);
+        OK(be->ops->tensor_download(be, cpu_side ? &outs[j]->c : &outs[j]->g, bufs[j], &_e));
+    }
+}
+
+/* Runs the chain on two input sets A and B: CPU reference and GPU with
+ * the switch off for both; then, switch on (graphs dropped by the switch,
+ * so the tape is new): A eager with events (the profile must name the
+ * three fused kernels, or only GEMV + add when !expect_fused), A eager, A captured, B replayed twice.
+ * Every switch-on output must be bit-identical to the switch-off output of
+ * its inputs, and within 1e-4 of the CPU (F32 activations, bf16 weights
+ * on both: only the summation order differs). */
+static void chain_check(int n, int64_t H, int64_t FF, int64_t mq, int64_t mk, bool expect_fused) {
+    chain ch;
+    chain_init(&ch, n, H, FF, mq, mk);
+    pair *outs[N_OUT];
+    chain_outputs(&ch, outs);
+    float *xin[2], *ain[2], *ref[2][N_OUT], *off[2][N_OUT];
+    for (int s = 0; s < 2; s++) {
+        xin[s] = malloc((size_t)(n * H) * 4);
+        ain[s] = malloc((size_t)(n * mq) * 4);
+        for (size_t i = 0; i < (size_t)(n * H); i++) xin[s][i] = frand();
+        for (size_t i = 0; i < (size_t)(n * mq); i++) ain[s][i] = frand() * 0.5f;
+        chain_run(cpu, &ch, xin[s], ain[s], ref[s]);
+    }
+    ns_cuda_set_dec_fuse(gpu, 0);
+    for (int s = 0; s < 2; s++) chain_run(gpu, &ch, xin[s], ain[s], off[s]);
+    int64_t rep0, cap0, eag0, rep1, cap1, eag1;
+    ns_cuda_set_dec_fuse(gpu, 1);
+    ns_cuda_graph_stats(gpu, &rep0, &cap0, &eag0);
+    static const int order[5] = {0, 0, 0, 1, 1};
+    for (int r = 0; r < 5; r++) {
+        const int s = order[r];
+        if (r == 0) ns_cuda_set_profiling(gpu, 1);
+        float *on[N_OUT];
+        chain_run(gpu, &ch, xin[s], ain[s], on);
+        if (r == 0) {
+            OK(gpu->ops->sync(gpu, &_e));
+            const int kinds = profile_dec_kinds(), want = expect_fused ? 7 : 4;
+            ns_cuda_set_profiling(gpu, 0);
+            CHECKF(kinds == want, "n=%d H=%lld: fused decode kernels seen %d, expected %d (1 norm+q/k/v, "
+                   "2 norm+gate/up, 4 gemv+add)", n, (long long)H, kinds, want);
+        }
+        for (int j = 0; j < N_OUT; j++) {
+            const size_t cnt = (size_t)(outs[j]->rows * outs[j]->cols);
+            CHECKF(memcmp(on[j], off[s][j], cnt * 4) == 0,
+                   "n=%d H=%lld output %d, run %d: switch on differs from off (rel L2 %.3g)", n, (long long)H, j, r,
+                   rel_l2(on[j], off[s][j], cnt));
+            double e = rel_l2(on[j], ref[s][j], cnt);
+            CHECKF(e <= 1e-4, "n=%d H=%lld output %d, run %d: cuda vs cpu rel L2 %.3g", n, (long long)H, j, r, e);
+        }
+        free_bufs(on);
+    }
+    ns_cuda_graph_stats(gpu, &rep1, &cap1, &eag1);
+    ns_cuda_set_dec_fuse(gpu, 0);
+    CHECKF(cap1 > cap0 && rep1 >= rep0 + 2, "n=%d H=%lld: graph captures %lld, replays %lld (expected 1 and 2)", n,
+           (long long)H, (long long)(cap1 - cap0), (long long)(rep1 - rep0));
+    for (int s = 0; s < 2; s++) {
+        free_bufs(ref[s]);
+        free_bufs(off[s]);
+        free(xin[s]);
+        free(ain[s]);
+    }
+    chain_free(&ch);
+}
+
+TEST(test_chain_batch1) { chain_check(1, 2048, 2816, 2048, 512, true); }
+TEST(test_chain_batch2) { chain_check(2, 2048, 2816, 2048, 512, true); }
+/* hidden 1064: the norm's 2048-element stride ends mid-way; k/v of 135
+ * rows: a GEMV row pair spans k and v */
+TEST(test_chain_odd_shapes) {
+    chain_check(1, 1064, 1000, 1064, 135, true);
+    chain_check(2, 1064, 1000, 1064, 135, true);
+}
+/* hidden 1024: the unfused RMSNorm is the warp kernel there, which the
+ * fused prologue does not reproduce: the norm patterns must stand aside
+ * (the residual add still folds into the GEMV) */
+TEST(test_chain_hidden_1024_unfused_norm) {
+    chain_check(1, 1024, 1000, 1024, 256, false);
+}
+
+/* --------------------------------------------------------- model level */
+
+#define PAGE 16
+
+typedef struct {
+    int32_t pt[8];
+    int32_t ctx;
+} seq;
+
+static ns_status step(ns_engine *e, seq *ss, int ns, const int32_t *toks, const int32_t *nnew, ns_error *err) {
+    int32_t tok[128], pos[128], st[3], len[2], pt[16], lr[2];
+    int32_t t = 0;
+    for (int i = 0; i < ns; i++) {
+        st[i] = t;
+        len[i] = ss[i].ctx + nnew[i];
+        memcpy(pt + i * 8, ss[i].pt, sizeof ss[i].pt);
+        for (int32_t j = 0; j < nnew[i]; j++, t++) {
+            tok[t] = toks[i * 64 + j];
+            pos[t] = ss[i].ctx + j;
+        }
+        lr[i] = t - 1;
+    }
+    st[ns] = t;
+    ns_batch b = {.n_tokens = t, .n_seqs = ns, .tokens = tok, .positions = pos, .seq_start = st, .seq_len = len,
+                  .page_table = pt, .max_pages = 8, .logit_rows = lr, .n_logits = ns};
+    ns_status rc = ns_engine_forward(e, &b, err);
+    if (rc == NS_OK)
+        for (int i = 0; i < ns; i++) ss[i].ctx += nnew[i];
+    return rc;
+}
+
+/* Prefill, then STEPS decode steps of ns sequences: CPU; CUDA with the
+ * switch off; CUDA with it on (graphs on in both). */
+static void model_check(const char *cfg_text, const char *what, int ns) {
+    enum { STEPS = 6 };
+    json_error_t je;
+    json_t *root = json_loads(cfg_text, 0, &je);
+    ns_model_config cfg;
+    ns_error err = {0};
+    ns_status rc = root ? ns_config_from_json(root, NULL, &cfg, &err) : NS_ERR_INVALID;
+    json_decref(root);
+    CHECKF(rc == NS_OK, "%s config: %s", what, err.msg);
+    if (rc != NS_OK) return;
+    ns_model *mc = NULL, *mg = NULL;
+    ns_engine *ec = NULL, *eg = NULL;
+    rc = ns_model_create_random(&cfg, cpu, NS_DT_BF16, 11, &mc, &err);
+    if (rc == NS_OK) rc = ns_model_create_random(&cfg, gpu, NS_DT_BF16, 11, &mg, &err);
+    ns_engine_opts oc = {.max_batch_tokens = 128, .max_logits = 2, .page_tokens = PAGE, .n_pages = 32,
+                         .kv_dtype = NS_DT_F32};
+    ns_engine_opts og = oc;
+    og.kv_dtype = NS_DT_BF16;
+    if (rc == NS_OK) rc = ns_engine_create(mc, &oc, &ec, &err);
+    if (rc == NS_OK) rc = ns_engine_create(mg, &og, &eg, &err);
+    CHECKF(rc == NS_OK, "%s setup: %s", what, err.msg);
+    const int32_t V = cfg.vocab_size;
+    float *lc = malloc((size_t)STEPS * 2 * V * 4), *lo = malloc((size_t)STEPS * 2 * V * 4),
+          *ln = malloc((size_t)2 * V * 4);
+    int32_t prompt[2 * 64], nn[2] = {29, 7}, one[2] = {1, 1}, dt[STEPS][2 * 64];
+    for (int i = 0; i < 2 * 64; i++) prompt[i] = (i * 977 + 131) % V;
+    for (int k = 0; k < STEPS; k++)
+        for (int i = 0; i < 2; i++) dt[k][i * 64] = (k * 31 + i * 7 + 1) % V;
+    seq sc[2], so[2], sn[2];
+    for (int i = 0; i < 2; i++) {
+        for (int p = 0; p < 8; p++) sc[i].pt[p] = 31 - (i * 8 + p); /* scattered, descending pages */
+        sc[i].ctx = 0;
+    }
+    memcpy(so, sc, sizeof sc);
+    double worst_cpu = 0;
+    int bitwise = 1;
+    const size_t row = (size_t)ns * V;
+    if (rc == NS_OK) rc = step(ec, sc, ns, prompt, nn, &err);
+    ns_cuda_set_dec_fuse(gpu, 0);
+    if (rc == NS_OK) rc = step(eg, so, ns, prompt, nn, &err);
+    /* the switch-on run starts from the same prefilled pages and rewrites
+     * the same slots (with the same values when it is bit-identical) */
+    memcpy(sn, so, sizeof so);
+    for (int k = 0; k < STEPS && rc == NS_OK; k++) {
+        rc = step(ec, sc, ns, dt[k], one, &err);
+        if (rc == NS_OK) rc = ns_engine_read_logits(ec, ns, lc + k * row, &err);
+        if (rc == NS_OK) rc = step(eg, so, ns, dt[k], one, &err);
+        if (rc == NS_OK) rc = ns_engine_read_logits(eg, ns, lo + k * row, &err);
+    }
+    /* switch on for all steps: eager, captured, then replayed */
+    ns_cuda_set_dec_fuse(gpu, 1);
+    int64_t rep0, cap0, eag0, rep1, cap1, eag1;
+    ns_cuda_graph_stats(gpu, &rep0, &cap0, &eag0);
+    for (int k = 0; k < STEPS && rc == NS_OK; k++) {
+        rc = step(eg, sn, ns, dt[k], one, &err);
+        if (rc == NS_OK) rc = ns_engine_read_logits(eg, ns, ln, &err);
+        if (rc != NS_OK) break;
+        if (memcmp(lo + k * row, ln, row * 4) != 0) {
+            bitwise = 0;
+            printf("#   %s step %d: switch on vs off rel L2 %.3g\n", what, k, rel_l2(ln, lo + k * row, row));
+        }
+        double e = rel_l2(ln, lc + k * row, row);
+        if (e > worst_cpu) worst_cpu = e;
+    }
+    ns_cuda_graph_stats(gpu, &rep1, &cap1, &eag1);
+    CHECKF(rep1 > rep0, "%s: no decode step was replayed from a graph with the switch on", what);
+    ns_cuda_set_dec_fuse(gpu, 0);
+    CHECKF(rc == NS_OK, "%s decode: %s", what, err.msg);
+    printf("#   %s, %d seqs: switch on vs off %s; cuda vs cpu worst rel L2 %.3g\n", what, ns,
+           bitwise ? "bit-identical" : "DIFFERENT", worst_cpu);
+    CHECKF(bitwise, "%s: decode logits with the switch on differ from off", what);
+    CHECKF(worst_cpu <= 2e-2, "%s: cuda decode logits differ from cpu: %.3g", what, worst_cpu);
+    free(lc);
+    free(lo);
+    free(ln);
+    ns_engine_free(ec);
+    ns_engine_free(eg);
+    ns_model_free(mc);
+    ns_model_free(mg);
+}
+
+static const char *QWEN3 =
+    "{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 4096, \"hidden_size\": 2048, "
+    "\"intermediate_size\": 2816, \"num_hidden_layers\": 2, \"num_attention_heads\": 16, "
+    "\"num_key_value_heads\": 4, \"head_dim\": 128, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000, "
+    "\"tie_word_embeddings\": false, \"max_position_embeddings\": 4096}";
+
+static const char *QWEN3MOE =
+    "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"vocab_size\": 4096, \"hidden_size\": 2048, "
+    "\"intermediate_size\": 2816, \"moe_intermediate_size\": 256, \"num_experts\": 16, "
+    "\"num_experts_per_tok\": 4, \"norm_topk_prob\": true, \"decoder_sparse_step\": 1, "
+    "\"mlp_only_layers\": [], \"num_hidden_layers\": 2, \"num_attention_heads\": 16, "
+    "\"num_key_value_heads\": 4, \"head_dim\": 128, \"rms_norm_eps\": 1e-6, "
+    "\"rope_theta\": 1000000, \"tie_word_embeddings\": false, \"max_position_embeddings\": 4096}";
+
+TEST(test_model_qwen3_batch1) { model_check(QWEN3, "qwen3-shaped", 1); }
+TEST(test_model_qwen3_batch2) { model_check(QWEN3, "qwen3-shaped", 2); }
+/* experts follow the post-attention norm (no GEMV there) */
+TEST(test_model_qwen3moe_batch1) { model_check(QWEN3MOE, "qwen3moe-shaped", 1); }
+
+int main(void) {
+    if (!gpu_test_open(2)) return 1;
+    RUN(test_chain_batch1);
+    RUN(test_chain_batch2);
+    RUN(test_chain_odd_shapes);
+    RUN(test_chain_hidden_1024_unfused_norm);
+    RUN(test_model_qwen3_batch1);
+    RUN(test_model_qwen3_batch2);
+    RUN(test_model_qwen3moe_batch1);
+    cpu->ops->destroy(cpu);
+    gpu->ops->destroy(gpu);
+    TEST_MAIN_END;
+}
