@@ -15,6 +15,7 @@ const char *ns_dtype_name(ns_dtype dt) {
     case NS_DT_Q4_1: return "q4_1";
     case NS_DT_Q5_0: return "q5_0";
     case NS_DT_Q5_1: return "q5_1";
+    case NS_DT_FP8_E4M3: return "fp8";
     }
     return "?";
 }

@@ -52,14 +52,19 @@ typedef enum {
     NS_DT_Q6_K = 7, /* 256 values, 210 bytes */
     NS_DT_Q4_1 = 8, /* 32 values: f16 scale, f16 min + nibbles (20 bytes) */
     NS_DT_Q5_0 = 9, /* 32 values: f16 scale + 5th bits + nibbles (22 bytes) */
-    NS_DT_Q5_1 = 10 /* 32 values: f16 scale, f16 min + 5th bits + nibbles (24 bytes) */
+    NS_DT_Q5_1 = 10, /* 32 values: f16 scale, f16 min + 5th bits + nibbles (24 bytes) */
+    /* KV pages only (--kv-dtype fp8): 1-byte e4m3 codes plus a float scale
+     * per page-head stored at the end of the page (ns_kv_scale_offset;
+     * format and scale policy in src/util/fp8.h). Never a weight or an
+     * activation. */
+    NS_DT_FP8_E4M3 = 11
 } ns_dtype;
 
 /* Inline: it sits inside ns_kv_offset, on the attention hot path. Only
  * meaningful for F32/BF16/F16 (element types); block types use
  * ns_dtype_row_bytes. */
-static inline size_t ns_dtype_size(ns_dtype dt) { return dt == NS_DT_F32 ? 4 : 2; }
-static inline bool ns_dtype_is_quant(ns_dtype dt) { return dt >= NS_DT_Q8_0; }
+static inline size_t ns_dtype_size(ns_dtype dt) { return dt == NS_DT_F32 ? 4 : dt == NS_DT_FP8_E4M3 ? 1 : 2; }
+static inline bool ns_dtype_is_quant(ns_dtype dt) { return dt >= NS_DT_Q8_0 && dt <= NS_DT_Q5_1; }
 /* Bytes of one row of cols values (cols a multiple of the block size for
  * block types, which the loaders check). */
 static inline size_t ns_dtype_row_bytes(ns_dtype dt, int64_t cols) {
@@ -114,7 +119,7 @@ typedef struct ns_kv_layout {
     int32_t n_layers;
     int32_t n_kv_heads;
     int32_t head_dim;
-    ns_dtype dtype;       /* F32 on CPU (exact reference); BF16 on CUDA */
+    ns_dtype dtype;       /* F32 (CPU default, exact reference), BF16 (CUDA default) or FP8_E4M3 */
     size_t page_size_bytes;
 } ns_kv_layout;
 
@@ -123,6 +128,24 @@ static inline size_t ns_kv_offset(const ns_kv_layout *l, int layer, int kv, int 
     size_t idx = ((((size_t)layer * 2 + (size_t)kv) * (size_t)l->n_kv_heads + (size_t)head) *
                       (size_t)l->page_tokens + (size_t)slot) * (size_t)l->head_dim;
     return idx * ns_dtype_size(l->dtype);
+}
+
+/* FP8 pages: byte offset of the float scale of (layer, k_or_v, kv_head),
+ * stored after all the codes of the page, so a page stays one contiguous
+ * block that tier moves and SSD records copy without re-quantizing. */
+static inline size_t ns_kv_scale_offset(const ns_kv_layout *l, int layer, int kv, int head) {
+    const size_t segs = (size_t)l->n_layers * 2 * (size_t)l->n_kv_heads;
+    return segs * (size_t)l->page_tokens * (size_t)l->head_dim +
+           (((size_t)layer * 2 + (size_t)kv) * (size_t)l->n_kv_heads + (size_t)head) * sizeof(float);
+}
+
+/* Bytes of one page of this geometry and KV dtype (F32, BF16 or
+ * FP8_E4M3; FP8 adds its scales). */
+static inline size_t ns_kv_page_bytes(int32_t n_layers, int32_t n_kv_heads, int32_t page_tokens, int32_t head_dim,
+                                      ns_dtype dt) {
+    const size_t segs = (size_t)n_layers * 2 * (size_t)n_kv_heads;
+    return segs * (size_t)page_tokens * (size_t)head_dim * ns_dtype_size(dt) +
+           (dt == NS_DT_FP8_E4M3 ? segs * sizeof(float) : 0);
 }
 
 /* One step's ragged batch, as host arrays (borrowed; set_batch copies).

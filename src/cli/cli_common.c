@@ -28,6 +28,29 @@ void ns_cli_engine_opts_default(ns_cli_engine_opts *o) {
     o->default_pool_contexts = 1;
 }
 
+ns_status ns_cli_kv_dtype(const char *name, const char *backend, ns_dtype *out, ns_error *err) {
+    const bool cpu = !backend || strcmp(backend, "cpu") == 0;
+    if (!name || strcmp(name, "auto") == 0) {
+        *out = cpu ? NS_DT_F32 : NS_DT_BF16;
+        return NS_OK;
+    }
+    if (strcmp(name, "fp8") == 0) {
+        *out = NS_DT_FP8_E4M3;
+        return NS_OK;
+    }
+    if (strcmp(name, "f32") == 0) {
+        if (!cpu) return ns_fail(err, NS_ERR_INVALID, "--kv-dtype f32: the %s backend stores KV as bf16 or fp8", backend);
+        *out = NS_DT_F32;
+        return NS_OK;
+    }
+    if (strcmp(name, "bf16") == 0) {
+        if (cpu) return ns_fail(err, NS_ERR_INVALID, "--kv-dtype bf16: the cpu backend stores KV as f32 or fp8");
+        *out = NS_DT_BF16;
+        return NS_OK;
+    }
+    return ns_fail(err, NS_ERR_INVALID, "--kv-dtype must be auto, bf16, f32 or fp8, not \"%s\"", name);
+}
+
 int32_t ns_cli_batch_tokens(const ns_cli_engine_opts *o) {
     if (o->max_batch_tokens > 0) return o->max_batch_tokens;
     return o->device && strcmp(o->device, "cuda") == 0 ? NS_CLI_BATCH_TOKENS_CUDA : NS_CLI_BATCH_TOKENS_CPU;
@@ -109,6 +132,9 @@ void ns_cli_engine_usage(FILE *f, const ns_cli_engine_opts *d) {
             "  --threads N              CPU threads (default: one per core, at most 64; %d here)\n"
             "  --page-size P            KV page size in tokens (default %d)\n"
             "  --max-batch-tokens N     tokens per engine step (default %s)\n"
+            "  --kv-dtype auto|bf16|f32|fp8  KV cache element type (default auto: f32 on the CPU, bf16\n"
+            "                           on CUDA); fp8 = e4m3 with a scale per page and head, half the\n"
+            "                           bytes of bf16 (CPU: f32 or fp8; CUDA: bf16 or fp8)\n"
             "  --log-level L            debug|info|warn|error|off (default %s; also $NS_LOG_LEVEL)\n"
             "KV pool size: the first of these that is given, in this order, decides (default: %d\n"
             "model context%s on the CPU, capped at a quarter of RAM; 90%% of the device memory free\n"
@@ -126,7 +152,8 @@ int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *
     const char *val = NULL;
     long long v;
     static const char *const known[] = {"--model", "--device", "--threads", "--page-size", "--max-batch-tokens",
-                                        "--kv-tokens", "--kv-pages", "--kv-memory", "--gpu-memory", "--log-level"};
+                                        "--kv-tokens", "--kv-pages", "--kv-memory", "--gpu-memory", "--log-level",
+                                        "--kv-dtype"};
     bool is_known = false;
     for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) is_known |= strcmp(a, known[k]) == 0;
     if (!is_known) return 0;
@@ -161,6 +188,15 @@ int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *
         }
 #endif
         o->device = val;
+        return 1;
+    }
+    if (strcmp(a, "--kv-dtype") == 0) {
+        ns_dtype dt;
+        /* the name is checked here; whether the backend stores it, at open */
+        if (strcmp(val, "auto") != 0 && ns_cli_kv_dtype(val, "cpu", &dt, err) != NS_OK &&
+            ns_cli_kv_dtype(val, "cuda", &dt, err) != NS_OK)
+            return -1;
+        o->kv_dtype = val;
         return 1;
     }
     if (strcmp(a, "--log-level") == 0) {
@@ -227,8 +263,9 @@ ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_
         .max_batch_tokens = batch,
         .max_logits = o->max_logits > batch ? batch : o->max_logits,
         .page_tokens = o->page_tokens,
-        .kv_dtype = strcmp(ce->be->ops->name, "cpu") == 0 ? NS_DT_F32 : NS_DT_BF16,
     };
+    rc = ns_cli_kv_dtype(o->kv_dtype, ce->be->ops->name, &eo.kv_dtype, err);
+    if (rc != NS_OK) goto fail;
     /* Pool size: exactly one of --kv-pages / --kv-memory / --kv-tokens, or
      * enough for one full-context sequence. */
     int64_t pages;

@@ -6,8 +6,7 @@
 #include "engine/engine.h"
 
 size_t ns_engine_page_bytes(const ns_model_config *cfg, int32_t page_tokens, ns_dtype kv_dtype) {
-    return (size_t)cfg->n_layers * 2 * (size_t)cfg->n_kv_heads * (size_t)page_tokens * (size_t)cfg->head_dim *
-           ns_dtype_size(kv_dtype);
+    return ns_kv_page_bytes(cfg->n_layers, cfg->n_kv_heads, page_tokens, cfg->head_dim, kv_dtype);
 }
 
 ns_status ns_engine_create(ns_model *m, const ns_engine_opts *opts, ns_engine **out, ns_error *err) {

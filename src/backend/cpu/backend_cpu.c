@@ -120,21 +120,42 @@ static ns_status cpu_tensor_download(ns_backend *be, const ns_tensor *t, float *
 
 static ns_status cpu_kv_alloc(ns_backend *be, const ns_kv_layout *layout, ns_error *err) {
     cpu_impl *c = be->impl;
-    if (layout->dtype != NS_DT_F32)
-        return ns_fail(err, NS_ERR_UNSUPPORTED, "cpu backend: KV dtype must be f32 (got %s)", ns_dtype_name(layout->dtype));
+    if (layout->dtype != NS_DT_F32 && layout->dtype != NS_DT_FP8_E4M3)
+        return ns_fail(err, NS_ERR_UNSUPPORTED, "cpu backend: KV dtype must be f32 or fp8 (got %s)",
+                       ns_dtype_name(layout->dtype));
     if (c->kv) return ns_fail(err, NS_ERR_INVALID, "cpu backend: KV pool already allocated");
-    if (layout->n_pages <= 0 || layout->page_size_bytes == 0 ||
+    if (layout->n_pages <= 0 || layout->page_tokens <= 0 || layout->head_dim <= 0 || layout->n_kv_heads <= 0 ||
+        layout->n_layers <= 0 || layout->page_size_bytes == 0 ||
         (size_t)layout->n_pages > SIZE_MAX / layout->page_size_bytes)
         return ns_fail(err, NS_ERR_RANGE, "cpu backend: bad KV pool geometry");
+    size_t expect = ns_kv_page_bytes(layout->n_layers, layout->n_kv_heads, layout->page_tokens, layout->head_dim,
+                                     layout->dtype);
+    if (layout->page_size_bytes != expect)
+        return ns_fail(err, NS_ERR_INVALID, "cpu backend: page_size_bytes %zu != %zu implied by the layout",
+                       layout->page_size_bytes, expect);
     size_t bytes = (size_t)layout->n_pages * layout->page_size_bytes;
     c->kv = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (!c->kv) return ns_fail(err, NS_ERR_NOMEM, "cpu backend: cannot allocate %zu bytes of KV pool", bytes);
     /* Fill with NaN: reading a slot nothing wrote must poison the result
      * visibly instead of silently attending to zeros. */
-    float nan = NAN;
-    for (size_t i = 0; i < bytes / 4; i++) ((float *)c->kv)[i] = nan;
+    if (layout->dtype == NS_DT_FP8_E4M3) {
+        /* 0x7f is the e4m3 NaN code; the scales (0x7f7f7f7f would be a
+         * finite float) are set to NaN separately */
+        memset(c->kv, 0x7f, bytes);
+        for (int32_t p = 0; p < layout->n_pages; p++)
+            for (size_t o = ns_kv_scale_offset(layout, 0, 0, 0); o < layout->page_size_bytes; o += 4) {
+                float nan = NAN;
+                memcpy(c->kv + (size_t)p * layout->page_size_bytes + o, &nan, 4);
+            }
+    } else {
+        float nan = NAN;
+        for (size_t i = 0; i < bytes / 4; i++) ((float *)c->kv)[i] = nan;
+    }
     be->kv = *layout;
-    if (ns_cpu_scratch_reserve(c, (size_t)layout->head_dim) != 0) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
+    /* attention: accumulator + scores, and (FP8) one page's K and V rows dequantized */
+    size_t need = (size_t)layout->head_dim + (size_t)layout->page_tokens;
+    if (layout->dtype == NS_DT_FP8_E4M3) need += 2 * (size_t)layout->page_tokens * (size_t)layout->head_dim;
+    if (ns_cpu_scratch_reserve(c, need) != 0) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
     return NS_OK;
 }
 
@@ -180,6 +201,11 @@ static void cpu_kv_page_copy(ns_backend *be, int32_t dst_page, int32_t src_page,
                 size_t off = ns_kv_offset(l, layer, kv, h, 0);
                 memcpy(dst + off, src + off, run);
             }
+    /* FP8: the copied codes mean something only under their scales */
+    if (l->dtype == NS_DT_FP8_E4M3) {
+        const size_t so = ns_kv_scale_offset(l, 0, 0, 0);
+        memcpy(dst + so, src + so, l->page_size_bytes - so);
+    }
 }
 
 /* ------------------------------------------------------------------ batch */

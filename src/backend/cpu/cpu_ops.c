@@ -9,6 +9,7 @@
 #include <cblas.h>
 
 #include "backend/cpu/cpu_internal.h"
+#include "util/fp8.h"
 #include "util/vmath.h"
 
 /* ---------------------------------------------------------------- embed */
@@ -213,9 +214,32 @@ static inline float *kv_ptr(cpu_impl *c, const ns_kv_layout *l, int32_t seq, int
                      ns_kv_offset(l, layer, kv, head, pos % l->page_tokens));
 }
 
+/* FP8 pages: the tokens of a step are appended in order (tokens of one
+ * sequence come in position order), each row through the scale policy of
+ * util/fp8.h, so the bytes match the CUDA store kernels exactly. */
+static void kv_store_fp8(cpu_impl *c, const ns_kv_layout *l, int layer, const ns_tensor *k, const ns_tensor *v) {
+    const int D = l->head_dim, P = l->page_tokens;
+    for (int32_t t = 0; t < c->n_tokens; t++) {
+        const int32_t s = c->tok_seq[t], pos = c->positions[t];
+        uint8_t *page = c->kv + (size_t)c->page_table[(size_t)s * (size_t)c->max_pages + (size_t)(pos / P)] *
+                                    l->page_size_bytes;
+        for (int h = 0; h < l->n_kv_heads; h++)
+            for (int kv = 0; kv < 2; kv++) {
+                const ns_tensor *src = kv ? v : k;
+                ns_fp8_append_row(page + ns_kv_offset(l, layer, kv, h, 0),
+                                  (float *)(page + ns_kv_scale_offset(l, layer, kv, h)), pos % P,
+                                  (const float *)src->data + t * src->cols + h * D, D);
+            }
+    }
+}
+
 void cpu_kv_store(ns_backend *be, int layer, const ns_tensor *k, const ns_tensor *v) {
     cpu_impl *c = be->impl;
     const ns_kv_layout *l = &be->kv;
+    if (l->dtype == NS_DT_FP8_E4M3) {
+        kv_store_fp8(c, l, layer, k, v);
+        return;
+    }
     const size_t d = (size_t)l->head_dim * sizeof(float);
     for (int32_t t = 0; t < c->n_tokens; t++) {
         const int32_t s = c->tok_seq[t], pos = c->positions[t];
@@ -237,6 +261,14 @@ typedef struct {
     float scale;
 } att_ctx;
 
+/* n rows of D e4m3 codes under the float scale at sp -> dst. */
+static const float *dequant_rows(float *dst, const uint8_t *codes, const uint8_t *sp, int32_t n, int D) {
+    float s;
+    memcpy(&s, sp, sizeof s);
+    for (size_t i = 0; i < (size_t)n * (size_t)D; i++) dst[i] = ns_fp8_e4m3_to_float(codes[i]) * s;
+    return dst;
+}
+
 /* Task index = token * n_heads + head. Softmax over the token's causal
  * window one page at a time: inside a page the K (and V) rows of one
  * layer and kv head are contiguous, so a page is a dense block of scores;
@@ -248,7 +280,8 @@ static void att_task(void *p, int64_t b, int64_t e, int tid) {
     cpu_impl *c = a->c;
     const ns_kv_layout *l = &a->be->kv;
     const int D = l->head_dim, group = a->n_heads / l->n_kv_heads, P = l->page_tokens;
-    float *acc = c->scratch[tid], *sc = acc + D;
+    float *acc = c->scratch[tid], *sc = acc + D, *kq = sc + P, *vq = kq + (size_t)P * (size_t)D;
+    const bool fp8 = l->dtype == NS_DT_FP8_E4M3;
     for (int64_t task = b; task < e; task++) {
         const int32_t t = (int32_t)(task / a->n_heads);
         const int h = (int)(task % a->n_heads), kvh = h / group;
@@ -262,6 +295,10 @@ static void att_task(void *p, int64_t b, int64_t e, int tid) {
             const int32_t n = pos + 1 - j0 < P ? pos + 1 - j0 : P;
             const uint8_t *page = c->kv + (size_t)pt[j0 / P] * l->page_size_bytes;
             const float *kr = (const float *)(page + k_off), *vr = (const float *)(page + v_off);
+            if (fp8) { /* the reference attends to the dequantized rows: decode(code) * scale */
+                kr = dequant_rows(kq, page + k_off, page + ns_kv_scale_offset(l, a->layer, 0, kvh), n, D);
+                vr = dequant_rows(vq, page + v_off, page + ns_kv_scale_offset(l, a->layer, 1, kvh), n, D);
+            }
             float bm = -INFINITY;
             for (int32_t jj = 0; jj < n; jj++) {
                 sc[jj] = dot(q, kr + (size_t)jj * (size_t)D, D) * a->scale;
@@ -287,7 +324,9 @@ static void att_task(void *p, int64_t b, int64_t e, int tid) {
 
 void cpu_attention(ns_backend *be, ns_tensor *out, const ns_tensor *q, int layer, int n_heads, float scale) {
     cpu_impl *c = be->impl;
-    if (ns_cpu_scratch_reserve(c, (size_t)be->kv.head_dim + (size_t)be->kv.page_tokens) != 0) {
+    size_t need = (size_t)be->kv.head_dim + (size_t)be->kv.page_tokens;
+    if (be->kv.dtype == NS_DT_FP8_E4M3) need += 2 * (size_t)be->kv.page_tokens * (size_t)be->kv.head_dim;
+    if (ns_cpu_scratch_reserve(c, need) != 0) {
         for (int64_t i = 0; i < out->rows * out->cols; i++) ((float *)out->data)[i] = NAN;
         return;
     }

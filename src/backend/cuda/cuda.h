@@ -38,8 +38,9 @@ ns_status ns_cuda_time_matmul(ns_backend *be, int64_t n, int64_t m, int64_t k, i
 ns_status ns_cuda_time_matmul_dt(ns_backend *be, ns_dtype dt, int64_t n, int64_t m, int64_t k, int path, int iters,
                                  double *ms, ns_error *err);
 
-/* Fills every KV page with random bf16 values (benchmarks of decode at a
- * given context need finite, non-zero KV, not a prefill). */
+/* Fills every KV page with random bf16 values (FP8 pools: random finite
+ * codes under scale 1/448) (benchmarks of decode at a given context need
+ * finite, non-zero KV, not a prefill). */
 ns_status ns_cuda_kv_fill_random(ns_backend *be, uint64_t seed, ns_error *err);
 
 /* CUDA graphs for decode steps: on (default) or off. */

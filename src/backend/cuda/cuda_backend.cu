@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_kv_fp8.cuh"
 
 extern "C" {
 #include "sample/sample.h"
@@ -479,7 +480,10 @@ static void exec_op_be(ns_backend *be, const cu_op *op) {
             break;
         }
         bf16 *obf = cu_shadow_produce(c, out);
-        cu_attention(c, l, (float *)out->data, obf, (const float *)q->data, op->i0, nh, op->f0);
+        if (l->dtype == NS_DT_FP8_E4M3)
+            cu_attention_fp8(c, l, (float *)out->data, obf, (const float *)q->data, op->i0, nh, op->f0);
+        else
+            cu_attention(c, l, (float *)out->data, obf, (const float *)q->data, op->i0, nh, op->f0);
         break;
     }
     case OP_GATHER: {
@@ -1098,16 +1102,20 @@ static ns_status cu_tensor_download(ns_backend *be, const ns_tensor *t, float *d
 
 static ns_status cu_kv_alloc(ns_backend *be, const ns_kv_layout *layout, ns_error *err) {
     cu_impl *c = IMPL(be);
-    if (layout->dtype != NS_DT_BF16)
-        return ns_fail(err, NS_ERR_UNSUPPORTED, "cuda backend: KV dtype must be bf16 (got %s)",
+    if (layout->dtype != NS_DT_BF16 && layout->dtype != NS_DT_FP8_E4M3)
+        return ns_fail(err, NS_ERR_UNSUPPORTED, "cuda backend: KV dtype must be bf16 or fp8 (got %s)",
                        ns_dtype_name(layout->dtype));
+    if (layout->dtype == NS_DT_FP8_E4M3 && layout->head_dim != 16 && layout->head_dim != 32 &&
+        layout->head_dim != 64 && layout->head_dim != 128 && layout->head_dim != 256)
+        return ns_fail(err, NS_ERR_UNSUPPORTED, "cuda backend: fp8 KV needs head_dim 16, 32, 64, 128 or 256 (got %d)",
+                       layout->head_dim);
     if (c->kv) return ns_fail(err, NS_ERR_INVALID, "cuda backend: KV pool already allocated");
     if (layout->n_pages <= 0 || layout->page_tokens <= 0 || layout->head_dim <= 0 || layout->head_dim % 8 ||
         layout->head_dim > 256 || layout->n_kv_heads <= 0 || layout->n_layers <= 0)
         return ns_fail(err, NS_ERR_RANGE, "cuda backend: unsupported KV geometry (head_dim %d must be a multiple of 8, <= 256)",
                        layout->head_dim);
-    size_t expect = (size_t)layout->n_layers * 2 * (size_t)layout->n_kv_heads * (size_t)layout->page_tokens *
-                    (size_t)layout->head_dim * 2;
+    size_t expect = ns_kv_page_bytes(layout->n_layers, layout->n_kv_heads, layout->page_tokens, layout->head_dim,
+                                     layout->dtype);
     if (layout->page_size_bytes != expect)
         return ns_fail(err, NS_ERR_INVALID, "cuda backend: page_size_bytes %zu != %zu implied by the layout",
                        layout->page_size_bytes, expect);
@@ -1119,8 +1127,8 @@ static ns_status cu_kv_alloc(ns_backend *be, const ns_kv_layout *layout, ns_erro
         return ns_fail(err, NS_ERR_NOMEM, "cuda backend: cannot allocate %zu bytes of KV pool: %s", bytes,
                        cudaGetErrorString(e));
     }
-    /* 0xFFFF is a bf16 NaN: a slot read before anything wrote it poisons
-     * the result visibly. */
+    /* 0xFFFF is a bf16 NaN (0xFF an e4m3 NaN, 0xFFFFFFFF a NaN scale): a
+     * slot read before anything wrote it poisons the result visibly. */
     cu_check(c, cudaMemset(p, 0xFF, bytes), "kv poison");
     c->kv = (uint8_t *)p;
     be->kv = *layout;
@@ -1134,6 +1142,7 @@ static void cu_kv_free(ns_backend *be) {
     cu_check(c, cudaStreamSynchronize(c->stream), "sync");
     if (c->kv) cu_check(c, cudaFree(c->kv), "cudaFree(kv)");
     c->kv = NULL;
+    cu_kv_fp8_free(c); /* its scratch is sized by this layout */
     memset(&be->kv, 0, sizeof be->kv);
     bump_generation(c);
 }
@@ -1627,6 +1636,7 @@ static void cu_destroy(ns_backend *be) {
         if (c->meta.h_base) cudaFreeHost(c->meta.h_base);
         if (c->conv) cudaFree(c->conv);
         cu_quant_free(c);
+        cu_kv_fp8_free(c);
         if (c->attn_ws) cudaFree(c->attn_ws);
         if (c->attn_cnt) cudaFree(c->attn_cnt);
         if (c->d_argmax) cudaFree(c->d_argmax);

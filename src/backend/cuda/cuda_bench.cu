@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_kv_fp8.cuh"
 
 cu_impl *cu_impl_of(ns_backend *be);
 void cu_flush(ns_backend *be);
@@ -189,6 +190,11 @@ extern "C" ns_status ns_cuda_kv_fill_random(ns_backend *be, uint64_t seed, ns_er
     cu_impl *c = cu_impl_of(be);
     if (!c->kv) return ns_fail(err, NS_ERR_INVALID, "KV pool not allocated");
     cu_flush(be);
+    if (be->kv.dtype == NS_DT_FP8_E4M3) {
+        cu_kv_fp8_fill_random(c, &be->kv, seed);
+        cu_check(c, cudaStreamSynchronize(c->stream), "kv fill");
+        return take_error(c, err);
+    }
     size_t n = (size_t)be->kv.n_pages * be->kv.page_size_bytes / 2;
     cu_launch_fill_random(c, (bf16 *)c->kv, NULL, n, seed, 1.0f, true);
     cu_check(c, cudaStreamSynchronize(c->stream), "kv fill");

@@ -11,7 +11,7 @@
  * tree), so fusing changes no result bit; tests/gpu checks fused against
  * unfused decode.
  */
-#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_kv_fp8.cuh"
 
 /* E = head_dim / 32 elements per lane: lane holds d = lane + 32 e, so the
  * rotate-half partner of e < E/2 is e + E/2 (head_dim a multiple of 64). */
@@ -20,7 +20,7 @@ __global__ __launch_bounds__(128) void k_qk_norm_rope_store(
     float *q, float *k, const float *__restrict__ v, int T, int H, int KVH, const float *__restrict__ qn,
     const float *__restrict__ kn, float eps, const float *__restrict__ inv_freq, const int32_t *__restrict__ positions,
     const int32_t *__restrict__ tok_seq, const int32_t *__restrict__ page_table, int pt_stride, uint8_t *kv,
-    size_t page_bytes, int P, int layer, cu_prefetch pf, int main_blocks, int early) {
+    size_t page_bytes, int P, int layer, cu_prefetch pf, int main_blocks, int early, size_t fp8_scales) {
     PDL_TRIGGER();
     if ((int)blockIdx.x >= main_blocks) {
         l2_prefetch(pf, (int)blockIdx.x - main_blocks);
@@ -56,14 +56,26 @@ __global__ __launch_bounds__(128) void k_qk_norm_rope_store(
         sincosf(ang, &sn[e], &cs[e]);
     }
     bf16 *kd = NULL, *vd = NULL;
+    /* FP8 pool (fp8_scales = offset of the scales in a page, 0 for bf16):
+     * the K and V page-head segments and their scales (cuda_kv_fp8.cuh) */
+    uint8_t *k8 = NULL, *v8 = NULL;
+    float *ks8 = NULL;
+    int slot = 0;
     if (!is_q) {
         const int kvh = h - H;
         const int seq = tok_seq[t];
         const int page = page_table[(size_t)seq * pt_stride + pos / P];
-        const int slot = pos % P;
-        bf16 *pg = (bf16 *)(kv + (size_t)page * page_bytes);
-        kd = pg + ((((size_t)layer * 2 + 0) * KVH + kvh) * P + slot) * D;
-        vd = pg + ((((size_t)layer * 2 + 1) * KVH + kvh) * P + slot) * D;
+        slot = pos % P;
+        if (fp8_scales) {
+            uint8_t *pg8 = kv + (size_t)page * page_bytes;
+            k8 = pg8 + (((size_t)layer * 2 + 0) * KVH + kvh) * (size_t)P * D;
+            v8 = pg8 + (((size_t)layer * 2 + 1) * KVH + kvh) * (size_t)P * D;
+            ks8 = reinterpret_cast<float *>(pg8 + fp8_scales) + ((size_t)layer * 2 + 0) * KVH + kvh;
+        } else {
+            bf16 *pg = (bf16 *)(kv + (size_t)page * page_bytes);
+            kd = pg + ((((size_t)layer * 2 + 0) * KVH + kvh) * P + slot) * D;
+            vd = pg + ((((size_t)layer * 2 + 1) * KVH + kvh) * P + slot) * D;
+        }
     }
     if (early) PDL_WAIT();
     float x[E], vv[E];
@@ -92,7 +104,10 @@ __global__ __launch_bounds__(128) void k_qk_norm_rope_store(
     }
 #pragma unroll
     for (int e = 0; e < E; e++) vec[lane + 32 * e] = x[e];
-    if (!is_q) {
+    if (!is_q && k8) {
+        cu_fp8_append_row<D>(k8, ks8, slot, x);
+        cu_fp8_append_row<D>(v8, ks8 + KVH, slot, vv);
+    } else if (!is_q) {
 #pragma unroll
         for (int e = 0; e < E; e++) {
             kd[lane + 32 * e] = __float2bfloat16_rn(x[e]);
@@ -110,7 +125,7 @@ void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, 
 #define QKRS_ARGS                                                                                                     \
     q, k, v, n_tokens, n_heads, l->n_kv_heads, q_norm, k_norm, eps, inv_freq, c->meta.positions, c->meta.tok_seq,     \
         c->meta.page_table, c->meta.pt_stride, c->kv, l->page_size_bytes, l->page_tokens, layer, *pf, (int)blocks, \
-        (int)c->tape_early
+        (int)c->tape_early, l->dtype == NS_DT_FP8_E4M3 ? ns_kv_scale_offset(l, 0, 0, 0) : (size_t)0
     switch (l->head_dim) {
     case 64: cu_launch(c, k_qk_norm_rope_store<2>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
     case 128: cu_launch(c, k_qk_norm_rope_store<4>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;

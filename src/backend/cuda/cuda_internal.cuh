@@ -218,6 +218,10 @@ typedef struct cu_impl {
      * scratch, created by the first quantized weight's upload */
     struct cu_quant *quant;
 
+    /* FP8 KV pages (cuda_attn_fp8.cu): the prefill path's bf16 copy of a
+     * layer and its remap tables, created by the first FP8 prefill */
+    struct cu_kv_fp8 *kv_fp8;
+
     /* options */
     int gemv_max; /* use the GEMV kernel for n <= gemv_max */
     int gemv_warps; /* split K until the GEMV has this many warps per SM */

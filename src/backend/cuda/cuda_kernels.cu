@@ -13,6 +13,7 @@
  * expf/sincosf (no fast-math), bf16 rounding to nearest even.
  */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_kv_fp8.cuh"
 
 static inline unsigned grid_for(size_t n, unsigned threads, unsigned cap = 65535u * 8u) {
     size_t g = (n + threads - 1) / threads;
@@ -323,6 +324,10 @@ __global__ void k_kv_store(uint8_t *kv, size_t page_bytes, int P, int n_kv_heads
 
 void cu_launch_kv_store(cu_impl *c, const ns_kv_layout *l, int layer, const float *k, const float *v, int n_tokens,
                         int k_stride, int v_stride) {
+    if (l->dtype == NS_DT_FP8_E4M3) {
+        cu_launch_kv_store_fp8(c, l, layer, k, v, n_tokens, k_stride, v_stride);
+        return;
+    }
     if (n_tokens <= 0) return;
     if (n_tokens > c->meta.n_tokens) {
         cu_check(c, cudaErrorInvalidValue, "kv_store: more rows than the batch has tokens");
@@ -414,6 +419,10 @@ void cu_launch_argmax(cu_impl *c, int32_t *out, const float *logits, int n_rows,
 /* ------------------------------------------------------------ page copy */
 
 void cu_launch_kv_copy(cu_impl *c, const ns_kv_layout *l, int dst_page, int src_page, int n_slots) {
+    if (l->dtype == NS_DT_FP8_E4M3) {
+        cu_launch_kv_copy_fp8(c, l, dst_page, src_page, n_slots);
+        return;
+    }
     const size_t row = (size_t)l->page_tokens * l->head_dim * 2;
     uint8_t *dst = c->kv + (size_t)dst_page * l->page_size_bytes;
     const uint8_t *src = c->kv + (size_t)src_page * l->page_size_bytes;

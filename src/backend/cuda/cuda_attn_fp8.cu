@@ -1,0 +1,634 @@
+/* cuda_attn_fp8.cu — causal paged attention over FP8 (e4m3) KV pages.
+ *
+ * - Decode rows (one new token): flash-decoding straight from the codes,
+ *   half the bytes of the bf16 pool, which is the point of the format at
+ *   long context. A CTA owns (split, kv head, sequence) and all query
+ *   heads of the kv group (each K/V byte is read once per group); K/V
+ *   tiles of 64 keys and their page-head scales are staged in shared
+ *   memory with cp.async, two stages deep. The scale is folded in once per
+ *   key, not per element: score = (q . code_k) * s_k, and the probability
+ *   is multiplied by s_v before PV. Splits are merged by the last CTA of
+ *   the (sequence, kv head), as in cuda_attention.cu's decode kernel.
+ * - Prefill tiles (more than one new token): the pages the prefilling
+ *   sequences reference are dequantized once per layer into a compact
+ *   bf16 copy (scratch pool of one layer, remapped page table), and the
+ *   bf16 prefill kernels of cu_attention run on it: the design brief's
+ *   "a restored quantized prefix is dequantized once for a long suffix
+ *   prefill rather than attended page by page". The dequantization reads
+ *   1 byte and writes 2 per element of the referenced prefix, per layer
+ *   and step: small next to the prefill's attention FLOPs.
+ * Semantics as cu_attention: the query at position p attends keys [0, p]
+ * with softmax in fp32 over the dequantized values decode(code) * scale.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "backend/cuda/cuda_kv_fp8.cuh"
+
+#define F8_TK 64            /* keys per tile */
+#define F8_WS_ROW(D) ((D) + 4) /* floats per split partial: o[D], m, l, pad */
+#define F8_MERGE_W 2048     /* split weights the merge keeps in shared memory: G * splits */
+#define F8_MAX_G 32
+#define F8_LOG2E 1.4426950408889634f
+
+struct f8_params {
+    const float *q;
+    float *out;
+    bf16 *out_bf;
+    const uint8_t *kv;
+    size_t page_bytes;
+    size_t k_off, v_off;   /* bytes from a page's start to (layer, K|V, head 0, slot 0) */
+    size_t ks_off, vs_off; /* bytes from a page's start to the scale of (layer, K|V, head 0) */
+    int seg_bytes;         /* P * D */
+    const int32_t *seq_start, *seq_len, *page_table, *dec_seqs;
+    int pt_stride, P, P_shift, H, KVH, G, q_stride;
+    float scale_log2;
+    float *ws;
+    int32_t *cnt;
+};
+
+struct cu_kv_fp8 {
+    bf16 *scratch; /* compact bf16 pool of one layer */
+    size_t scratch_pages;
+    int32_t *ints; /* remapped page table, source pages, per-sequence bases */
+    size_t ints_cap;
+};
+
+__device__ __forceinline__ void f8_cp16(void *smem, const void *gmem, int src_bytes) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void f8_cp4(void *smem, const void *gmem, int src_bytes) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void f8_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void f8_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* Two e4m3 codes (low byte first) -> two floats, exactly (every e4m3
+ * value is an f16). */
+__device__ __forceinline__ float2 f8x2_to_float2(uint32_t two) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(two & 0xffffu), __NV_E4M3);
+    return __half22float2(*reinterpret_cast<const __half2 *>(&h));
+}
+
+/* The last CTA of (decode row di, kv head kvh) to finish merges the
+ * splits' partials (o, m, l) of the group's heads into row t of out; the
+ * counter resets itself for the next launch or graph replay. Contains
+ * block barriers: every thread calls it. */
+template <int D>
+__device__ __forceinline__ void f8_merge(const f8_params &p, int di, int kvh, int t, int nsp) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    __shared__ int is_last;
+    __shared__ float wsp[F8_MERGE_W];
+    __shared__ float lsum[F8_MAX_G];
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) is_last = atomicAdd(p.cnt + (size_t)di * p.KVH + kvh, 1) == nsp - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    for (int j = warp; j < p.G; j += 4) {
+        const float *wb = p.ws + ((size_t)di * p.H + kvh * p.G + j) * nsp * F8_WS_ROW(D);
+        float mloc = -INFINITY;
+        for (int sp = lane; sp < nsp; sp += 32) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * F8_WS_ROW(D) + D));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
+        float lloc = 0.f;
+        for (int sp = lane; sp < nsp; sp += 32) {
+            const float m = __ldcg(wb + (size_t)sp * F8_WS_ROW(D) + D);
+            const float w = m == -INFINITY ? 0.f : exp2f(m - mloc);
+            wsp[j * nsp + sp] = w;
+            lloc += __ldcg(wb + (size_t)sp * F8_WS_ROW(D) + D + 1) * w;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) lloc += __shfl_xor_sync(0xffffffffu, lloc, o);
+        if (lane == 0) lsum[j] = lloc;
+    }
+    __syncthreads();
+    for (int i = tid; i < p.G * (D / 4); i += 128) {
+        const int j = i / (D / 4), d = (i % (D / 4)) * 4, h = kvh * p.G + j;
+        const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * F8_WS_ROW(D) + d;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+        for (int sp = 0; sp < nsp; sp++) {
+            const float4 v = __ldcg(reinterpret_cast<const float4 *>(wb + (size_t)sp * F8_WS_ROW(D)));
+            const float w = wsp[j * nsp + sp];
+            o.x = fmaf(v.x, w, o.x);
+            o.y = fmaf(v.y, w, o.y);
+            o.z = fmaf(v.z, w, o.z);
+            o.w = fmaf(v.w, w, o.w);
+        }
+        const float inv = 1.0f / lsum[j];
+        const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
+        const float4 v = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+        *reinterpret_cast<float4 *>(p.out + off) = v;
+        if (p.out_bf) {
+            p.out_bf[off] = __float2bfloat16_rn(v.x);
+            p.out_bf[off + 1] = __float2bfloat16_rn(v.y);
+            p.out_bf[off + 2] = __float2bfloat16_rn(v.z);
+            p.out_bf[off + 3] = __float2bfloat16_rn(v.w);
+        }
+    }
+    if (tid == 0) p.cnt[(size_t)di * p.KVH + kvh] = 0;
+}
+
+/* grid (splits, kv heads, decode rows), 128 threads; GB query heads of the
+ * group per pass (G / GB passes over the split's keys). */
+template <int D, int GB>
+__global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
+    PDL_ENTRY();
+    constexpr int LCH = D / 16;              /* 16-byte copies per row (head dim 16: one) */
+    constexpr int CB = D >= 32 ? 16 : 8;     /* bytes per score chunk */
+    constexpr int CH = D / CB;               /* score chunks per row */
+    constexpr int TPK = CH >= 4 ? 4 : CH;    /* threads per key for the scores */
+    constexpr int CPT = CH / TPK;            /* chunks per thread per key */
+    constexpr int KPP = 128 / TPK;           /* keys per pass */
+    constexpr int DPL = D >= 32 ? D / 32 : 1; /* V dims per lane (lanes past D idle) */
+    static_assert(KPP <= F8_TK && F8_TK % KPP == 0, "a pass covers part of a tile");
+    extern __shared__ __align__(16) uint8_t dsm[];
+    uint8_t *Kst = dsm;                                    /* [2][F8_TK][D] */
+    uint8_t *Vst = Kst + 2 * F8_TK * D;                    /* [2][F8_TK][D] */
+    float *kss = reinterpret_cast<float *>(Vst + 2 * F8_TK * D); /* [2][F8_TK] */
+    float *vss = kss + 2 * F8_TK;                          /* [2][F8_TK] */
+    __shared__ __align__(16) float qs[GB][D];
+    __shared__ float sc[GB][F8_TK];
+    __shared__ float ms[GB], ls[GB], al[GB];
+    __shared__ float red[4][GB][D];
+
+    const int split = blockIdx.x, kvh = blockIdx.y, di = blockIdx.z, nsp = gridDim.x;
+    const int s = p.dec_seqs[di];
+    const int L = p.seq_len[s], t = p.seq_start[s];
+    const int chunk = (((L + nsp - 1) / nsp) + F8_TK - 1) / F8_TK * F8_TK;
+    const int k0 = split * chunk, k1 = min(L, k0 + chunk);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n_tiles = k1 > k0 ? (k1 - k0 + F8_TK - 1) / F8_TK : 0;
+
+    auto issue = [&](int it, int buf) {
+        const int kb = k0 + it * F8_TK, r = tid >> 1, half = tid & 1;
+        const bool ok = kb + r < k1;
+        const uint8_t *pg = p.kv, *kr = p.kv, *vr = p.kv;
+        if (ok) {
+            const int pos = kb + r;
+            int pi, slot;
+            if (p.P_shift >= 0) {
+                pi = pos >> p.P_shift;
+                slot = pos & (p.P - 1);
+            } else {
+                pi = pos / p.P;
+                slot = pos - pi * p.P;
+            }
+            pg = p.kv + (size_t)p.page_table[(size_t)s * p.pt_stride + pi] * p.page_bytes;
+            kr = pg + p.k_off + (size_t)kvh * p.seg_bytes + (size_t)slot * D;
+            vr = pg + p.v_off + (size_t)kvh * p.seg_bytes + (size_t)slot * D;
+        }
+        uint8_t *kd = Kst + (buf * F8_TK + r) * D, *vd = Vst + (buf * F8_TK + r) * D;
+        const int c_lo = LCH >= 2 ? half * (LCH / 2) : 0, c_hi = LCH >= 2 ? c_lo + LCH / 2 : 1 - half;
+#pragma unroll
+        for (int ch = c_lo; ch < c_hi; ch++) {
+            f8_cp16(kd + ch * 16, kr + ch * 16, ok ? 16 : 0);
+            f8_cp16(vd + ch * 16, vr + ch * 16, ok ? 16 : 0);
+        }
+        if (half == 0) {
+            f8_cp4(kss + buf * F8_TK + r, ok ? pg + p.ks_off + (size_t)kvh * 4 : p.kv, ok ? 4 : 0);
+            f8_cp4(vss + buf * F8_TK + r, ok ? pg + p.vs_off + (size_t)kvh * 4 : p.kv, ok ? 4 : 0);
+        }
+        f8_commit();
+    };
+
+    for (int hg = 0; hg < p.G / GB; hg++) {
+        const int h_first = kvh * p.G + hg * GB;
+        if (n_tiles > 0) issue(0, 0);
+        for (int i = tid; i < GB * D; i += 128) {
+            const int j = i / D, d = i % D;
+            qs[j][d] = p.q[(size_t)t * p.q_stride + (size_t)(h_first + j) * D + d] * p.scale_log2;
+        }
+        if (tid < GB) {
+            ms[tid] = -INFINITY;
+            ls[tid] = 0.f;
+        }
+        float acc[GB][DPL];
+#pragma unroll
+        for (int j = 0; j < GB; j++)
+#pragma unroll
+            for (int e = 0; e < DPL; e++) acc[j][e] = 0.f;
+
+        for (int it = 0; it < n_tiles; it++) {
+            const int buf = it & 1, kb = k0 + it * F8_TK, nk = min(F8_TK, k1 - kb);
+            if (it + 1 < n_tiles) {
+                issue(it + 1, buf ^ 1);
+                f8_wait<1>();
+            } else {
+                f8_wait<0>();
+            }
+            __syncthreads();
+            const uint8_t *Kt = Kst + buf * F8_TK * D, *Vt = Vst + buf * F8_TK * D;
+            const float *kst = kss + buf * F8_TK, *vst = vss + buf * F8_TK;
+            /* scores: TPK threads per key; odd keys start at the other half
+             * of the row so the 8 keys of a warp spread over all banks */
+#pragma unroll
+            for (int pass = 0; pass < F8_TK / KPP; pass++) {
+                const int kl = pass * KPP + tid / TPK, sub = tid % TPK;
+                float dt[GB];
+#pragma unroll
+                for (int j = 0; j < GB; j++) dt[j] = 0.f;
+#pragma unroll
+                for (int i = 0; i < CPT; i++) {
+                    const int ci = sub + TPK * ((i + kl) % CPT);
+                    uint32_t w[CB / 4];
+                    if constexpr (CB == 16) {
+                        const uint4 kc = reinterpret_cast<const uint4 *>(Kt + kl * D)[ci];
+                        w[0] = kc.x;
+                        w[1] = kc.y;
+                        w[2] = kc.z;
+                        w[3] = kc.w;
+                    } else {
+                        const uint2 kc = reinterpret_cast<const uint2 *>(Kt + kl * D)[ci];
+                        w[0] = kc.x;
+                        w[1] = kc.y;
+                    }
+#pragma unroll
+                    for (int e = 0; e < CB / 4; e++) {
+                        const float2 a = f8x2_to_float2(w[e]), b = f8x2_to_float2(w[e] >> 16);
+                        const int d = ci * CB + 4 * e;
+#pragma unroll
+                        for (int j = 0; j < GB; j++) {
+                            const float4 qq = *reinterpret_cast<const float4 *>(&qs[j][d]);
+                            dt[j] = fmaf(a.x, qq.x, fmaf(a.y, qq.y, fmaf(b.x, qq.z, fmaf(b.y, qq.w, dt[j]))));
+                        }
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < GB; j++) {
+#pragma unroll
+                    for (int o = 1; o < TPK; o <<= 1) dt[j] += __shfl_xor_sync(0xffffffffu, dt[j], o);
+                }
+                if (sub == 0) {
+                    const float ks = kst[kl];
+#pragma unroll
+                    for (int j = 0; j < GB; j++) sc[j][kl] = kl < nk ? dt[j] * ks : -INFINITY;
+                }
+            }
+            __syncthreads();
+            /* online softmax per head: warp w owns heads w, w+4, ... */
+            for (int j = warp; j < GB; j += 4) {
+                float mx = -INFINITY;
+                for (int i = lane; i < F8_TK; i += 32) mx = fmaxf(mx, sc[j][i]);
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                const float m_old = ms[j], m_new = fmaxf(m_old, mx);
+                float sum = 0.f;
+                for (int i = lane; i < F8_TK; i += 32) {
+                    const float e = exp2f(sc[j][i] - m_new);
+                    sc[j][i] = e;
+                    sum += e;
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+                __syncwarp();
+                if (lane == 0) {
+                    const float a = exp2f(m_old - m_new);
+                    al[j] = a;
+                    ls[j] = ls[j] * a + sum;
+                    ms[j] = m_new;
+                }
+            }
+            __syncthreads();
+            /* PV: warp w takes keys w, w+4, ...; lane owns DPL dims; the V
+             * scale rides on the probability */
+#pragma unroll
+            for (int j = 0; j < GB; j++) {
+                const float a = al[j];
+#pragma unroll
+                for (int e = 0; e < DPL; e++) acc[j][e] *= a;
+            }
+            for (int kl = warp; kl < nk && lane * DPL < D; kl += 4) {
+                float v[DPL];
+                const uint8_t *vr = Vt + kl * D + lane * DPL;
+                if constexpr (DPL == 1) {
+                    v[0] = f8x2_to_float2(*vr).x;
+                } else if constexpr (DPL == 2) {
+                    const float2 a = f8x2_to_float2(*reinterpret_cast<const uint16_t *>(vr));
+                    v[0] = a.x;
+                    v[1] = a.y;
+                } else {
+#pragma unroll
+                    for (int w4 = 0; w4 < DPL / 4; w4++) {
+                        const uint32_t u = reinterpret_cast<const uint32_t *>(vr)[w4];
+                        const float2 a = f8x2_to_float2(u), b = f8x2_to_float2(u >> 16);
+                        v[4 * w4] = a.x;
+                        v[4 * w4 + 1] = a.y;
+                        v[4 * w4 + 2] = b.x;
+                        v[4 * w4 + 3] = b.y;
+                    }
+                }
+                const float vs = vst[kl];
+#pragma unroll
+                for (int j = 0; j < GB; j++) {
+                    const float pj = sc[j][kl] * vs;
+#pragma unroll
+                    for (int e = 0; e < DPL; e++) acc[j][e] = fmaf(pj, v[e], acc[j][e]);
+                }
+            }
+            __syncthreads(); /* sc and this K/V buffer are rewritten next */
+        }
+        if (lane * DPL < D) {
+#pragma unroll
+            for (int j = 0; j < GB; j++)
+#pragma unroll
+                for (int e = 0; e < DPL; e++) red[warp][j][lane * DPL + e] = acc[j][e];
+        }
+        __syncthreads();
+        for (int i = tid; i < GB * D; i += 128) {
+            const int j = i / D, d = i % D, h = h_first + j;
+            const float o = red[0][j][d] + red[1][j][d] + red[2][j][d] + red[3][j][d];
+            if (nsp == 1) {
+                const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
+                const float v = o / ls[j];
+                p.out[off] = v;
+                if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
+            } else {
+                float *w = p.ws + (((size_t)di * p.H + h) * nsp + split) * F8_WS_ROW(D);
+                w[d] = o;
+                if (d == 0) {
+                    w[D] = ms[j];
+                    w[D + 1] = ls[j];
+                }
+            }
+        }
+        __syncthreads(); /* qs, ms, ls, red are reused by the next head group */
+    }
+    if (nsp > 1) f8_merge<D>(p, di, kvh, t, nsp);
+}
+
+template <int D, int GB>
+static void launch_decode_fp8(cu_impl *c, const f8_params &p, dim3 grid) {
+    static bool attr_done = false;
+    const int smem = 4 * F8_TK * D + 4 * F8_TK * 4;
+    if (!attr_done) {
+        if (cu_check(c,
+                     cudaFuncSetAttribute(k_attn_decode_fp8<D, GB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                     "fp8 decode attention smem attribute"))
+            return;
+        attr_done = true;
+    }
+    cu_launch(c, k_attn_decode_fp8<D, GB>, grid, dim3(128), (size_t)smem, p);
+    CU_LAUNCHED(c, "fp8 decode attention");
+}
+
+template <int D>
+static void launch_decode_fp8_d(cu_impl *c, const f8_params &p, dim3 grid) {
+    const int G = p.G, lim = D >= 256 ? 4 : 8;
+    const int gb = G % 8 == 0 && lim >= 8 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
+    switch (gb) {
+    case 8:
+        if constexpr (D <= 128) launch_decode_fp8<D, 8>(c, p, grid);
+        break;
+    case 4: launch_decode_fp8<D, 4>(c, p, grid); break;
+    case 2: launch_decode_fp8<D, 2>(c, p, grid); break;
+    default: launch_decode_fp8<D, 1>(c, p, grid); break;
+    }
+}
+
+/* The split partials and counters are cu_impl's (shared with the bf16
+ * decode kernels, which never run concurrently on the stream). False when
+ * they cannot grow (error or capture failure recorded). */
+static bool reserve_partials(cu_impl *c, size_t need, size_t need_cnt) {
+    if (need <= c->attn_ws_floats && need_cnt <= c->attn_cnt_n) return true;
+    if (c->capturing) {
+        c->capture_failed = true;
+        return false;
+    }
+    cu_check(c, cudaStreamSynchronize(c->stream), "sync");
+    if (c->attn_ws) cudaFree(c->attn_ws);
+    if (c->attn_cnt) cudaFree(c->attn_cnt);
+    c->attn_ws = NULL;
+    c->attn_cnt = NULL;
+    c->attn_ws_floats = 0;
+    c->attn_cnt_n = 0;
+    const size_t want = need * 2, want_cnt = need_cnt * 2 + 64;
+    if (cu_check(c, cudaMalloc(&c->attn_ws, want * 4), "cudaMalloc(attention partials)") ||
+        cu_check(c, cudaMalloc(&c->attn_cnt, want_cnt * 4), "cudaMalloc(attention counters)") ||
+        cu_check(c, cudaMemset(c->attn_cnt, 0, want_cnt * 4), "memset(attention counters)"))
+        return false;
+    c->attn_ws_floats = want;
+    c->attn_cnt_n = want_cnt;
+    cu_bump_generation(c); /* graphs may hold the old addresses */
+    return true;
+}
+
+static void decode_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
+                       int n_heads, float scale) {
+    const cu_meta *m = &c->meta;
+    const int D = l->head_dim, KVH = l->n_kv_heads;
+    f8_params p;
+    p.q = q;
+    p.out = out;
+    p.out_bf = out_bf;
+    p.kv = c->kv;
+    p.page_bytes = l->page_size_bytes;
+    p.seg_bytes = l->page_tokens * D;
+    p.k_off = ns_kv_offset(l, layer, 0, 0, 0);
+    p.v_off = ns_kv_offset(l, layer, 1, 0, 0);
+    p.ks_off = ns_kv_scale_offset(l, layer, 0, 0);
+    p.vs_off = ns_kv_scale_offset(l, layer, 1, 0);
+    p.seq_start = m->seq_start;
+    p.seq_len = m->seq_len;
+    p.page_table = m->page_table;
+    p.dec_seqs = m->dec_seqs;
+    p.pt_stride = m->pt_stride;
+    p.P = l->page_tokens;
+    p.P_shift = -1;
+    for (int b = 0; b < 31; b++)
+        if ((1 << b) == p.P) p.P_shift = b;
+    p.H = n_heads;
+    p.KVH = KVH;
+    p.G = n_heads / KVH;
+    p.q_stride = n_heads * D;
+    p.scale_log2 = scale * F8_LOG2E;
+    p.ws = c->attn_ws;
+    p.cnt = c->attn_cnt;
+    int nsp = m->n_splits > 0 ? m->n_splits : 1;
+    while (nsp > 1 && nsp * p.G > F8_MERGE_W) nsp >>= 1;
+    if (nsp > 1) {
+        if (!reserve_partials(c, (size_t)m->n_dec * n_heads * nsp * F8_WS_ROW(D), (size_t)m->n_dec * KVH)) return;
+        p.ws = c->attn_ws;
+        p.cnt = c->attn_cnt;
+    }
+    const dim3 grid((unsigned)nsp, (unsigned)KVH, (unsigned)m->n_dec);
+    switch (D) {
+    case 16: launch_decode_fp8_d<16>(c, p, grid); break;
+    case 32: launch_decode_fp8_d<32>(c, p, grid); break;
+    case 64: launch_decode_fp8_d<64>(c, p, grid); break;
+    case 128: launch_decode_fp8_d<128>(c, p, grid); break;
+    case 256: launch_decode_fp8_d<256>(c, p, grid); break;
+    default: cu_check(c, cudaErrorInvalidValue, "fp8 attention: head_dim must be 16, 32, 64, 128 or 256"); break;
+    }
+}
+
+/* ------------------------------------------------------------- prefill */
+
+/* One CTA: base[s] = first compact page of prefilling sequence s (pages of
+ * the other sequences are not copied), remap[s * stride + i] = base[s] +
+ * i and src[base[s] + i] = the pool page, for every page of those
+ * sequences. */
+__global__ void k_fp8_remap(const int32_t *__restrict__ seq_start, const int32_t *__restrict__ seq_len,
+                            const int32_t *__restrict__ page_table, int n_seqs, int stride, int P, int32_t *remap,
+                            int32_t *src, int32_t *base) {
+    PDL_ENTRY();
+    if (threadIdx.x == 0) {
+        int b = 0;
+        for (int s = 0; s < n_seqs; s++) {
+            base[s] = b;
+            if (seq_start[s + 1] - seq_start[s] > 1) b += (seq_len[s] + P - 1) / P;
+        }
+    }
+    __syncthreads();
+    for (int s = 0; s < n_seqs; s++) {
+        if (seq_start[s + 1] - seq_start[s] <= 1) continue;
+        const int pages = (seq_len[s] + P - 1) / P, b = base[s];
+        for (int i = threadIdx.x; i < pages; i += blockDim.x) {
+            remap[(size_t)s * stride + i] = b + i;
+            src[b + i] = page_table[(size_t)s * stride + i];
+        }
+    }
+}
+
+/* grid (compact pages, 2 * kv heads): segment (K|V, head) of this layer of
+ * page src[i] -> bf16(decode(code) * scale) in compact page i. */
+__global__ __launch_bounds__(128) void k_fp8_dequant(const uint8_t *__restrict__ kv, size_t page_bytes,
+                                                     size_t seg_off, size_t scale_off, int seg_bytes,
+                                                     const int32_t *__restrict__ src, bf16 *dst) {
+    PDL_ENTRY();
+    const int i = blockIdx.x, sg = blockIdx.y, n_seg = gridDim.y;
+    const uint8_t *pg = kv + (size_t)src[i] * page_bytes;
+    const uint8_t *codes = pg + seg_off + (size_t)sg * seg_bytes;
+    const float s = reinterpret_cast<const float *>(pg + scale_off)[sg];
+    bf16 *o = dst + ((size_t)i * n_seg + sg) * seg_bytes;
+    for (int c0 = threadIdx.x * 16; c0 < seg_bytes; c0 += blockDim.x * 16) {
+        const uint4 u = *reinterpret_cast<const uint4 *>(codes + c0);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+        __align__(16) bf16 tmp[16];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 a = f8x2_to_float2(w[e]), b = f8x2_to_float2(w[e] >> 16);
+            tmp[4 * e] = __float2bfloat16_rn(a.x * s);
+            tmp[4 * e + 1] = __float2bfloat16_rn(a.y * s);
+            tmp[4 * e + 2] = __float2bfloat16_rn(b.x * s);
+            tmp[4 * e + 3] = __float2bfloat16_rn(b.y * s);
+        }
+        reinterpret_cast<uint4 *>(o + c0)[0] = reinterpret_cast<const uint4 *>(tmp)[0];
+        reinterpret_cast<uint4 *>(o + c0)[1] = reinterpret_cast<const uint4 *>(tmp)[1];
+    }
+}
+
+/* Scratch for n compact pages and the remap tables; false on failure
+ * (recorded). Grows with headroom, never under capture (prefill steps are
+ * not captured; the check keeps a future change from baking a freed
+ * address into a graph). */
+static bool reserve_prefill(cu_impl *c, const ns_kv_layout *l, size_t n_pages, size_t ints) {
+    cu_kv_fp8 *f = c->kv_fp8;
+    if (!f) {
+        f = (cu_kv_fp8 *)calloc(1, sizeof *f);
+        if (!f) {
+            cu_set_error(c, NS_ERR_NOMEM, "fp8 attention: out of memory");
+            return false;
+        }
+        c->kv_fp8 = f;
+    }
+    const size_t page_bf = (size_t)2 * l->n_kv_heads * l->page_tokens * l->head_dim * sizeof(bf16);
+    if (n_pages <= f->scratch_pages && ints <= f->ints_cap) return true;
+    if (c->capturing) {
+        c->capture_failed = true;
+        return false;
+    }
+    cu_check(c, cudaStreamSynchronize(c->stream), "sync");
+    if (n_pages > f->scratch_pages) {
+        if (f->scratch) cudaFree(f->scratch);
+        f->scratch = NULL;
+        f->scratch_pages = 0;
+        size_t want = n_pages + n_pages / 4 + 16;
+        if (want > (size_t)l->n_pages) want = (size_t)l->n_pages;
+        if (want < n_pages) want = n_pages;
+        if (cu_check(c, cudaMalloc(&f->scratch, want * page_bf), "cudaMalloc(fp8 prefill scratch)")) return false;
+        f->scratch_pages = want;
+    }
+    if (ints > f->ints_cap) {
+        if (f->ints) cudaFree(f->ints);
+        f->ints = NULL;
+        f->ints_cap = 0;
+        const size_t want = ints * 2 + 1024;
+        if (cu_check(c, cudaMalloc(&f->ints, want * sizeof(int32_t)), "cudaMalloc(fp8 prefill tables)")) return false;
+        f->ints_cap = want;
+    }
+    cu_bump_generation(c);
+    return true;
+}
+
+static void prefill_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
+                        int n_heads, float scale) {
+    cu_meta *m = &c->meta;
+    const int P = l->page_tokens;
+    /* the step's sequence spans, from set_batch's pinned staging copy
+     * (same offsets as the device regions; valid until the next set_batch) */
+    const int32_t *h_ss = m->h_base + (m->seq_start - m->d_base), *h_sl = m->h_base + (m->seq_len - m->d_base);
+    size_t n_pages = 0;
+    for (int32_t s = 0; s < m->n_seqs; s++)
+        if (h_ss[s + 1] - h_ss[s] > 1) n_pages += (size_t)((h_sl[s] + P - 1) / P);
+    if (n_pages == 0) return;
+    const size_t tab = (size_t)m->n_seqs * m->pt_stride;
+    if (!reserve_prefill(c, l, n_pages, tab + n_pages + (size_t)m->n_seqs + 1)) return;
+    cu_kv_fp8 *f = c->kv_fp8;
+    int32_t *remap = f->ints, *src = remap + tab, *base = src + n_pages;
+    cu_launch(c, k_fp8_remap, dim3(1), dim3(1024), 0, (const int32_t *)m->seq_start, (const int32_t *)m->seq_len,
+              (const int32_t *)m->page_table, m->n_seqs, m->pt_stride, P, remap, src, base);
+    if (CU_LAUNCHED(c, "fp8 prefill remap")) return;
+    const int seg = P * l->head_dim;
+    cu_launch(c, k_fp8_dequant, dim3((unsigned)n_pages, (unsigned)(2 * l->n_kv_heads)), dim3(128), 0,
+              (const uint8_t *)c->kv, l->page_size_bytes, ns_kv_offset(l, layer, 0, 0, 0),
+              ns_kv_scale_offset(l, layer, 0, 0), seg, (const int32_t *)src, f->scratch);
+    if (CU_LAUNCHED(c, "fp8 prefill dequant")) return;
+    /* the bf16 kernels on the compact one-layer pool: decode rows are done
+     * by decode_fp8 from the codes, so cu_attention sees none */
+    ns_kv_layout l1 = *l;
+    l1.n_layers = 1;
+    l1.n_pages = (int32_t)f->scratch_pages;
+    l1.dtype = NS_DT_BF16;
+    l1.page_size_bytes = ns_kv_page_bytes(1, l->n_kv_heads, P, l->head_dim, NS_DT_BF16);
+    uint8_t *kv_save = c->kv;
+    int32_t *pt_save = m->page_table;
+    const int32_t dec_save = m->n_dec;
+    c->kv = reinterpret_cast<uint8_t *>(f->scratch);
+    m->page_table = remap;
+    m->n_dec = 0;
+    cu_attention(c, &l1, out, out_bf, q, 0, n_heads, scale);
+    c->kv = kv_save;
+    m->page_table = pt_save;
+    m->n_dec = dec_save;
+}
+
+void cu_attention_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
+                      int n_heads, float scale) {
+    const int G = n_heads / l->n_kv_heads;
+    if (G > F8_MAX_G) {
+        cu_set_error(c, NS_ERR_UNSUPPORTED, "fp8 attention: %d query heads per kv head (at most %d)", G, F8_MAX_G);
+        return;
+    }
+    if (c->meta.n_tiles > 0) prefill_fp8(c, l, out, out_bf, q, layer, n_heads, scale);
+    if (c->meta.n_dec > 0) decode_fp8(c, l, out, out_bf, q, layer, n_heads, scale);
+}
+
+void cu_kv_fp8_free(cu_impl *c) {
+    cu_kv_fp8 *f = c->kv_fp8;
+    if (!f) return;
+    if (f->scratch) cudaFree(f->scratch);
+    if (f->ints) cudaFree(f->ints);
+    free(f);
+    c->kv_fp8 = NULL;
+}
