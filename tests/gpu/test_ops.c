@@ -933,7 +933,8 @@ static void set_dec_load_forced(ns_backend *be, int mode) {
 
 /* The tensor-core decode kernel's K/V copy modes (16-byte cp.async; the
  * same with page ids loaded a tile ahead; one bulk copy per K/V row on an
- * mbarrier, where rows past a split's end are zero-filled by hand) within
+ * mbarrier, where rows past a split's end are zero-filled by hand; the
+ * same with the next tile issued before the wait) within
  * 1e-4 of the CPU reference: batch 1 at 40001 tokens (128 splits of 320
  * keys, the last holding one key, two with none), batch 1 at 12001 tokens with
  * the Qwen3-8B head layout (32 splits, as a 32k decode step), a mixed
@@ -945,9 +946,9 @@ TEST(test_attention_decode_load_modes) {
     const attn_cfg g4 = {128, 2, 8, 16}, qwen = {128, 8, 32, 16}, g8 = {128, 1, 8, 16}, g1 = {128, 2, 2, 16},
                    d64 = {64, 2, 8, 32};
     const gpu_switch k = {set_dec_load_forced,
-                          3,
-                          {0, 1, 2},
-                          {"(cp.async)", "(page ids ahead)", "(bulk rows)", NULL, NULL, NULL, NULL, NULL}};
+                          4,
+                          {0, 1, 2, 3},
+                          {"(cp.async)", "(page ids ahead)", "(bulk rows)", "(bulk rows, issued before the wait)"}};
     attention_batch(&g4, b1_40k, 1, 1e-4, 1e-3, "decode B1 40001 GQA4", &k);
     attention_batch(&qwen, b1_12k, 1, 1e-4, 1e-3, "decode B1 12001 Qwen3-8B heads", &k);
     const attn_cfg *mc[] = {&g4, &g8, &g1, &d64};

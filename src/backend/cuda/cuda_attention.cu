@@ -709,8 +709,14 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uin
  *                  contiguous bytes at D = 128) into the same padded
  *                  layout, completing on a per-stage mbarrier; 128 copy
  *                  instructions per tile instead of 2048, no copy
- *                  registers held, page ids a tile ahead as above. */
-enum { DM_LOAD_CPASYNC = 0, DM_LOAD_AHEAD = 1, DM_LOAD_BULK = 2 };
+ *                  registers held, page ids a tile ahead as above;
+ * DM_LOAD_BULK_DEEP the bulk copies with the block barrier moved before
+ *                  the wait: tile k + 2 is issued as soon as every warp is
+ *                  done with tile k - 1, then tile k is waited for, so two
+ *                  tiles (64 KB per CTA) stay in flight during the wait
+ *                  instead of one (each thread's mbarrier wait makes the
+ *                  copies visible to it; no barrier needed after it). */
+enum { DM_LOAD_CPASYNC = 0, DM_LOAD_AHEAD = 1, DM_LOAD_BULK = 2, DM_LOAD_BULK_DEEP = 3 };
 #define DM_SPIN_MAX (1u << 22)
 
 __device__ __forceinline__ void dm_mbar_init(uint32_t bar, uint32_t count) {
@@ -886,7 +892,8 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
     constexpr int LD = D + 8; /* padded rows: ldmatrix conflict-free */
     constexpr int CH = D / 8;
     constexpr int NI = D / 16;
-    static_assert(LOAD != DM_LOAD_BULK || DM_TK == 64, "bulk loads: one K or V row per thread");
+    constexpr bool BULK = LOAD == DM_LOAD_BULK || LOAD == DM_LOAD_BULK_DEEP;
+    static_assert(!BULK || DM_TK == 64, "bulk loads: one K or V row per thread");
     extern __shared__ __align__(16) uint8_t dsm[];
     bf16 *Ks = reinterpret_cast<bf16 *>(dsm);
     bf16 *Vs = Ks + DM_ST * DM_TK * LD;
@@ -905,9 +912,9 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
      * 256 bytes at D = 128): every 32-byte sector is fetched once. */
     constexpr int RPP = 128 / CH;       /* rows per pass */
     constexpr int NPASS = DM_TK / RPP;  /* passes per tile */
-    constexpr int NR = LOAD == DM_LOAD_BULK ? 1 : NPASS; /* rows this thread copies per tile */
+    constexpr int NR = BULK ? 1 : NPASS; /* rows this thread copies per tile */
     const int cc = tid % CH, rb = tid / CH;
-    auto row_of = [&](int j) { return LOAD == DM_LOAD_BULK ? (tid & (DM_TK - 1)) : rb + j * RPP; };
+    auto row_of = [&](int j) { return BULK ? (tid & (DM_TK - 1)) : rb + j * RPP; };
     /* page ids of this thread's rows in the next tile to issue (read
      * before the PDL wait: metadata is final at launch in recorded tapes) */
     int pg[NR];
@@ -916,7 +923,7 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
         const int key = k0 + row_of(j);
         pg[j] = key < k1 ? kv_page(p, s, key) : 0;
     }
-    if (LOAD == DM_LOAD_BULK) {
+    if (BULK) {
         if (tid == 0)
             for (int i = 0; i < DM_ST; i++) dm_mbar_init((uint32_t)__cvta_generic_to_shared(&bars[i]), 1);
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -927,7 +934,7 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
     auto issue = [&](int it) {
         const int kb = k0 + it * DM_TK, st = it % DM_ST;
         bf16 *kd = Ks + st * DM_TK * LD, *vd = Vs + st * DM_TK * LD;
-        if constexpr (LOAD == DM_LOAD_BULK) {
+        if constexpr (BULK) {
             const int r = tid & (DM_TK - 1), nvalid = min(DM_TK, k1 - kb);
             const bool is_v = tid >= DM_TK;
             const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&bars[st]);
@@ -967,9 +974,9 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
         }
     };
     if (n_tiles > 0) issue(0);
-    if (LOAD != DM_LOAD_BULK) cp_async_commit();
+    if (!BULK) cp_async_commit();
     if (n_tiles > 1) issue(1);
-    if (LOAD != DM_LOAD_BULK) cp_async_commit();
+    if (!BULK) cp_async_commit();
 
     /* Q^T as the B operand: head n = lane / 4, dims (lane % 4) * 2 (+1),
      * +8 for the second register; heads past G are zero */
@@ -995,15 +1002,24 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
 
     for (int it = 0; it < n_tiles; it++) {
         const int st = it % DM_ST;
-        if constexpr (LOAD == DM_LOAD_BULK) dm_mbar_wait((uint32_t)__cvta_generic_to_shared(&bars[st]), (it / DM_ST) & 1);
-        else cp_async_wait<1>();
-        __syncthreads(); /* tile it landed for all threads; stage (it + 2) % 3 was consumed at it - 1 */
-        if (it + 2 < n_tiles) issue(it + 2);
-        if (LOAD != DM_LOAD_BULK) cp_async_commit();
+        const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&bars[st]);
+        if constexpr (LOAD == DM_LOAD_BULK_DEEP) {
+            /* every warp is done with tile it - 1, whose stage tile it + 2
+             * takes; the zero rows of tiles issued so far are visible */
+            __syncthreads();
+            if (it + 2 < n_tiles) issue(it + 2);
+            dm_mbar_wait(bar, (it / DM_ST) & 1);
+        } else {
+            if constexpr (LOAD == DM_LOAD_BULK) dm_mbar_wait(bar, (it / DM_ST) & 1);
+            else cp_async_wait<1>();
+            __syncthreads(); /* tile it landed for all threads; stage (it + 2) % 3 was consumed at it - 1 */
+            if (it + 2 < n_tiles) issue(it + 2);
+            if (!BULK) cp_async_commit();
+        }
         const bf16 *Kt = Ks + st * DM_TK * LD + warp * 16 * LD, *Vt = Vs + st * DM_TK * LD + warp * 16 * LD;
         dm_tile<D>(Kt, Vt, qh, ql, o, m_0, m_1, l_0, l_1, k0 + it * DM_TK + warp * 16 + (lane >> 2), k1);
     }
-    if (LOAD != DM_LOAD_BULK) cp_async_wait<0>();
+    if (!BULK) cp_async_wait<0>();
     dm_finish<D>(p, dsm, o, m_0, m_1, l_0, l_1, di, kvh, t, split, nsp);
 }
 
@@ -1052,10 +1068,10 @@ static bool launch_decode_mma_t(cu_impl *c, const attn_params &p, dim3 grid) {
 }
 
 /* The K/V copy mode (cuda.h ns_cuda_set_attn_dec_load); bulk copies need
- * compute capability 9.0, below it mode 2 runs as mode 1. */
+ * compute capability 9.0, below it modes 2 and 3 run as mode 1. */
 static int decode_load_mode(cu_impl *c) {
     int mode = cu_attn_switch(&c->attn_dec_load, "NS_CUDA_DEC_LOAD", CU_ATTN_DEC_LOAD_MAX, DM_LOAD_CPASYNC);
-    if (mode == DM_LOAD_BULK) {
+    if (mode == DM_LOAD_BULK || mode == DM_LOAD_BULK_DEEP) {
         if (c->attn_dec_cc9 == 0) {
             int major = 0;
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
@@ -1071,6 +1087,7 @@ static bool launch_decode_mma(cu_impl *c, const attn_params &p, dim3 grid) {
     switch (decode_load_mode(c)) {
     case DM_LOAD_AHEAD: return launch_decode_mma_t<D, DM_LOAD_AHEAD>(c, p, grid);
     case DM_LOAD_BULK: return launch_decode_mma_t<D, DM_LOAD_BULK>(c, p, grid);
+    case DM_LOAD_BULK_DEEP: return launch_decode_mma_t<D, DM_LOAD_BULK_DEEP>(c, p, grid);
     default: return launch_decode_mma_t<D, DM_LOAD_CPASYNC>(c, p, grid);
     }
 }

@@ -389,7 +389,7 @@ enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2 };
 int cu_attn_switch(int *field, const char *env, int max, int def);
 #define CU_ATTN_SM90_MAX 9
 #define CU_ATTN_DEC_MMA_MAX 2
-#define CU_ATTN_DEC_LOAD_MAX 2
+#define CU_ATTN_DEC_LOAD_MAX 3
 /* grid (G / 2, n_tiles, KVH); returns false on a launch error (recorded). */
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles);
 /* GEMV over up to 3 weight matrices sharing the F32 input x [n, k]:
