@@ -446,11 +446,14 @@ static ns_status gbind(bind_ctx *b, const char *name, int64_t rows, int64_t cols
     ns_backend *be = b->m->be;
     if (!be) return NS_OK;
     /* CUDA keeps quantized dense matrices as blocks (cuda_quant.cu); its
-     * moe_ffn reads a BF16 router and BF16 experts only */
-    if (ns_dtype_is_quant(dt) && strcmp(be->ops->name, "cpu") != 0 &&
-        (strcmp(be->ops->name, "cuda") != 0 || strstr(name, "ffn_gate_inp")))
+     * moe_ffn reads a BF16 router (llama-quantize never quantizes one) */
+    if (ns_dtype_is_quant(dt) && strcmp(be->ops->name, "cpu") != 0 && strcmp(be->ops->name, "cuda") != 0)
         return ns_fail(b->err, NS_ERR_UNSUPPORTED, "gguf: %s weights are supported on the CPU backend only (not %s)",
                        ns_ggml_type_name(t->type), be->ops->name);
+    if (ns_dtype_is_quant(dt) && strcmp(be->ops->name, "cuda") == 0 && strstr(name, "ffn_gate_inp"))
+        return ns_fail(b->err, NS_ERR_UNSUPPORTED,
+                       "gguf: router \"%s\" is %s: the cuda device's MoE router is BF16 (use --device cpu)", name,
+                       ns_ggml_type_name(t->type));
     const void *src = t->data;
     if (perm_heads > 0) {
         ns_status rc = unpermute(b, t, dt, rows, cols, perm_heads, &src);
@@ -476,8 +479,10 @@ static ns_status bind_expert_stack(bind_ctx *b, const char *name, int64_t rows, 
     mark_used(b, t);
     ns_backend *be = b->m->be;
     if (!be) return NS_OK;
-    if (ns_dtype_is_quant(dt) && strcmp(be->ops->name, "cpu") != 0)
-        return ns_fail(b->err, NS_ERR_UNSUPPORTED, "gguf: %s weights are supported on the CPU backend only (not %s)",
+    /* the CPU and CUDA backends run block-quantized experts (CUDA: see
+     * check_cuda_experts) */
+    if (ns_dtype_is_quant(dt) && strcmp(be->ops->name, "cpu") != 0 && strcmp(be->ops->name, "cuda") != 0)
+        return ns_fail(b->err, NS_ERR_UNSUPPORTED, "gguf: %s weights are supported on the CPU and CUDA backends only (not %s)",
                        ns_ggml_type_name(t->type), be->ops->name);
     const size_t slice = (size_t)rows * ns_dtype_row_bytes(dt, cols);
     for (int64_t e = 0; e < E; e++) {
@@ -485,6 +490,33 @@ static ns_status bind_expert_stack(bind_ctx *b, const char *name, int64_t rows, 
         if (rc != NS_OK) return rc;
         b->m->weight_bytes += ns_tensor_bytes(&out[e]);
     }
+    return NS_OK;
+}
+
+/* CUDA's moe_ffn (cuda_moe.cu) takes BF16 experts (F16/F32 files are
+ * converted at upload) or block-quantized ones whose gate and up stacks
+ * share one type and whose down stack is quantized too (any block type).
+ * Anything else is refused here, at load, naming the tensors, rather than
+ * at the first forward. */
+static ns_status check_cuda_experts(bind_ctx *b, int32_t l) {
+    if (!b->m->be || strcmp(b->m->be->ops->name, "cuda") != 0) return NS_OK;
+    static const char *const sfx[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    uint32_t ty[3];
+    bool q[3];
+    for (int i = 0; i < 3; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "blk.%d.%s.weight", l, sfx[i]);
+        const ns_gguf_tensor *t = ns_gguf_set_find(b->gm->set, name);
+        if (!t) return NS_OK; /* bind_expert_stack names the missing tensor */
+        ns_dtype dt;
+        ty[i] = t->type;
+        q[i] = ggml_to_ns(t->type, &dt) && ns_dtype_is_quant(dt);
+    }
+    if (q[0] != q[1] || q[0] != q[2] || (q[0] && ty[0] != ty[1]))
+        return ns_fail(b->err, NS_ERR_UNSUPPORTED,
+                       "gguf: blk.%d.ffn_gate_exps (%s), ffn_up_exps (%s), ffn_down_exps (%s): the cuda device runs"
+                       " quantized experts only with gate and up of one type and down quantized too (use --device cpu)",
+                       l, ns_ggml_type_name(ty[0]), ns_ggml_type_name(ty[1]), ns_ggml_type_name(ty[2]));
     return NS_OK;
 }
 
@@ -497,7 +529,8 @@ static ns_status bind_moe(bind_ctx *b, int32_t l) {
     if (!w->experts) return ns_fail(b->err, NS_ERR_NOMEM, "out of memory");
     char name[128];
     snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
-    ns_status rc = gbind(b, name, E, H, &w->router, 0);
+    ns_status rc = check_cuda_experts(b, l);
+    if (rc == NS_OK) rc = gbind(b, name, E, H, &w->router, 0);
     snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", l);
     if (rc == NS_OK) rc = bind_expert_stack(b, name, mff, H, w->experts);
     snprintf(name, sizeof name, "blk.%d.ffn_up_exps.weight", l);

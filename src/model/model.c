@@ -312,7 +312,12 @@ ns_status ns_model_create_random(const ns_model_config *cfg, ns_backend *be, ns_
                 rc = ns_fail(err, NS_ERR_NOMEM, "out of memory");
                 goto fail;
             }
-            RAND(&w->router, E, H, ws);
+            /* the router stays BF16 in quantized models, as llama-quantize
+             * leaves it unquantized (and the CUDA router reads BF16) */
+            rc = be->ops->weight_random(be, &w->router, ns_dtype_is_quant(dt) ? NS_DT_BF16 : dt, E, H, s++,
+                                        (float)ws, err);
+            if (rc != NS_OK) goto fail;
+            m->weight_bytes += ns_tensor_bytes(&w->router);
             for (int64_t e = 0; e < E; e++) {
                 RAND(&w->experts[e], mff, H, ws);
                 RAND(&w->experts[E + e], mff, H, ws);

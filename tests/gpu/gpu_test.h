@@ -6,14 +6,21 @@
  * reads the wrong element must not pass by multiplying zeros. Each test
  * binary includes this once; GPU_TEST_SEED (defined before the include)
  * picks its stream, so a file's inputs do not change when another file's
- * tests do. Header-only (static), like tests/test.h. */
+ * tests do. Also random GGUF blocks (random_block / random_weight: scales
+ * and quants random and nonzero), as the host bytes of a quantized weight.
+ * Header-only (static), like tests/test.h. */
 #ifndef NS_TESTS_GPU_TEST_H
 #define NS_TESTS_GPU_TEST_H
 
+#include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/quant.h"
 #include "backend/cuda/cuda.h"
 
 #ifndef GPU_TEST_SEED
@@ -49,6 +56,95 @@ static bool gpu_test_open(int cpu_threads) {
         return false;
     }
     return true;
+}
+
+/* ------------------------------------------------------ random blocks
+ * (GGUF block types, for test_quant_cuda and test_moe_cuda) */
+
+static inline uint32_t rnd(uint32_t n) { return (uint32_t)(next_u64() >> 33) % n; }
+
+
+static inline void put_f16(uint8_t *p, float f) {
+    const uint16_t h = ns_fp32_to_fp16(f);
+    memcpy(p, &h, 2);
+}
+
+static inline uint8_t nz_nibble(void) { return (uint8_t)(1 + rnd(15)); }
+
+/* One random block of type dt at b: scales random and nonzero, quants
+ * random and nonzero (Q4_0: never the zero code 8). Values stay O(0.1). */
+static inline void random_block(ns_dtype dt, uint8_t *b) {
+    switch (dt) {
+    case NS_DT_Q8_0:
+        put_f16(b, (0.2f + 0.8f * fabsf(frand())) / 127.f);
+        for (int i = 0; i < 32; i++) {
+            int q = (int)rnd(254) - 127;
+            b[2 + i] = (uint8_t)(int8_t)(q == 0 ? 1 : q);
+        }
+        break;
+    case NS_DT_Q4_0:
+        put_f16(b, (0.2f + 0.8f * fabsf(frand())) / 8.f * (frand() < 0 ? -1.f : 1.f));
+        for (int i = 0; i < 16; i++) {
+            uint8_t lo = (uint8_t)rnd(16), hi = (uint8_t)rnd(16);
+            if (lo == 8) lo = 9;
+            if (hi == 8) hi = 7;
+            b[2 + i] = (uint8_t)(lo | hi << 4);
+        }
+        break;
+    case NS_DT_Q4_K:
+    case NS_DT_Q5_K: {
+        const bool q5 = dt == NS_DT_Q5_K;
+        const float dv = (0.2f + 0.8f * fabsf(frand())) / (63.f * (q5 ? 31.f : 15.f));
+        put_f16(b, dv);
+        put_f16(b + 2, dv * (q5 ? 15.f : 7.f) * (0.5f + fabsf(frand())));
+        for (int i = 0; i < 12; i++) b[4 + i] = (uint8_t)(1 + rnd(255)); /* 6-bit scales nonzero in practice */
+        /* make every sub-block's 6-bit scale nonzero */
+        for (int j = 0; j < 4; j++)
+            if ((b[4 + j] & 63) == 0) b[4 + j] |= 1;
+        for (int j = 0; j < 4; j++)
+            if ((b[12 + j] & 0xF) == 0 && (b[4 + j] >> 6) == 0) b[12 + j] |= 1;
+        uint8_t *q = b + 16;
+        if (q5) {
+            for (int i = 0; i < 32; i++) b[16 + i] = (uint8_t)rnd(256);
+            q = b + 48;
+        }
+        for (int i = 0; i < 128; i++) q[i] = (uint8_t)(nz_nibble() | nz_nibble() << 4);
+        break;
+    }
+    case NS_DT_Q6_K:
+        for (int i = 0; i < 128; i++) b[i] = (uint8_t)(nz_nibble() | nz_nibble() << 4);
+        for (int i = 0; i < 64; i++) b[128 + i] = (uint8_t)rnd(256);
+        for (int i = 0; i < 16; i++) {
+            int s = (int)rnd(255) - 127;
+            b[192 + i] = (uint8_t)(int8_t)(s == 0 ? 3 : s);
+        }
+        put_f16(b + 208, (0.2f + 0.8f * fabsf(frand())) / (64.f * 32.f));
+        break;
+    case NS_DT_Q4_1:
+    case NS_DT_Q5_0:
+    case NS_DT_Q5_1: { /* d, [m], [qh], qs */
+        const bool m = dt != NS_DT_Q5_0, h = dt != NS_DT_Q4_1;
+        put_f16(b, (0.2f + 0.8f * fabsf(frand())) / 16.f);
+        if (m) put_f16(b + 2, -(0.2f + 0.8f * fabsf(frand())) * 0.5f);
+        uint8_t *qh = b + (m ? 4 : 2), *qs = h ? qh + 4 : b + 4;
+        if (h)
+            for (int i = 0; i < 4; i++) qh[i] = (uint8_t)rnd(256);
+        for (int i = 0; i < 16; i++) qs[i] = (uint8_t)(nz_nibble() | nz_nibble() << 4);
+        break;
+    }
+    default: break;
+    }
+}
+
+static inline int block_elems(ns_dtype dt) {
+    return dt == NS_DT_Q4_K || dt == NS_DT_Q5_K || dt == NS_DT_Q6_K ? 256 : 32;
+}
+
+static inline uint8_t *random_weight(ns_dtype dt, int64_t rows, int64_t cols) {
+    const size_t rb = ns_dtype_row_bytes(dt, cols), bb = rb / (size_t)(cols / block_elems(dt));
+    uint8_t *w = malloc((size_t)rows * rb);
+    for (size_t i = 0; i < (size_t)rows * (size_t)(cols / block_elems(dt)); i++) random_block(dt, w + i * bb);
+    return w;
 }
 
 #endif

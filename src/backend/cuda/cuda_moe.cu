@@ -32,6 +32,20 @@
  * other rows, and the combine sums in a fixed order, so results are
  * bit-identical run to run and between eager and graph execution.
  *
+ * Block-quantized experts (GGUF files: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q4_K, Q5_K, Q6_K; gate and up of one type, down of any, as Q4_K_M files
+ * have them) run cuda_quant.cu's kernels, whose block formats exist once:
+ * decode (2a) quantizes the token rows to 8 bits and runs gathered GEMVs
+ * on the chosen experts' blocks (gate/up + SwiGLU, then the SwiGLU output
+ * quantized, then down into y and the combine of step 3), so only the
+ * active experts' quantized bytes are read; more tokens (2b) dequantize
+ * the experts the router chose (counts > 0, known on the device) into a
+ * bf16 scratch with a table of the copies, and the bf16 kernels run
+ * unchanged on it. That costs a write and a read of 2 bytes per weight of
+ * every chosen expert per layer and chunk -- chosen for today because it
+ * reuses the tested grouped GEMM exactly; a GEMM that dequantizes tiles
+ * while loading them would save that pass.
+ *
  * Device tables of expert weight pointers are built once per distinct
  * set of weights (keyed by the experts array, checked pointer by
  * pointer) when the op is submitted, outside any capture; they are never
@@ -61,9 +75,11 @@ using namespace nvcuda;
 struct cu_moe_table {
     const ns_tensor *key;  /* the experts array of the op */
     const void **host;     /* [3E] the pointers, to confirm a match */
-    const bf16 **dev;      /* [3E] device copy: gate [0,E), up [E,2E), down [2E,3E) */
+    const bf16 **dev;      /* [3E] device copy: gate [0,E), up [E,2E), down [2E,3E) (quantized: block bases) */
     int32_t n_experts;
     int32_t ff; /* moe_intermediate_size: gate/up rows */
+    bool quant;       /* block-quantized experts (cuda_quant.cu's kernels) */
+    ns_dtype dt[3];   /* gate, up, down types */
 };
 
 /* ------------------------------------------------------------- helpers */
@@ -77,10 +93,17 @@ struct moe_ws {
     bf16 *xbf;
     void *h; /* F32 [TK, F] (GEMV path) or BF16 [TK, F] (GEMM path) */
     float *y;
+    /* quantized experts only: activation quantization (GEMV path), and
+     * (GEMM path) the bf16 copies of the chosen experts and their table */
+    int8_t *xq;
+    float *xd, *xs;
+    bf16 *deq;
+    const bf16 **bftab;
     size_t bytes;
 };
 
-static moe_ws ws_layout(uint8_t *base, int64_t Tc, int K, int E, int64_t H, int64_t F) {
+/* quant: the experts are block-quantized (adds their regions). */
+static moe_ws ws_layout(uint8_t *base, int64_t Tc, int K, int E, int64_t H, int64_t F, bool quant) {
     moe_ws w;
     const size_t TK = (size_t)Tc * (size_t)K;
     size_t o = 0;
@@ -101,6 +124,13 @@ static moe_ws ws_layout(uint8_t *base, int64_t Tc, int K, int E, int64_t H, int6
     w.h = base ? base + o : NULL;
     o += al256(TK * (size_t)F * sizeof(float));
     TAKE(y, float, TK * (size_t)H);
+    const size_t nq = quant ? ((size_t)Tc * H > TK * F ? (size_t)Tc * H : TK * F) : 0;
+    TAKE(xq, int8_t, nq);
+    TAKE(xd, float, nq / 32);
+    TAKE(xs, float, nq / 16);
+    const bool grouped = quant && Tc > CU_MOE_GEMV_MAX;
+    TAKE(deq, bf16, grouped ? (size_t)3 * E * (size_t)(H * F) : 0);
+    TAKE(bftab, const bf16 *, grouped ? (size_t)3 * E : 0);
 #undef TAKE
     w.bytes = o;
     return w;
@@ -799,12 +829,14 @@ static int32_t moe_table(cu_impl *c, const ns_tensor *experts, int E) {
     t->key = experts;
     t->n_experts = E;
     t->ff = (int32_t)experts[0].rows;
+    t->quant = ns_dtype_is_quant((ns_dtype)experts[0].dtype);
+    for (int s = 0; s < 3; s++) t->dt[s] = (ns_dtype)experts[(size_t)s * E].dtype;
     return c->n_moe_tables++;
 }
 
 /* Scratch for a chunk of Tc tokens (grown outside any capture). */
-static bool moe_reserve(cu_impl *c, int64_t Tc, int K, int E, int64_t H, int64_t F) {
-    const moe_ws w = ws_layout(NULL, Tc, K, E, H, F);
+static bool moe_reserve(cu_impl *c, int64_t Tc, int K, int E, int64_t H, int64_t F, bool quant) {
+    const moe_ws w = ws_layout(NULL, Tc, K, E, H, F, quant);
     if (w.bytes <= c->moe_ws_bytes) return true;
     if (c->capturing) {
         c->capture_failed = true;
@@ -849,20 +881,22 @@ int32_t cu_moe_prepare(cu_impl *c, const ns_tensor *out, const ns_tensor *in, co
                      (long long)router->cols, ns_dtype_name((ns_dtype)router->dtype), (long long)F);
         return -1;
     }
+    /* BF16 experts, or block-quantized ones: each of the gate, up and
+     * down stacks in one type, gate and up in the same (the GGUF loader
+     * refuses other files at load, naming the tensors) */
+    const bool quant = ns_dtype_is_quant((ns_dtype)experts[0].dtype);
     for (int i = 0; i < 3 * E; i++) {
         const ns_tensor *w = &experts[i];
         const bool down = i >= 2 * E;
-        if (ns_dtype_is_quant((ns_dtype)w->dtype)) {
-            cu_set_error(c, NS_ERR_UNSUPPORTED,
-                         "cuda moe_ffn: quantized (%s) expert weights are not supported on the cuda device yet; "
-                         "use a bf16/f16 model or the cpu device",
-                         ns_dtype_name((ns_dtype)w->dtype));
-            return -1;
-        }
-        if (w->dtype != NS_DT_BF16 || w->rows != (down ? H : F) || w->cols != (down ? F : H) ||
-            ((uintptr_t)w->data % 16)) {
-            cu_set_error(c, NS_ERR_INVALID, "cuda moe_ffn: expert weight %d is not BF16 [%lld,%lld]", i,
-                         (long long)(down ? H : F), (long long)(down ? F : H));
+        const ns_dtype want = quant ? (ns_dtype)experts[down ? 2 * E : 0].dtype : NS_DT_BF16;
+        if (w->dtype != want || w->rows != (down ? H : F) || w->cols != (down ? F : H) ||
+            ((uintptr_t)w->data % 16) || (quant && !cu_quant_check_shape(want, w->rows, w->cols))) {
+            cu_set_error(c, quant ? NS_ERR_UNSUPPORTED : NS_ERR_INVALID,
+                         "cuda moe_ffn: expert weight %d is %s [%lld,%lld]; expected %s [%lld,%lld] (experts are"
+                         " BF16, or one block type per gate/up/down stack with gate and up alike, rows a multiple"
+                         " of the block)",
+                         i, ns_dtype_name((ns_dtype)w->dtype), (long long)w->rows, (long long)w->cols,
+                         ns_dtype_name(want), (long long)(down ? H : F), (long long)(down ? F : H));
             return -1;
         }
     }
@@ -889,7 +923,7 @@ int32_t cu_moe_prepare(cu_impl *c, const ns_tensor *out, const ns_tensor *in, co
     const int32_t idx = moe_table(c, experts, E);
     if (idx < 0) return -1;
     const int64_t Tc = T < CU_MOE_CHUNK ? T : CU_MOE_CHUNK;
-    if (!moe_reserve(c, Tc, K, E, H, F)) return -1;
+    if (!moe_reserve(c, Tc, K, E, H, F, quant)) return -1;
     return idx;
 }
 
@@ -902,9 +936,16 @@ static const bf16 *moe_x_bf(cu_impl *c, const ns_tensor *in, int64_t r0, int64_t
     return scratch;
 }
 
-static void moe_chunk(cu_impl *c, const bf16 *const *tab, const bf16 *router, float *out, const ns_tensor *in,
+static void moe_chunk(cu_impl *c, const cu_moe_table &mt, const bf16 *router, float *out, const ns_tensor *in,
                       int64_t r0, int Tc, int E, int K, bool norm, int H, int F, const moe_ws &w) {
     const float *x = (const float *)in->data + (size_t)r0 * H;
+    const bf16 *const *tab = mt.dev;
+    cu_qmoe q; /* quantized experts: cuda_quant.cu's kernels */
+    memset(&q, 0, sizeof q);
+    q.tab = (const void *const *)mt.dev;
+    for (int s = 0; s < 3; s++) q.dt[s] = mt.dt[s];
+    q.E = E, q.K = K, q.H = H, q.F = F;
+    q.xq = w.xq, q.xd = w.xd, q.xs = w.xs;
     const int TK = Tc * K;
     const bool gemv = Tc <= CU_MOE_GEMV_MAX;
     const dim3 rgrid((unsigned)((E + 7) / 8), (unsigned)((Tc + RT - 1) / RT));
@@ -919,6 +960,15 @@ static void moe_chunk(cu_impl *c, const bf16 *const *tab, const bf16 *router, fl
         cu_launch(c, k_moe_topk, dim3((unsigned)((Tc + 7) / 8)), dim3(256), 0, (const float *)w.logits, Tc, E, K,
                   (int)norm, w.ids, w.wts, gemv ? (int32_t *)NULL : w.counts);
         if (CU_LAUNCHED(c, "moe top-k")) return;
+    }
+    if (gemv && mt.quant) {
+        /* gathered GEMVs on the chosen experts' blocks into y, then the
+         * combine in ascending expert order */
+        if (!cu_quant_moe_gemv(c, q, x, Tc, w.ids, (float *)w.h, w.y)) return;
+        cu_launch(c, k_moe_combine, dim3((unsigned)Tc), dim3(256), 0, out + (size_t)r0 * H, (const float *)w.y,
+                  (const int32_t *)w.ids, (const float *)w.wts, (const int32_t *)NULL, K, H);
+        CU_LAUNCHED(c, "moe combine");
+        return;
     }
     if (gemv) {
         float *h = (float *)w.h;
@@ -936,6 +986,12 @@ static void moe_chunk(cu_impl *c, const bf16 *const *tab, const bf16 *router, fl
     cu_launch(c, k_moe_scatter, dim3((unsigned)((TK + 255) / 256)), dim3(256), 0, (const int32_t *)w.ids, w.cursor,
               w.rows, w.pos, TK);
     if (CU_LAUNCHED(c, "moe scatter")) return;
+    if (mt.quant) {
+        /* the chosen experts to bf16 (the router's counts say which), then
+         * the bf16 kernels below through the table of the copies */
+        if (!cu_quant_moe_dequant(c, q, w.counts, w.deq, w.bftab)) return;
+        tab = w.bftab;
+    }
     if (shape == MG_SMALL && c->moe_ggemv == CU_SW_ON) {
         /* a few rows per expert: grouped GEMVs stream each weight row once */
         cu_launch(c, k_moe_ggemv_gu, dim3((unsigned)((F + 15) / 16), (unsigned)E), dim3(256), 0, x, tab,
@@ -1005,17 +1061,18 @@ void cu_exec_moe(cu_impl *c, const cu_op *op) {
         return;
     }
     const int64_t T = in->rows, H = in->cols, Tc = T < CU_MOE_CHUNK ? T : CU_MOE_CHUNK;
-    const int64_t F = c->moe_tables[idx].ff;
-    const moe_ws need = ws_layout(NULL, Tc, K, E, H, F);
+    const cu_moe_table &mt = c->moe_tables[idx];
+    const int64_t F = mt.ff;
+    const moe_ws need = ws_layout(NULL, Tc, K, E, H, F, mt.quant);
     if (need.bytes > c->moe_ws_bytes) { /* cu_moe_prepare reserves it at submit: a bug if reached */
         if (c->capturing) c->capture_failed = true;
         else cu_set_error(c, NS_ERR_INTERNAL, "cuda moe_ffn: scratch not reserved");
         return;
     }
-    const moe_ws w = ws_layout((uint8_t *)c->moe_ws, Tc, K, E, H, F);
+    const moe_ws w = ws_layout((uint8_t *)c->moe_ws, Tc, K, E, H, F, mt.quant);
     for (int64_t r0 = 0; r0 < T && c->err_status == NS_OK; r0 += Tc) {
         const int n = (int)(T - r0 < Tc ? T - r0 : Tc);
-        moe_chunk(c, c->moe_tables[idx].dev, (const bf16 *)router->data, (float *)out->data, in, r0, n, E, K,
+        moe_chunk(c, mt, (const bf16 *)router->data, (float *)out->data, in, r0, n, E, K,
                   op->i2 != 0, (int)H, (int)F, w);
     }
     cu_note_write(c, out);

@@ -30,9 +30,12 @@
  * accumulates in f32 with the block scales. Opt-in
  * (NS_CUDA_QGEMV_EARLY=1): inside recorded decode tapes the first weight
  * loads are issued before the PDL wait (the kernel before is the
- * activation quantization). Off by default: on the H200 it gave wrong
- * greedy tokens for the Q6_K fixture (tiny-qwen3-k-Q6_K, step 1-2;
- * test_quant_cuda), which the same build passes with it off. The
+ * activation quantization), by separate kernel instances (EARLY) that
+ * read the activations with coherent ld.global.cg loads after one
+ * converged wait; the first version read them through the read-only
+ * ld.global.nc path, which nothing orders after griddepcontrol.wait, and
+ * gave wrong greedy tokens for the Q6_K fixture on the H200 (see
+ * docs/cuda.md). Off by default until measured. The
  * result is exactly the product of the dequantized weights with the
  * 8-bit-quantized activations, up to f32 rounding: the same scheme as
  * llama.cpp and the CPU backend (whose activation blocks are Q8_0 / Q8_K;
@@ -270,25 +273,44 @@ struct qx {
     int K;
 };
 
+/* Activation loads. The activations are written by the kernel just
+ * before (k_quant_x). CG = false: ld.global.nc, the read-only path, which
+ * the PTX ISA allows only for data that stays unchanged for the whole life
+ * of the kernel -- true enough when the PDL wait is the kernel's first
+ * instruction. CG = true (early weight loads): ld.global.cg, an ordinary
+ * coherent load from L2, which griddepcontrol.wait orders after the
+ * producer's writes; the .nc load carries no such ordering, so ptxas may
+ * schedule it above a wait that sits in the loop body next to the weight
+ * loads, and then it reads the previous GEMV's activations (the early-load
+ * defect, see docs/cuda.md). */
+template <bool CG> __device__ __forceinline__ uint4 xl4(const uint8_t *p) {
+    if constexpr (CG) return __ldcg(reinterpret_cast<const uint4 *>(p));
+    else return __ldg(reinterpret_cast<const uint4 *>(p));
+}
+template <bool CG, typename V> __device__ __forceinline__ V xl(const V *p) {
+    if constexpr (CG) return __ldcg(p);
+    else return __ldg(p);
+}
+
 /* acc[n] += chunk c of block (row-local element offset xe) . x row n */
-template <int T, int N>
+template <int T, int N, bool CG>
 __device__ __forceinline__ void chunk_dot(const qraw &r, int c, int xe, const qx &x, float (&acc)[N]) {
     const int K = x.K;
     if constexpr (T == NS_DT_Q8_0) {
 #pragma unroll
         for (int n = 0; n < N; n++) {
             const uint8_t *xr = (const uint8_t *)(x.q + (size_t)n * K + xe);
-            const int s = dot16(r.w, ldg4(xr)) + dot16(r.w2, ldg4(xr + 16));
-            acc[n] += r.d * __ldg(x.d + (size_t)n * (K / 32) + xe / 32) * (float)s;
+            const int s = dot16(r.w, xl4<CG>(xr)) + dot16(r.w2, xl4<CG>(xr + 16));
+            acc[n] += r.d * xl<CG>(x.d + (size_t)n * (K / 32) + xe / 32) * (float)s;
         }
     } else if constexpr (T == NS_DT_Q4_0) {
         const uint4 ql = lo4(r.w), qh = hi4(r.w);
 #pragma unroll
         for (int n = 0; n < N; n++) {
             const uint8_t *xr = (const uint8_t *)(x.q + (size_t)n * K + xe);
-            const int s = dot16(ql, ldg4(xr)) + dot16(qh, ldg4(xr + 16));
+            const int s = dot16(ql, xl4<CG>(xr)) + dot16(qh, xl4<CG>(xr + 16));
             const float *s16 = x.s + (size_t)n * (K / 16) + xe / 16;
-            acc[n] += r.d * (__ldg(x.d + (size_t)n * (K / 32) + xe / 32) * (float)s - 8.f * (__ldg(s16) + __ldg(s16 + 1)));
+            acc[n] += r.d * (xl<CG>(x.d + (size_t)n * (K / 32) + xe / 32) * (float)s - 8.f * (xl<CG>(s16) + xl<CG>(s16 + 1)));
         }
     } else if constexpr (T == NS_DT_Q4_1 || T == NS_DT_Q5_0 || T == NS_DT_Q5_1) {
         uint4 ql, qh;
@@ -296,9 +318,9 @@ __device__ __forceinline__ void chunk_dot(const qraw &r, int c, int xe, const qx
 #pragma unroll
         for (int n = 0; n < N; n++) {
             const uint8_t *xr = (const uint8_t *)(x.q + (size_t)n * K + xe);
-            const int s = dot16(ql, ldg4(xr)) + dot16(qh, ldg4(xr + 16));
-            const float2 s16 = __ldg(reinterpret_cast<const float2 *>(x.s + (size_t)n * (K / 16) + xe / 16));
-            const float dxs = __ldg(x.d + (size_t)n * (K / 32) + xe / 32) * (float)s, sx = s16.x + s16.y;
+            const int s = dot16(ql, xl4<CG>(xr)) + dot16(qh, xl4<CG>(xr + 16));
+            const float2 s16 = xl<CG>(reinterpret_cast<const float2 *>(x.s + (size_t)n * (K / 16) + xe / 16));
+            const float dxs = xl<CG>(x.d + (size_t)n * (K / 32) + xe / 32) * (float)s, sx = s16.x + s16.y;
             if constexpr (T == NS_DT_Q5_0) acc[n] += r.d * (dxs - 16.f * sx);
             else acc[n] += r.d * dxs + r.mn * sx;
         }
@@ -320,10 +342,10 @@ __device__ __forceinline__ void chunk_dot(const qraw &r, int c, int xe, const qx
 #pragma unroll
         for (int n = 0; n < N; n++) {
             const uint8_t *xr = (const uint8_t *)(x.q + (size_t)n * K + e0);
-            const int s0 = dot16(q0a, ldg4(xr)) + dot16(q0b, ldg4(xr + 16));
-            const int s1 = dot16(q1a, ldg4(xr + 32)) + dot16(q1b, ldg4(xr + 48));
-            const float2 dx = __ldg(reinterpret_cast<const float2 *>(x.d + (size_t)n * (K / 32) + e0 / 32));
-            const float4 xs = __ldg(reinterpret_cast<const float4 *>(x.s + (size_t)n * (K / 16) + e0 / 16));
+            const int s0 = dot16(q0a, xl4<CG>(xr)) + dot16(q0b, xl4<CG>(xr + 16));
+            const int s1 = dot16(q1a, xl4<CG>(xr + 32)) + dot16(q1b, xl4<CG>(xr + 48));
+            const float2 dx = xl<CG>(reinterpret_cast<const float2 *>(x.d + (size_t)n * (K / 32) + e0 / 32));
+            const float4 xs = xl<CG>(reinterpret_cast<const float4 *>(x.s + (size_t)n * (K / 16) + e0 / 16));
             acc[n] += d * ((float)sc0 * dx.x * (float)s0 + (float)sc1 * dx.y * (float)s1) -
                       dmin * ((float)m0 * (xs.x + xs.y) + (float)m1 * (xs.z + xs.w));
         }
@@ -342,12 +364,12 @@ __device__ __forceinline__ void chunk_dot(const qraw &r, int c, int xe, const qx
 #pragma unroll
         for (int n = 0; n < N; n++) {
             const uint8_t *xr = (const uint8_t *)(x.q + (size_t)n * K);
-            const int s_la = dot16(qla, ldg4(xr + e0)), s_lb = dot16(qlb, ldg4(xr + e0 + 16));
-            const int s_ha = dot16(qha, ldg4(xr + e1)), s_hb = dot16(qhb, ldg4(xr + e1 + 16));
+            const int s_la = dot16(qla, xl4<CG>(xr + e0)), s_lb = dot16(qlb, xl4<CG>(xr + e0 + 16));
+            const int s_ha = dot16(qha, xl4<CG>(xr + e1)), s_hb = dot16(qhb, xl4<CG>(xr + e1 + 16));
             const float *xd = x.d + (size_t)n * (K / 32);
-            const float dx0 = __ldg(xd + e0 / 32), dx1 = __ldg(xd + e1 / 32);
-            const float2 s0 = __ldg(reinterpret_cast<const float2 *>(x.s + (size_t)n * (K / 16) + e0 / 16));
-            const float2 s1 = __ldg(reinterpret_cast<const float2 *>(x.s + (size_t)n * (K / 16) + e1 / 16));
+            const float dx0 = xl<CG>(xd + e0 / 32), dx1 = xl<CG>(xd + e1 / 32);
+            const float2 s0 = xl<CG>(reinterpret_cast<const float2 *>(x.s + (size_t)n * (K / 16) + e0 / 16));
+            const float2 s1 = xl<CG>(reinterpret_cast<const float2 *>(x.s + (size_t)n * (K / 16) + e1 / 16));
             acc[n] += r.d * (sa * (dx0 * (float)s_la - 32.f * s0.x) + sb * (dx0 * (float)s_lb - 32.f * s0.y) +
                              sc * (dx1 * (float)s_ha - 32.f * s1.x) + sd * (dx1 * (float)s_hb - 32.f * s1.y));
         }
@@ -357,10 +379,16 @@ __device__ __forceinline__ void chunk_dot(const qraw &r, int c, int xe, const qx
 /* Warp-wide dot products of two weight rows (v0, r0) and (v1, r1) with
  * the N activation rows (every lane gets the sums). Per lane, U units of
  * each row are loaded before any is used (2-4 KB in flight per warp), and
- * the two rows share the activation loads. */
-template <int T, int N>
+ * the two rows share the activation loads.
+ * EARLY (NS_CUDA_QGEMV_EARLY=1): the kernel has not waited for the
+ * previous one (the activations' quantization) yet; the first round of
+ * weight loads is issued, then every lane of the warp executes the PDL
+ * wait at the same point, converged (lanes with no block of their own
+ * included), and only then is any activation read, through coherent
+ * loads (xl4/xl). */
+template <int T, int N, bool EARLY>
 __device__ __forceinline__ void rows_dot2(const qview &v0, int64_t r0, const qview &v1, int64_t r1, const qx &x,
-                                          float (&a0)[N], float (&a1)[N], bool early) {
+                                          float (&a0)[N], float (&a1)[N]) {
     constexpr int QE = QT<T>::QE, CPB = QT<T>::CPB, U = QT<T>::U;
     /* lane l takes unit l % CPB of blocks l / CPB, + 32 / CPB, ...: its
      * unit inside a block never changes, and there is no division in the
@@ -371,7 +399,8 @@ __device__ __forceinline__ void rows_dot2(const qview &v0, int64_t r0, const qvi
     const size_t b0 = (size_t)r0 * nb, b1 = (size_t)r1 * nb;
 #pragma unroll
     for (int n = 0; n < N; n++) a0[n] = a1[n] = 0.f;
-    for (int bl = first; bl < nb; bl += BS * U) {
+    for (int bl = first, round = 0;; bl += BS * U, round++) {
+        if (!EARLY && bl >= nb) break;
         qraw p[U], q[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -381,19 +410,22 @@ __device__ __forceinline__ void rows_dot2(const qview &v0, int64_t r0, const qvi
                 chunk_load<T>(v1, b1 + b, c, q[u]);
             }
         }
-        /* early: the first weight loads were issued before the wait for
-         * the previous kernel (the activations' quantization) */
-        if (early && bl == first) PDL_WAIT();
+        if constexpr (EARLY) {
+            if (round == 0) {
+                __syncwarp();
+                PDL_WAIT();
+            }
+            if (bl >= nb) break;
+        }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int b = bl + BS * u;
             if (b < nb) {
-                chunk_dot<T, N>(p[u], c, b * QE, x, a0);
-                chunk_dot<T, N>(q[u], c, b * QE, x, a1);
+                chunk_dot<T, N, EARLY>(p[u], c, b * QE, x, a0);
+                chunk_dot<T, N, EARLY>(q[u], c, b * QE, x, a1);
             }
         }
     }
-    if (early && first >= nb) PDL_WAIT(); /* lanes that never entered the loop */
 #pragma unroll
     for (int n = 0; n < N; n++) {
         a0[n] = cu_warp_sum(a0[n]);
@@ -409,7 +441,7 @@ struct qsegs {
     float *o[3];
     bf16 *obf;
     int end[3]; /* cumulative row ends */
-    int early;  /* weights are loaded before the PDL wait (see cu_quant_gemv_multi) */
+    int early;  /* run the EARLY kernels: weights loaded before the PDL wait (see qgemv_early) */
 };
 
 /* Segment, row inside it and its row count for concatenated row r. */
@@ -425,10 +457,9 @@ __device__ __forceinline__ qview seg_of(const qsegs &sg, int64_t r, float *&o, i
 
 /* One warp per pair of weight rows: rows 2p and 2p+1 of the concatenated
  * segments, or (SwiGLU) row p of gate and of up. */
-template <int T, int N, bool SW>
+template <int T, int N, bool SW, bool EARLY>
 __global__ __launch_bounds__(128, N == 1 ? (int)QT<T>::MINB : N == 2 ? (int)QT<T>::MINB * 3 / 4 : N <= 4 ? 3 : 2) void k_qgemv(qsegs sg, qx x) {
-    const bool early = sg.early != 0;
-    if (early) PDL_TRIGGER();
+    if constexpr (EARLY) PDL_TRIGGER(); /* rows_dot2 waits */
     else PDL_ENTRY();
     const int64_t pair = (int64_t)blockIdx.x * 4 + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
@@ -436,7 +467,7 @@ __global__ __launch_bounds__(128, N == 1 ? (int)QT<T>::MINB : N == 2 ? (int)QT<T
     if constexpr (SW) {
         const int M = sg.end[0];
         if (pair >= M) return; /* whole warps leave together; no barrier follows */
-        rows_dot2<T, N>(make_view<T>(sg.w[0], sg.nbt[0]), pair, make_view<T>(sg.w[1], sg.nbt[1]), pair, x, a0, a1, early);
+        rows_dot2<T, N, EARLY>(make_view<T>(sg.w[0], sg.nbt[0]), pair, make_view<T>(sg.w[1], sg.nbt[1]), pair, x, a0, a1);
         if (lane == 0) {
 #pragma unroll
             for (int n = 0; n < N; n++) {
@@ -457,7 +488,7 @@ __global__ __launch_bounds__(128, N == 1 ? (int)QT<T>::MINB : N == 2 ? (int)QT<T
         int64_t la, lb;
         int Ma, Mb;
         const qview va = seg_of<T>(sg, ra, oa, la, Ma), vb = seg_of<T>(sg, rb, ob, lb, Mb);
-        rows_dot2<T, N>(va, la, vb, lb, x, a0, a1, early);
+        rows_dot2<T, N, EARLY>(va, la, vb, lb, x, a0, a1);
         if (lane == 0) {
 #pragma unroll
             for (int n = 0; n < N; n++) {
@@ -470,9 +501,9 @@ __global__ __launch_bounds__(128, N == 1 ? (int)QT<T>::MINB : N == 2 ? (int)QT<T
 
 typedef void (*qgemv_fn)(qsegs, qx);
 
-#define QG_ROW(T, SW)                                                                                            \
-    {k_qgemv<T, 1, SW>, k_qgemv<T, 2, SW>, k_qgemv<T, 3, SW>, k_qgemv<T, 4, SW>, k_qgemv<T, 5, SW>,           \
-     k_qgemv<T, 6, SW>, k_qgemv<T, 7, SW>, k_qgemv<T, 8, SW>}
+#define QG_ROW(T, SW, EA)                                                                                \
+    {k_qgemv<T, 1, SW, EA>, k_qgemv<T, 2, SW, EA>, k_qgemv<T, 3, SW, EA>, k_qgemv<T, 4, SW, EA>,       \
+     k_qgemv<T, 5, SW, EA>, k_qgemv<T, 6, SW, EA>, k_qgemv<T, 7, SW, EA>, k_qgemv<T, 8, SW, EA>}
 
 static int type_index(ns_dtype dt) {
     switch (dt) {
@@ -488,16 +519,17 @@ static int type_index(ns_dtype dt) {
     }
 }
 
-static qgemv_fn pick_gemv(ns_dtype dt, int n, bool sw) {
-    static const qgemv_fn plain[8][8] = {QG_ROW(NS_DT_Q8_0, false), QG_ROW(NS_DT_Q4_0, false), QG_ROW(NS_DT_Q4_K, false),
-                                         QG_ROW(NS_DT_Q5_K, false), QG_ROW(NS_DT_Q6_K, false), QG_ROW(NS_DT_Q4_1, false),
-                                         QG_ROW(NS_DT_Q5_0, false), QG_ROW(NS_DT_Q5_1, false)};
-    static const qgemv_fn swig[8][8] = {QG_ROW(NS_DT_Q8_0, true), QG_ROW(NS_DT_Q4_0, true), QG_ROW(NS_DT_Q4_K, true),
-                                        QG_ROW(NS_DT_Q5_K, true), QG_ROW(NS_DT_Q6_K, true), QG_ROW(NS_DT_Q4_1, true),
-                                        QG_ROW(NS_DT_Q5_0, true), QG_ROW(NS_DT_Q5_1, true)};
+#define QG_TYPES(SW, EA)                                                                                     \
+    {QG_ROW(NS_DT_Q8_0, SW, EA), QG_ROW(NS_DT_Q4_0, SW, EA), QG_ROW(NS_DT_Q4_K, SW, EA),                     \
+     QG_ROW(NS_DT_Q5_K, SW, EA), QG_ROW(NS_DT_Q6_K, SW, EA), QG_ROW(NS_DT_Q4_1, SW, EA),                     \
+     QG_ROW(NS_DT_Q5_0, SW, EA), QG_ROW(NS_DT_Q5_1, SW, EA)}
+
+static qgemv_fn pick_gemv(ns_dtype dt, int n, bool sw, bool early) {
+    static const qgemv_fn fns[2][2][8][8] = {{QG_TYPES(false, false), QG_TYPES(true, false)},
+                                             {QG_TYPES(false, true), QG_TYPES(true, true)}};
     const int ti = type_index(dt);
     if (ti < 0 || n < 1 || n > CU_QGEMV_MAX) return NULL;
-    return sw ? swig[ti][n - 1] : plain[ti][n - 1];
+    return fns[early][sw][ti][n - 1];
 }
 
 /* Quantizes rows [0, n) of x (n <= CU_QGEMV_MAX, k <= x_k) into the
@@ -519,9 +551,10 @@ static bool quantize_x(cu_impl *c, const float *x, int n, int k, qx *out) {
 }
 
 /* Weight loads before the PDL wait (NS_CUDA_QGEMV_EARLY=1; default off
- * since the 2026-12-01 H200 run: with it on, test_quant_cuda's Q6_K
- * greedy continuation differed from the CPU backend at a clear margin,
- * with it off it matched — cause not found yet):
+ * since the 2026-12-01 H200 run, where the first version, reading the
+ * activations through ld.global.nc, made test_quant_cuda's Q6_K greedy
+ * continuation leave the CPU backend's; the EARLY kernels now read them
+ * with coherent loads after one converged wait, see xl4 and docs/cuda.md):
  * only inside recorded decode tapes whose ops write no weight
  * (c->tape_early), where the kernel before the GEMV is the small
  * activation quantization, so the first weight bytes stream while it
@@ -561,7 +594,7 @@ void cu_quant_gemv_multi(cu_impl *c, int nseg, float *const *out, const ns_tenso
             }
             sg.end[s] = end;
         }
-        const qgemv_fn fn = pick_gemv(dt, nn, false);
+        const qgemv_fn fn = pick_gemv(dt, nn, false, sg.early != 0);
         if (!fn) {
             cu_check(c, cudaErrorInvalidValue, "quantized GEMV: unsupported type");
             return;
@@ -592,7 +625,7 @@ void cu_quant_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *
         sg.obf = out_bf ? out_bf + (size_t)n0 * m : NULL;
         sg.end[0] = (int)m;
         sg.end[1] = sg.end[2] = (int)(2 * m);
-        const qgemv_fn fn = pick_gemv((ns_dtype)wg->dtype, nn, true);
+        const qgemv_fn fn = pick_gemv((ns_dtype)wg->dtype, nn, true, sg.early != 0);
         if (!fn) {
             cu_check(c, cudaErrorInvalidValue, "quantized GEMV: unsupported type");
             return;
@@ -750,6 +783,161 @@ void cu_quant_matmul(cu_impl *c, float *out, const float *in, const bf16 *in_bf,
     if (c->err_status != NS_OK) return;
     cu_gemm(c, out, in_bf, in, q->deq, n, m, k);
 }
+
+/* -------------------------------------------------- MoE experts on blocks */
+
+/* cuda_moe.cu's quantized experts (the op and its scratch are there).
+ * tab holds the 3E expert base pointers (gate [0,E), up [E,2E), down
+ * [2E,3E)), each expert uploaded on its own in this file's A/B/C layout.
+ * Gate and up share one type (cu_moe_prepare checks it; the GGUF loader
+ * refuses other files at load); down may differ (Q4_K_M files keep some
+ * layers' down in Q6_K). The dot products are rows_dot2's and the
+ * dequantization deq16's: one implementation of each block format. */
+
+/* Row `row` of the quantized activation rows x, as a one-row qx. */
+__device__ __forceinline__ qx qx_row(const qx &x, int64_t row) {
+    qx r = x;
+    r.q += row * x.K;
+    r.d += row * (x.K / 32);
+    r.s += row * (x.K / 16);
+    return r;
+}
+
+/* Gathered GEMV gate/up with SwiGLU: warp w of block (bx, slot) computes
+ * row f = 4 bx + w of the slot's expert's gate and up (one row pair per
+ * warp, rows_dot2's shared activation loads): h[slot, f] = silu(g) u.
+ * x: one quantized row of H per token. Only the chosen experts' blocks
+ * are read. */
+template <int T>
+__global__ __launch_bounds__(128) void k_qmoe_gu(const uint8_t *const *__restrict__ tab,
+                                                  const int32_t *__restrict__ ids, int K, int E, int F, qx x,
+                                                  float *__restrict__ h) {
+    PDL_ENTRY();
+    const int f = blockIdx.x * 4 + threadIdx.x / 32, slot = blockIdx.y;
+    if (f >= F) return; /* whole warps leave together */
+    const int e = ids[slot];
+    const size_t nbt = (size_t)F * (size_t)(x.K / QT<T>::QE);
+    float g[1], u[1];
+    rows_dot2<T, 1, false>(make_view<T>(tab[e], nbt), f, make_view<T>(tab[E + e], nbt), f, qx_row(x, slot / K), g,
+                           u);
+    if ((threadIdx.x & 31) == 0) h[(size_t)slot * F + f] = g[0] / (1.0f + expf(-g[0])) * u[0];
+}
+
+/* Gathered GEMV, down: warp w of block (bx, slot) computes rows r and r+1
+ * (r = 2 (4 bx + w)) of the slot's expert's down projection on the slot's
+ * quantized h row (K = F): y[slot, r]. The combine (cuda_moe.cu) adds the
+ * token's experts in ascending order. */
+template <int T>
+__global__ __launch_bounds__(128) void k_qmoe_down(const uint8_t *const *__restrict__ tab,
+                                                    const int32_t *__restrict__ ids, int E, int H, qx hq,
+                                                    float *__restrict__ y) {
+    PDL_ENTRY();
+    const int r = 2 * (blockIdx.x * 4 + threadIdx.x / 32), slot = blockIdx.y;
+    if (r >= H) return;
+    const int r1 = r + 1 < H ? r + 1 : r;
+    const int e = ids[slot];
+    const qview v = make_view<T>(tab[2 * E + e], (size_t)H * (size_t)(hq.K / QT<T>::QE));
+    float a0[1], a1[1];
+    rows_dot2<T, 1, false>(v, r, v, r1, qx_row(hq, slot), a0, a1);
+    if ((threadIdx.x & 31) == 0) {
+        y[(size_t)slot * H + r] = a0[0];
+        if (r1 != r) y[(size_t)slot * H + r1] = a1[0];
+    }
+}
+
+/* Experts w0 .. w0+E-1 of the table (each rows x cols) to bf16 at
+ * out + e rows cols, groups of 16 values per thread; experts no token
+ * chose (counts[e] == 0, from the router on the device) are skipped. The
+ * first thread of every expert writes its bf16 pointer to bftab[w0 + e],
+ * so the grouped GEMM reads the copies through an ordinary table. */
+template <int T>
+__global__ void k_qmoe_deq(const uint8_t *const *__restrict__ tab, int w0, int E, int64_t rows, int64_t cols,
+                           const int32_t *__restrict__ counts, bf16 *__restrict__ out, const bf16 **bftab) {
+    PDL_ENTRY();
+    constexpr int GPB = QT<T>::QE / 16;
+    const int64_t gpe = rows * cols / 16; /* groups per expert */
+    const int64_t gi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (gi >= gpe * E) return;
+    const int e = (int)(gi / gpe);
+    const int64_t li = gi - (int64_t)e * gpe;
+    bf16 *dst = out + (size_t)e * (size_t)(rows * cols);
+    if (li == 0) bftab[w0 + e] = dst;
+    if (counts[e] == 0) return;
+    float yv[16];
+    deq16<T>(make_view<T>(tab[w0 + e], (size_t)rows * (size_t)(cols / QT<T>::QE)), (size_t)(li / GPB),
+             (int)(li % GPB), yv);
+    __align__(16) bf16 o[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) o[i] = __float2bfloat16_rn(yv[i]);
+    uint4 *d4 = reinterpret_cast<uint4 *>(dst + li * 16);
+    d4[0] = reinterpret_cast<const uint4 *>(o)[0];
+    d4[1] = reinterpret_cast<const uint4 *>(o)[1];
+}
+
+/* Calls LAUNCH(T) with T the compile-time type of dt; false when dt is
+ * not a quantized type this file takes. */
+#define QMOE_DISPATCH(dt, LAUNCH)                      \
+    switch (dt) {                                      \
+    case NS_DT_Q8_0: LAUNCH(NS_DT_Q8_0); break;        \
+    case NS_DT_Q4_0: LAUNCH(NS_DT_Q4_0); break;        \
+    case NS_DT_Q4_K: LAUNCH(NS_DT_Q4_K); break;        \
+    case NS_DT_Q5_K: LAUNCH(NS_DT_Q5_K); break;        \
+    case NS_DT_Q6_K: LAUNCH(NS_DT_Q6_K); break;        \
+    case NS_DT_Q4_1: LAUNCH(NS_DT_Q4_1); break;        \
+    case NS_DT_Q5_0: LAUNCH(NS_DT_Q5_0); break;        \
+    case NS_DT_Q5_1: LAUNCH(NS_DT_Q5_1); break;        \
+    default: ok = false; break;                        \
+    }
+
+bool cu_quant_moe_gemv(cu_impl *c, const cu_qmoe &m, const float *x, int Tc, const int32_t *ids, float *h, float *y) {
+    const int TK = Tc * m.K;
+    bool ok = true;
+    /* activations: Tc rows of H */
+    int64_t nblk = (int64_t)Tc * (m.H / 32);
+    cu_launch(c, k_quant_x, dim3((unsigned)((nblk + 7) / 8)), dim3(256), 0, x, m.xq, m.xd, m.xs, nblk);
+    if (CU_LAUNCHED(c, "moe quantize activations")) return false;
+    const qx xv = {m.xq, m.xd, m.xs, m.H};
+    const uint8_t *const *tab = (const uint8_t *const *)m.tab;
+#define QMOE_GU(TT)                                                                                            \
+    cu_launch(c, k_qmoe_gu<TT>, dim3((unsigned)((m.F + 3) / 4), (unsigned)TK), dim3(128), 0, tab, ids, m.K, m.E, \
+              m.F, xv, h)
+    QMOE_DISPATCH(m.dt[0], QMOE_GU)
+#undef QMOE_GU
+    if (!ok) return !cu_check(c, cudaErrorInvalidValue, "moe: unsupported gate/up expert type");
+    if (CU_LAUNCHED(c, "moe quantized gemv gate/up")) return false;
+    /* the SwiGLU output: TK rows of F */
+    nblk = (int64_t)TK * (m.F / 32);
+    cu_launch(c, k_quant_x, dim3((unsigned)((nblk + 7) / 8)), dim3(256), 0, (const float *)h, m.xq, m.xd, m.xs, nblk);
+    if (CU_LAUNCHED(c, "moe quantize h")) return false;
+    const qx hv = {m.xq, m.xd, m.xs, m.F};
+#define QMOE_DOWN(TT)                                                                                             \
+    cu_launch(c, k_qmoe_down<TT>, dim3((unsigned)((m.H + 7) / 8), (unsigned)TK), dim3(128), 0, tab, ids, m.E, m.H, \
+              hv, y)
+    QMOE_DISPATCH(m.dt[2], QMOE_DOWN)
+#undef QMOE_DOWN
+    if (!ok) return !cu_check(c, cudaErrorInvalidValue, "moe: unsupported down expert type");
+    return !CU_LAUNCHED(c, "moe quantized gemv down");
+}
+
+bool cu_quant_moe_dequant(cu_impl *c, const cu_qmoe &m, const int32_t *counts, bf16 *deq, const bf16 **bftab) {
+    const int64_t ff = (int64_t)m.F * m.H; /* values per expert matrix */
+    for (int s = 0; s < 3; s++) {
+        const int64_t rows = s == 2 ? m.H : m.F, cols = s == 2 ? m.F : m.H;
+        const int64_t groups = (int64_t)m.E * ff / 16;
+        const dim3 grid((unsigned)((groups + 255) / 256));
+        bf16 *out = deq + (size_t)s * (size_t)m.E * (size_t)ff;
+        const uint8_t *const *tab = (const uint8_t *const *)m.tab;
+        bool ok = true;
+#define QMOE_DEQ(TT) \
+    cu_launch(c, k_qmoe_deq<TT>, grid, dim3(256), 0, tab, s * m.E, m.E, rows, cols, counts, out, bftab)
+        QMOE_DISPATCH(m.dt[s], QMOE_DEQ)
+#undef QMOE_DEQ
+        if (!ok) return !cu_check(c, cudaErrorInvalidValue, "moe: unsupported expert type");
+        if (CU_LAUNCHED(c, "moe dequantize experts")) return false;
+    }
+    return true;
+}
+#undef QMOE_DISPATCH
 
 /* ------------------------------------------------------------- memory */
 
