@@ -293,12 +293,13 @@ static const char *reason(int status) {
 
 /* Writes e as a complete response (Connection: close) without blocking:
  * the socket's send buffer is empty, the reply small. Logged as the
- * server logs its errors. */
-static void send_error(int fd, ns_http_error *e, const char *path) {
+ * server logs its errors (quiet: at DEBUG, for a client that is most
+ * likely gone). */
+static void send_error(int fd, ns_http_error *e, const char *path, bool quiet) {
     size_t blen = 0;
     char *body = ns_http_error_json_shaped(e, ns_http_error_shape_of(path), &blen);
     int status = e->status;
-    if (status == 503 || status == 429) NS_DEBUG("http: %d %s", status, e->message);
+    if (quiet || status == 503 || status == 429) NS_DEBUG("http: %d %s", status, e->message);
     else NS_INFO("http: %d %s", status, e->message);
     ns_http_error_clear(e);
     if (!body) return;
@@ -318,8 +319,8 @@ static void send_error(int fd, ns_http_error *e, const char *path) {
 }
 
 /* Answers a connection the gate owns and lingers (mu held). */
-static void answer(ns_gate *g, ns_gate_conn *c, ns_http_error *e, const char *path) {
-    send_error(c->fd, e, path);
+static void answer(ns_gate *g, ns_gate_conn *c, ns_http_error *e, const char *path, bool quiet) {
+    send_error(c->fd, e, path, quiet);
     shutdown(c->fd, SHUT_WR);
     c->state = GC_LINGER;
     c->deadline_ms = now_ms() + LINGER_MS;
@@ -366,7 +367,7 @@ static bool same_peer(const struct sockaddr_storage *a, const struct sockaddr_st
 static void refuse(ns_gate *g, int fd, int status, const char *msg) {
     ns_http_error e = {0};
     ns_http_error_set(&e, status, NULL, "too_many_connections", "%s", msg);
-    send_error(fd, &e, NULL);
+    send_error(fd, &e, NULL, false);
     shutdown(fd, SHUT_WR);
     close(fd);
     atomic_fetch_add(&g->n_refused, 1);
@@ -478,11 +479,11 @@ static void screen(ns_gate *g, ns_gate_conn *c, bool eof, bool from_tick) {
     char path[256];
     size_t head_len = 0;
     ns_head_verdict v = ns_http_head_check(g->buf, (size_t)r, g->o.max_body, &head_len, &e, path, sizeof path);
-    if (v == NS_HEAD_MORE && eof)
-        v = bad(&e, 400, "bad_request", "the client ended its request before the end of the request head");
+    bool cut = v == NS_HEAD_MORE && eof;
+    if (cut) v = bad(&e, 400, "bad_request", "the client ended its request before the end of the request head");
     if (v == NS_HEAD_BAD) {
         atomic_fetch_add(&g->n_rejected, 1);
-        answer(g, c, &e, path);
+        answer(g, c, &e, path, cut);
         pthread_mutex_unlock(&g->mu);
         return;
     }
