@@ -871,26 +871,31 @@ TEST(test_attention_prefill_boundaries) {
     attention_batch(&g1, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA1 (mma.sync)", NULL);
 }
 
-/* The other Hopper prefill variants (cuda.h) on the same boundary batch,
- * the TMA producer also with pages of 8 and 32 tokens and on a 40000-token
- * prefix. Run after the other tests: a variant that traps takes the CUDA context
+/* The other Hopper prefill variants (cuda.h) on the same boundary batch
+ * (GQA 4: one 2-CTA cluster per tile and KV head in variant 10; GQA 8:
+ * two), the TMA producers also with pages of 8 and 32 tokens and on a
+ * 40000-token prefix. Run after the other tests: a variant that traps takes the CUDA context
  * with it. */
 TEST(test_attention_prefill_variants) {
     const seq_spec mixed[] = {{15, 15}, {32, 16}, {4112, 17}, {4097, 4097}, {4112, 4095}, {4096, 1}, {1, 1}, {18, 17}};
     const attn_cfg g4 = {128, 2, 8, 16}, g8 = {128, 1, 8, 16};
     const gpu_switch k = {ns_cuda_set_attn_sm90,
-                          9,
-                          {1, 2, 3, 4, 5, 6, 7, 8, 9},
+                          10,
+                          {1, 2, 3, 4, 5, 6, 7, 8, 9, 10},
                           {"(hopper)", "(hopper, pipelined)", "(hopper, pipelined, ping-pong)", "(hopper, warp producers)",
                            "(hopper, pipelined, warp producers)", "(hopper, pipelined, ping-pong, warp producers)",
-                           "(hopper, offset groups)", "(hopper, TMA)", "(hopper, pipelined, ping-pong, TMA)"}};
+                           "(hopper, offset groups)", "(hopper, TMA)", "(hopper, pipelined, ping-pong, TMA)",
+                           "(hopper, TMA multicast in 2-CTA clusters)"}};
     attention_batch(&g4, mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-2, 3e-2, "prefill variants GQA4", &k);
     const seq_spec small[] = {{15, 15}, {33, 17}, {130, 64}, {300, 300}, {257, 1}};
     attention_batch(&g8, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill variants GQA8", &k);
     /* the TMA producer's boxes are one page: pages of 8 (64 boxes per
      * tile, more than a warp's lanes) and 32 tokens; chunks ending inside
      * a page, on a page edge and on a 128-key tile edge */
-    const gpu_switch tma = {ns_cuda_set_attn_sm90, 3, {1, 8, 9}, {"(hopper)", "(hopper, TMA)", "(hopper, pipelined, ping-pong, TMA)"}};
+    const gpu_switch tma = {ns_cuda_set_attn_sm90,
+                            4,
+                            {1, 8, 9, 10},
+                            {"(hopper)", "(hopper, TMA)", "(hopper, pipelined, ping-pong, TMA)", "(hopper, TMA multicast)"}};
     const attn_cfg p8 = {128, 2, 8, 8}, p32 = {128, 2, 8, 32};
     const seq_spec pages[] = {{15, 15}, {256, 100}, {1000, 1000}, {1313, 77}, {520, 7}, {129, 1}};
     attention_batch(&p8, pages, (int)(sizeof pages / sizeof pages[0]), 1e-2, 3e-2, "prefill TMA pages of 8", &tma);

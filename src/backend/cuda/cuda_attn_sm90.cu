@@ -161,6 +161,49 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[64]) {
     asm volatile("" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) :: "memory");
 }
 
+/* Cluster variant (10): the two CTAs of a cluster are the two head pairs
+ * of one KV head on the same query tile, so they read the same K/V tiles;
+ * each fetches one 64-dim half of every page with a multicast TMA that
+ * lands in both CTAs' shared memory (halving L2-to-SM traffic) and
+ * signals both CTAs' "full" barriers. A stage is then free only when the
+ * consumers of both CTAs are done with it: lane 0 of every consumer warp
+ * arrives on the "empty" barrier of both CTAs (16 arrivals). */
+__device__ __forceinline__ uint32_t s9_cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void s9_mbar_arrive_cta(uint32_t bar, uint32_t cta) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(bar), "r"(cta));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(r) : "memory");
+}
+__device__ __forceinline__ void s9_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void s9_tma_2d_mc(uint32_t dst, const CUtensorMap *m, int x, int y, uint32_t bar,
+                                             uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
+                 "{%2, %3}], [%4], %5;\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(m)), "r"(x), "r"(y), "r"(bar), "h"(mask)
+                 : "memory");
+}
+/* A consumer's release of a stage once its wgmma reads are complete: every
+ * thread arrives (count 256), or with CL lane 0 of each warp arrives on
+ * both CTAs' barriers (count 16). */
+template <bool CL>
+__device__ __forceinline__ void s9_release(uint32_t bar) {
+    if constexpr (!CL) {
+        s9_mbar_arrive(bar);
+    } else {
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) {
+            s9_mbar_arrive_cta(bar, 0);
+            s9_mbar_arrive_cta(bar, 1);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- kernel */
 
 /* One 16-byte chunk (c of 16) of key `key`'s K and V rows into row r of
@@ -265,10 +308,12 @@ __device__ __forceinline__ void s9_producer_warps(const cu_sm90_params &p, uint8
  * past n_keys (pool slots past a sequence's end hold stale bytes or the
  * NaN poison, and a zero probability times NaN is NaN). Selected only when
  * P divides 128 and is a multiple of 8 (cu_attn_prefill_sm90). */
+template <bool MC>
 __device__ __forceinline__ void s9_producer_tma(const cu_sm90_params &p, const CUtensorMap *tm, uint8_t *smem,
                                                 uint32_t bar_full, uint32_t bar_empty, int s, int kvh, int n_keys,
                                                 int nt) {
     const int tid = threadIdx.x, lane = tid & 31;
+    const int rank = MC ? (int)s9_cluster_rank() : 0; /* MC: this CTA fetches half `rank` of every page */
     const int c = tid & 15, rb = tid >> 4;
     const uint32_t kbase = s9_smem_addr(smem + 2 * S9_Q_BYTES), vbase = kbase + S9_STAGES * S9_KV_BYTES;
     const int32_t *pt = p.page_table + (size_t)s * p.pt_stride;
@@ -284,11 +329,13 @@ __device__ __forceinline__ void s9_producer_tma(const cu_sm90_params &p, const C
             if (tid < 32) {
                 if (lane == 0) s9_mbar_expect(bf, 2 * S9_KV_BYTES);
                 __syncwarp();
-                for (int op = lane; op < 4 * ppt; op += 32) {
+                for (int op = MC ? 2 * lane + rank : lane; op < 4 * ppt; op += MC ? 64 : 32) {
                     const int is_v = op >= 2 * ppt, i = (op % (2 * ppt)) >> 1, half = op & 1;
                     const long long page = pt[kt * ppt + i];
                     const int y = (int)(page * page_rows + (is_v ? row_v : row_k));
-                    s9_tma_2d((is_v ? vd : kd) + half * (S9_BN * 128) + i * p.P * 128, tm, half * 64, y, bf);
+                    const uint32_t dst = (is_v ? vd : kd) + half * (S9_BN * 128) + i * p.P * 128;
+                    if constexpr (MC) s9_tma_2d_mc(dst, tm, half * 64, y, bf, (uint16_t)3);
+                    else s9_tma_2d(dst, tm, half * 64, y, bf);
                 }
                 if (lane != 0) s9_mbar_arrive(bf);
             } else {
@@ -433,7 +480,7 @@ __device__ __forceinline__ void s9_scale_o(float (&o)[64], float a0, float a1) {
  * so one group's softmax runs while the other's products use the tensor
  * cores. Each group passes the turn after each of its nt + 1 issue points
  * except group 1's last, so every barrier phase completes before exit. */
-template <bool PIPE, bool PINGPONG, bool OFFSET>
+template <bool PIPE, bool PINGPONG, bool OFFSET, bool CL>
 __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *smem, uint32_t bar_full,
                                             uint32_t bar_empty, int w, int h, int t0, int q0, int rows, int pos0,
                                             int nt) {
@@ -500,7 +547,7 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
             wgmma_fence_regs(o);
             s9_issue_pv(o, pa, vbase + st * S9_KV_BYTES);
             wgmma_wait0(o);
-            s9_mbar_arrive(bar_empty + 8 * st);
+            s9_release<CL>(bar_empty + 8 * st);
         }
     } else {
         /* turn-taking: wait for my turn, issue, hand the turn over */
@@ -537,7 +584,7 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
             wgmma_wait1(sc); /* S of tile kt done; PV of tile kt - 1 may still run */
             s9_softmax(sc, pout, r, kt, p.scale_log2, a0, a1);
             wgmma_wait0(o);
-            s9_mbar_arrive(bar_empty + 8 * sp);
+            s9_release<CL>(bar_empty + 8 * sp);
             s9_scale_o(o, a0, a1);
         };
         /* the last tile's PV */
@@ -548,7 +595,7 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
             s9_issue_pv(o, pin, vbase + sl * S9_KV_BYTES);
             pass_turn(true);
             wgmma_wait0(o);
-            s9_mbar_arrive(bar_empty + 8 * sl);
+            s9_release<CL>(bar_empty + 8 * sl);
         };
         for (int kt = 1;; kt += 2) {
             if (kt >= nt) {
@@ -598,7 +645,7 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
  * order (all KV heads at once) keeps 8x that working set, more than L2
  * at long contexts. Within a KV head the longest tiles (first in the
  * list) start first. */
-template <bool PIPE, bool PINGPONG, bool WARP_PRODUCER, bool OFFSET = false, bool TMA = false>
+template <bool PIPE, bool PINGPONG, bool WARP_PRODUCER, bool OFFSET = false, bool TMA = false, bool CL = false>
 __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(const __grid_constant__ cu_sm90_params p,
                                                               const __grid_constant__ CUtensorMap tmap) {
 #if S9_ENABLED
@@ -620,20 +667,27 @@ __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(const __grid_const
     if (threadIdx.x == 0) {
         for (int i = 0; i < S9_STAGES; i++) {
             s9_mbar_init(bar_full + 8 * i, WARP_PRODUCER ? 32 : 128); /* the lanes that copied the tile */
-            s9_mbar_init(bar_empty + 8 * i, 256); /* every consumer thread */
+            s9_mbar_init(bar_empty + 8 * i, CL ? 16 : 256); /* every consumer thread (CL: warp of either CTA) */
         }
+        if constexpr (CL) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    /* CL: the peer's barriers are initialised before any multicast or
+     * remote arrival reaches them */
+    if constexpr (CL) s9_cluster_sync();
+    else __syncthreads();
     const int wg = threadIdx.x >> 7;
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
-        if constexpr (TMA) s9_producer_tma(p, &tmap, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
+        if constexpr (TMA) s9_producer_tma<CL>(p, &tmap, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
         else if constexpr (WARP_PRODUCER) s9_producer_warps(p, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
         else s9_producer(p, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
-        s9_consumer<PIPE, PINGPONG, OFFSET>(p, smem, bar_full, bar_empty, wg - 1, h0 + wg - 1, t0, q0, rows, pos0, nt);
+        s9_consumer<PIPE, PINGPONG, OFFSET, CL>(p, smem, bar_full, bar_empty, wg - 1, h0 + wg - 1, t0, q0, rows, pos0,
+                                                nt);
     }
+    /* CL: no CTA leaves while its peer may still arrive on its barriers */
+    if constexpr (CL) s9_cluster_sync();
 #else
     (void)p;
     (void)tmap;
@@ -665,7 +719,8 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
                                       s9_set_smem(c, k_attn_prefill_sm90<true, true, true>) &&
                                       s9_set_smem(c, k_attn_prefill_sm90<false, false, false, true>) &&
                                       s9_set_smem(c, k_attn_prefill_sm90<false, false, false, false, true>) &&
-                                      s9_set_smem(c, k_attn_prefill_sm90<true, true, false, false, true>)))
+                                      s9_set_smem(c, k_attn_prefill_sm90<true, true, false, false, true>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<false, false, false, false, true, true>)))
             c->attn_sm90_cc = 2;
     }
     return c->attn_sm90_cc == 1;
@@ -714,6 +769,26 @@ static bool s9_tensor_map(cu_impl *c, const cu_sm90_params *p, CUtensorMap *out)
     return c->attn_tmap_ok != 0;
 }
 
+/* Launch with clusters of 2 CTAs along x (the head pairs of a KV head). */
+static void s9_launch_cluster(cu_impl *c, void (*k)(cu_sm90_params, CUtensorMap), dim3 grid, dim3 block, size_t smem,
+                              const cu_sm90_params &p, const CUtensorMap &tm) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = c->pdl ? 2 : 1;
+    cu_check(c, cudaLaunchKernelEx(&cfg, k, p, tm), "kernel launch (cluster)");
+}
+
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
     const dim3 grid((unsigned)(p->G / 2), (unsigned)n_tiles, (unsigned)(p->H / p->G)), block(384);
     /* default: unpipelined (measured fastest, docs/cuda.md v13) */
@@ -722,11 +797,13 @@ bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
     memset(&tm, 0, sizeof tm);
     int v = c->attn_sm90 - 1;
     /* the TMA variants fall back to their cp.async twins where no map fits */
-    if ((v == 8 || v == 9) && !s9_tensor_map(c, p, &tm)) v = v == 8 ? 1 : 3;
+    if (v == 10 && (p->G / 2) % 2 != 0) v = 8; /* clusters pair head pairs: needs G % 4 == 0 */
+    if ((v == 8 || v == 9 || v == 10) && !s9_tensor_map(c, p, &tm)) v = v == 9 ? 3 : 1;
     /* variants (cuda.h): 1 in order per tile (default: measured fastest
      * in run 1), 2 pipelined, 3 pipelined + ping-pong; 4-6 the same with
      * one producer warp per stage; 7 = 1 with the consumer groups half a
-     * tile apart; 8, 9 = 1, 3 with the TMA producer */
+     * tile apart; 8, 9 = 1, 3 with the TMA producer; 10 = 8 with the two
+     * head pairs of a KV head as a 2-CTA cluster sharing K/V by multicast */
     switch (v) {
     case 2: cu_launch(c, k_attn_prefill_sm90<true, false, false>, grid, block, sm, *p, tm); break;
     case 3: cu_launch(c, k_attn_prefill_sm90<true, true, false>, grid, block, sm, *p, tm); break;
@@ -736,6 +813,7 @@ bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
     case 7: cu_launch(c, k_attn_prefill_sm90<false, false, false, true>, grid, block, sm, *p, tm); break;
     case 8: cu_launch(c, k_attn_prefill_sm90<false, false, false, false, true>, grid, block, sm, *p, tm); break;
     case 9: cu_launch(c, k_attn_prefill_sm90<true, true, false, false, true>, grid, block, sm, *p, tm); break;
+    case 10: s9_launch_cluster(c, k_attn_prefill_sm90<false, false, false, false, true, true>, grid, block, sm, *p, tm); break;
     default: cu_launch(c, k_attn_prefill_sm90<false, false, false>, grid, block, sm, *p, tm); break;
     }
     return !CU_LAUNCHED(c, "attention prefill sm90");
