@@ -371,11 +371,11 @@ typedef struct cu_sm90_params {
     size_t page_bytes;
     size_t k_off, v_off; /* bytes from a page's start to (layer, K|V, head 0, slot 0) */
     size_t head_bytes;   /* P * D * 2 */
+    size_t kv_bytes;     /* bytes addressable from kv (the pool): bounds of the TMA variants' tensor map */
     const int32_t *seq_start, *seq_len, *page_table, *tiles;
     int pt_stride, P, P_shift, H, G, q_stride;
     float scale_log2;
 } cu_sm90_params;
-    size_t kv_bytes;     /* bytes addressable from kv (the pool): bounds of the TMA variants' tensor map */
 /* Whether the Hopper kernel runs here for this shape (and the switch is
  * on); the first call checks the device and sets the kernel's smem limit. */
 bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G);
