@@ -60,6 +60,13 @@ static int next_line(const char *p, size_t n, size_t *i, size_t *start, size_t *
 static ns_head_verdict check_request_line(const char *s, size_t len, ns_http_error *e, char *path, size_t path_cap,
                                           bool *http10) {
     static const char k_shape[] = "malformed request line: expected 'METHOD /path HTTP/1.1'";
+    if (len > NS_HTTP_MAX_URI_BYTES + 64) {
+        /* as when it is still arriving: more bytes never turn a refusal
+         * into an acceptance */
+        ns_http_error_set(e, 414, NULL, "uri_too_long", "the request URI is longer than %d bytes",
+                          NS_HTTP_MAX_URI_BYTES);
+        return NS_HEAD_BAD;
+    }
     size_t k = 0;
     while (k < len && is_tchar((unsigned char)s[k])) k++;
     if (k == 0 || k == len || s[k] != ' ') return bad(e, 400, "bad_request", k_shape);

@@ -115,6 +115,14 @@ TEST(limits) {
     CHECK(check(p, NS_HTTP_MAX_URI_BYTES + 100, &len, &e, path) == NS_HEAD_BAD && e.status == 414);
     ns_http_error_clear(&e);
     free(p);
+    /* a request line too long by its method: refused complete as it was
+     * while arriving (more bytes never turn a refusal into an acceptance) */
+    p = repeat("", 'A', NS_HTTP_MAX_URI_BYTES + 100, " / HTTP/1.1\r\n\r\n");
+    CHECK(check(p, strlen(p), &len, &e, path) == NS_HEAD_BAD && e.status == 414);
+    ns_http_error_clear(&e);
+    CHECK(check(p, NS_HTTP_MAX_URI_BYTES + 90, &len, &e, path) == NS_HEAD_BAD && e.status == 414);
+    ns_http_error_clear(&e);
+    free(p);
     /* just under: fine, and the path is cut to its buffer */
     p = repeat("GET /", 'a', NS_HTTP_MAX_URI_BYTES - 1, " HTTP/1.1\r\n\r\n");
     CHECK(check(p, strlen(p), &len, &e, path) == NS_HEAD_OK && strlen(path) == 63);
