@@ -245,7 +245,7 @@ struct ns_gate {
     bool listen_paused;
     int64_t listen_resume_ms;
     double last_evict_warn, last_emfile_warn;
-    atomic_uint_fast64_t n_reaped, n_evicted, n_refused, n_rejected;
+    atomic_uint_fast64_t n_reaped, n_evicted, n_refused, n_rejected, n_4xx, n_5xx;
     char buf[NS_HTTP_MAX_HEAD_BYTES + 2];
 };
 
@@ -302,10 +302,11 @@ static const char *reason(int status) {
  * the socket's send buffer is empty, the reply small. Logged as the
  * server logs its errors (quiet: at DEBUG, for a client that is most
  * likely gone). */
-static void send_error(int fd, ns_http_error *e, const char *path, bool quiet) {
+static void send_error(ns_gate *g, int fd, ns_http_error *e, const char *path, bool quiet) {
     size_t blen = 0;
     char *body = ns_http_error_json_shaped(e, ns_http_error_shape_of(path), &blen);
     int status = e->status;
+    atomic_fetch_add(status >= 500 ? &g->n_5xx : &g->n_4xx, 1);
     if (quiet || status == 503 || status == 429) NS_DEBUG("http: %d %s", status, e->message);
     else NS_INFO("http: %d %s", status, e->message);
     ns_http_error_clear(e);
@@ -327,7 +328,7 @@ static void send_error(int fd, ns_http_error *e, const char *path, bool quiet) {
 
 /* Answers a connection the gate owns and lingers (mu held). */
 static void answer(ns_gate *g, ns_gate_conn *c, ns_http_error *e, const char *path, bool quiet) {
-    send_error(c->fd, e, path, quiet);
+    send_error(g, c->fd, e, path, quiet);
     shutdown(c->fd, SHUT_WR);
     c->state = GC_LINGER;
     c->deadline_ms = now_ms() + LINGER_MS;
@@ -374,7 +375,7 @@ static bool same_peer(const struct sockaddr_storage *a, const struct sockaddr_st
 static void refuse(ns_gate *g, int fd, int status, const char *msg) {
     ns_http_error e = {0};
     ns_http_error_set(&e, status, NULL, "too_many_connections", "%s", msg);
-    send_error(fd, &e, NULL, false);
+    send_error(g, fd, &e, NULL, false);
     shutdown(fd, SHUT_WR);
     close(fd);
     atomic_fetch_add(&g->n_refused, 1);
@@ -715,4 +716,6 @@ void ns_gate_get_counters(ns_gate *g, ns_gate_counters *out) {
     out->evicted = atomic_load(&g->n_evicted);
     out->refused = atomic_load(&g->n_refused);
     out->rejected = atomic_load(&g->n_rejected);
+    out->responses_4xx = atomic_load(&g->n_4xx);
+    out->responses_5xx = atomic_load(&g->n_5xx);
 }

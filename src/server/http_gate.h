@@ -97,6 +97,7 @@ typedef struct ns_gate_counters {
     uint64_t evicted;   /* closed to make room near max_conns */
     uint64_t refused;   /* refused at accept (max_conns or max_per_peer) */
     uint64_t rejected;  /* heads answered by the gate with an error */
+    uint64_t responses_4xx, responses_5xx; /* every answer the gate gave, refusals at accept included */
 } ns_gate_counters;
 
 /* On failure the listen socket is closed. */

@@ -1225,8 +1225,9 @@ void ns_server_get_counters(const ns_server *s, ns_server_counters *c) {
     c->disconnects = atomic_load(&m->n_gone);
     ns_gate_counters g;
     ns_gate_get_counters(m->gate, &g);
-    c->requests += g.rejected;
-    c->responses_4xx += g.rejected; /* heads the gate refused (400, 413, 414, 431, 501, 505 counted as 4xx) */
+    c->requests += g.rejected; /* heads the gate refused never reach libmicrohttpd */
+    c->responses_4xx += g.responses_4xx;
+    c->responses_5xx += g.responses_5xx;
     c->connections_open = g.open;
     c->request_timeouts = g.reaped;
     c->evictions = g.evicted;

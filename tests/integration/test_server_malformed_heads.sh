@@ -131,6 +131,11 @@ check fold      "200 $J json"
 check http10    "200 $J json"
 check chunked   "200 $J json"
 grep -q '<html' "$LOG" && fail "HTML in the log"
+# the refusals are counted by status class in /metrics
+m=$(curl -s "$BASE/metrics")
+n4=$(sed -n 's/^nightshift_http_responses_total{class="4xx"} \([0-9]*\)$/\1/p' <<<"$m")
+n5=$(sed -n 's/^nightshift_http_responses_total{class="5xx"} \([0-9]*\)$/\1/p' <<<"$m")
+[ "${n4:-0}" -ge 18 ] && [ "${n5:-0}" -ge 3 ] || fail "refusals not counted in /metrics: 4xx=$n4 5xx=$n5"
 # every refusal was logged once, escaped, on one line
 [ "$(grep -c 'http: 400 malformed' "$LOG")" -ge 5 ] || fail "refusals not logged"
 health_ok
