@@ -403,8 +403,9 @@ typedef struct {
 
 /* Every (gate/up, down) type pair at hidden 256, expert width 512, 8
  * experts, top 2: the gathered GEMVs (1, 4 tokens; decode steps captured
- * and replayed) and the dequantize-then-grouped-GEMM path (7 and 64
- * tokens, 16-row tiles; 300, 64-row tiles). */
+ * and replayed), the grouped GEMVs on the blocks (7 and 64 tokens: up to
+ * 16 slots per expert) and the dequantize-then-grouped-GEMM path (300
+ * tokens, 64-row tiles). */
 static void qmoe_cases(const qpair *ts, int n, const char *label) {
     static const moe_case cs[] = {{1, 8, 2, true}, {4, 8, 2, false}, {7, 8, 2, true}, {64, 8, 2, true},
                                   {300, 8, 2, true}};
@@ -456,15 +457,18 @@ TEST(test_moe_quant_qwen3_30b_layer) {
 }
 
 TEST(test_moe_quant_alternative_paths) {
-    /* the quantized experts' bf16 copies through the grouped GEMVs
-     * (NS_CUDA_MOE_GGEMV=1) and the unfused decode routing */
+    /* batched decode through the experts' bf16 copies (NS_CUDA_MOE_QGGEMV=0)
+     * and the bf16 grouped GEMVs (NS_CUDA_MOE_GGEMV=1), and the unfused
+     * decode routing */
     setenv("NS_CUDA_MOE_FUSE", "0", 1);
     setenv("NS_CUDA_MOE_GGEMV", "1", 1);
+    setenv("NS_CUDA_MOE_QGGEMV", "0", 1);
     ns_backend *g2 = NULL, *keep = gpu;
     ns_error err = {0};
     ns_status rc = ns_backend_cuda_create(0, &g2, &err);
     unsetenv("NS_CUDA_MOE_FUSE");
     unsetenv("NS_CUDA_MOE_GGEMV");
+    unsetenv("NS_CUDA_MOE_QGGEMV");
     CHECKF(rc == NS_OK, "second cuda backend: %s", err.msg);
     if (rc != NS_OK) return;
     gpu = g2;

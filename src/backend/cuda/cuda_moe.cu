@@ -38,13 +38,19 @@
  * decode (2a) quantizes the token rows to 8 bits and runs gathered GEMVs
  * on the chosen experts' blocks (gate/up + SwiGLU, then the SwiGLU output
  * quantized, then down into y and the combine of step 3), so only the
- * active experts' quantized bytes are read; more tokens (2b) dequantize
- * the experts the router chose (counts > 0, known on the device) into a
- * bf16 scratch with a table of the copies, and the bf16 kernels run
- * unchanged on it. That costs a write and a read of 2 bytes per weight of
- * every chosen expert per layer and chunk -- chosen for today because it
- * reuses the tested grouped GEMM exactly; a GEMM that dequantizes tiles
- * while loading them would save that pass.
+ * active experts' quantized bytes are read. Batched decode (2b with the
+ * 16-row tile shape, a few slots per expert) runs grouped GEMVs on the
+ * blocks: the slots' rows quantized in sorted order, each chosen expert's
+ * rows streamed once for its segment, four slots per pass
+ * (NS_CUDA_MOE_QGGEMV=0: the next path instead). More tokens (prefill)
+ * dequantize the experts the router chose (counts > 0, known on the
+ * device) into a bf16 scratch with a table of the copies, and the bf16
+ * grouped GEMM runs unchanged on it. That costs a write and a read of 2
+ * bytes per weight of every chosen expert per layer and 4096-token chunk
+ * (Qwen3-30B-A3B: ~2.7 GB of traffic, ~0.7 ms per layer and chunk,
+ * against ~3.6 ms for the whole bf16 layer at prefill 8k) -- chosen for
+ * today because it reuses the tested tensor-core GEMM exactly; a GEMM
+ * that dequantizes tiles while loading them would save that pass.
  *
  * Device tables of expert weight pointers are built once per distinct
  * set of weights (keyed by the experts array, checked pointer by
@@ -124,7 +130,10 @@ static moe_ws ws_layout(uint8_t *base, int64_t Tc, int K, int E, int64_t H, int6
     w.h = base ? base + o : NULL;
     o += al256(TK * (size_t)F * sizeof(float));
     TAKE(y, float, TK * (size_t)H);
-    const size_t nq = quant ? ((size_t)Tc * H > TK * F ? (size_t)Tc * H : TK * F) : 0;
+    /* the quantized activations: TK rows (grouped GEMVs: gathered, sorted)
+     * of max(H, F), plus 4 spare rows the grouped GEMVs may read past the
+     * last segment (TK >= Tc: the gathered path's Tc rows fit too) */
+    const size_t nq = quant ? (TK + 4) * (size_t)(H > F ? H : F) : 0;
     TAKE(xq, int8_t, nq);
     TAKE(xd, float, nq / 32);
     TAKE(xs, float, nq / 16);
@@ -910,6 +919,11 @@ int32_t cu_moe_prepare(cu_impl *c, const ns_tensor *out, const ns_tensor *in, co
          * 40.3 vs 31.6 ms/step; kept for A/B, tested) */
         v = getenv("NS_CUDA_MOE_GGEMV");
         c->moe_ggemv = v && *v == '1' ? CU_SW_ON : CU_SW_OFF;
+        /* NS_CUDA_MOE_QGGEMV=0: quantized experts at a few rows per expert
+         * through bf16 copies and 16-row tiles instead of grouped GEMVs on
+         * the blocks (A/B; the GEMVs read ~1/4 of the bytes) */
+        v = getenv("NS_CUDA_MOE_QGGEMV");
+        c->moe_qggemv = v && *v == '0' ? CU_SW_OFF : CU_SW_ON;
         /* once per backend, outside any capture: the GEMMs' shared
          * memory (the 128-row shapes take 60 KB, above the default 48) */
         gemm_attr<1, 4, 1, 1, 2>(c);
@@ -986,6 +1000,15 @@ static void moe_chunk(cu_impl *c, const cu_moe_table &mt, const bf16 *router, fl
     cu_launch(c, k_moe_scatter, dim3((unsigned)((TK + 255) / 256)), dim3(256), 0, (const int32_t *)w.ids, w.cursor,
               w.rows, w.pos, TK);
     if (CU_LAUNCHED(c, "moe scatter")) return;
+    if (mt.quant && shape == MG_SMALL && c->moe_qggemv == CU_SW_ON) {
+        /* a few slots per expert: grouped GEMVs on the chosen experts'
+         * blocks, each read once, then the combine through pos */
+        if (!cu_quant_moe_grouped(c, q, x, TK, w.rows, w.offs, (float *)w.h, w.y)) return;
+        cu_launch(c, k_moe_combine, dim3((unsigned)Tc), dim3(256), 0, out + (size_t)r0 * H, (const float *)w.y,
+                  (const int32_t *)w.ids, (const float *)w.wts, (const int32_t *)w.pos, K, H);
+        CU_LAUNCHED(c, "moe combine");
+        return;
+    }
     if (mt.quant) {
         /* the chosen experts to bf16 (the router's counts say which), then
          * the bf16 kernels below through the table of the copies */

@@ -147,15 +147,19 @@ __device__ __forceinline__ void scale_min(int j, const uint4 &m, int &sc, int &m
 /* --------------------------------------------- activation quantization */
 
 /* One warp per block of 32 values: dx = amax / 127, q = rint(x / dx);
- * s16 = dx * sum of each half's quants. A non-finite value gives dx = NaN
+ * s16 = dx * sum of each half's quants. gather != NULL: the source rows
+ * are gathered (row_blocks blocks per row). A non-finite value gives dx = NaN
  * (q = 0), so the products stay NaN and the engine reports the row. */
 __global__ void k_quant_x(const float *__restrict__ x, int8_t *__restrict__ xq, float *__restrict__ xd,
-                          float *__restrict__ xs, int64_t n_blocks) {
+                          float *__restrict__ xs, int64_t n_blocks, const int32_t *__restrict__ gather, int topk,
+                          int64_t row_blocks) {
     PDL_ENTRY();
     const int64_t b = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     if (b >= n_blocks) return;
-    const float v = x[b * 32 + lane];
+    /* gather (MoE, grouped): output row p holds token row gather[p] / topk */
+    const int64_t src = gather ? (int64_t)(gather[b / row_blocks] / topk) * row_blocks + b % row_blocks : b;
+    const float v = x[src * 32 + lane];
     float amax = fabsf(v);
     bool finite = amax <= 3.402823466e38f;
 #pragma unroll
@@ -541,7 +545,8 @@ static bool quantize_x(cu_impl *c, const float *x, int n, int k, qx *out) {
         return false;
     }
     const int64_t nblk = (int64_t)n * (k / 32);
-    cu_launch(c, k_quant_x, dim3((unsigned)((nblk + 7) / 8)), dim3(256), 0, x, q->xq, q->xd, q->xs, nblk);
+    cu_launch(c, k_quant_x, dim3((unsigned)((nblk + 7) / 8)), dim3(256), 0, x, q->xq, q->xd, q->xs, nblk,
+              (const int32_t *)NULL, 1, (int64_t)1);
     if (CU_LAUNCHED(c, "quantize activations")) return false;
     out->q = q->xq;
     out->d = q->xd;
@@ -845,6 +850,61 @@ __global__ __launch_bounds__(128) void k_qmoe_down(const uint8_t *const *__restr
     }
 }
 
+/* Grouped GEMVs for a few slots per expert (batched decode): block
+ * (bx, e) walks expert e's segment [offs[e], offs[e+1]) of the sorted
+ * slots four at a time. The segment's quantized activation rows are
+ * contiguous (quantized in sorted order, gathered), so rows_dot2 takes
+ * four rows at once; rows past the segment's end are the next expert's
+ * or the scratch's 4 spare rows, and their sums are dropped. Each weight
+ * row is streamed from HBM once per expert (later groups of four hit L2).
+ * Gate/up: warp w computes row f = 4 bx + w, h[p, f] = silu(g) u. */
+template <int T>
+__global__ __launch_bounds__(128) void k_qmoe_ggu(const uint8_t *const *__restrict__ tab,
+                                                   const int32_t *__restrict__ offs, int E, int F, int TK, qx x,
+                                                   float *__restrict__ h) {
+    PDL_ENTRY();
+    const int f = blockIdx.x * 4 + threadIdx.x / 32, e = blockIdx.y;
+    const int s0 = offs[e], s1 = min(offs[e + 1], TK);
+    if (f >= F || s0 >= s1) return;
+    const size_t nbt = (size_t)F * (size_t)(x.K / QT<T>::QE);
+    const qview vg = make_view<T>(tab[e], nbt), vu = make_view<T>(tab[E + e], nbt);
+    for (int p0 = s0; p0 < s1; p0 += 4) {
+        float g[4], u[4];
+        rows_dot2<T, 4, false>(vg, f, vu, f, qx_row(x, p0), g, u);
+        if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (p0 + j < s1) h[(size_t)(p0 + j) * F + f] = g[j] / (1.0f + expf(-g[j])) * u[j];
+        }
+    }
+}
+
+/* Down: warp w of block (bx, e) computes rows r, r+1 (r = 2 (4 bx + w))
+ * of expert e's down projection for its segment: y[p, r]. */
+template <int T>
+__global__ __launch_bounds__(128) void k_qmoe_gdown(const uint8_t *const *__restrict__ tab,
+                                                     const int32_t *__restrict__ offs, int E, int H, int TK, qx hq,
+                                                     float *__restrict__ y) {
+    PDL_ENTRY();
+    const int r = 2 * (blockIdx.x * 4 + threadIdx.x / 32), e = blockIdx.y;
+    const int s0 = offs[e], s1 = min(offs[e + 1], TK);
+    if (r >= H || s0 >= s1) return;
+    const int r1 = r + 1 < H ? r + 1 : r;
+    const qview v = make_view<T>(tab[2 * E + e], (size_t)H * (size_t)(hq.K / QT<T>::QE));
+    for (int p0 = s0; p0 < s1; p0 += 4) {
+        float a0[4], a1[4];
+        rows_dot2<T, 4, false>(v, r, v, r1, qx_row(hq, p0), a0, a1);
+        if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (p0 + j < s1) {
+                    y[(size_t)(p0 + j) * H + r] = a0[j];
+                    if (r1 != r) y[(size_t)(p0 + j) * H + r1] = a1[j];
+                }
+        }
+    }
+}
+
 /* Experts w0 .. w0+E-1 of the table (each rows x cols) to bf16 at
  * out + e rows cols, groups of 16 values per thread; experts no token
  * chose (counts[e] == 0, from the router on the device) are skipped. The
@@ -894,7 +954,8 @@ bool cu_quant_moe_gemv(cu_impl *c, const cu_qmoe &m, const float *x, int Tc, con
     bool ok = true;
     /* activations: Tc rows of H */
     int64_t nblk = (int64_t)Tc * (m.H / 32);
-    cu_launch(c, k_quant_x, dim3((unsigned)((nblk + 7) / 8)), dim3(256), 0, x, m.xq, m.xd, m.xs, nblk);
+    cu_launch(c, k_quant_x, dim3((unsigned)((nblk + 7) / 8)), dim3(256), 0, x, m.xq, m.xd, m.xs, nblk,
+              (const int32_t *)NULL, 1, (int64_t)1);
     if (CU_LAUNCHED(c, "moe quantize activations")) return false;
     const qx xv = {m.xq, m.xd, m.xs, m.H};
     const uint8_t *const *tab = (const uint8_t *const *)m.tab;
@@ -907,7 +968,8 @@ bool cu_quant_moe_gemv(cu_impl *c, const cu_qmoe &m, const float *x, int Tc, con
     if (CU_LAUNCHED(c, "moe quantized gemv gate/up")) return false;
     /* the SwiGLU output: TK rows of F */
     nblk = (int64_t)TK * (m.F / 32);
-    cu_launch(c, k_quant_x, dim3((unsigned)((nblk + 7) / 8)), dim3(256), 0, (const float *)h, m.xq, m.xd, m.xs, nblk);
+    cu_launch(c, k_quant_x, dim3((unsigned)((nblk + 7) / 8)), dim3(256), 0, (const float *)h, m.xq, m.xd, m.xs, nblk,
+              (const int32_t *)NULL, 1, (int64_t)1);
     if (CU_LAUNCHED(c, "moe quantize h")) return false;
     const qx hv = {m.xq, m.xd, m.xs, m.F};
 #define QMOE_DOWN(TT)                                                                                             \
@@ -917,6 +979,37 @@ bool cu_quant_moe_gemv(cu_impl *c, const cu_qmoe &m, const float *x, int Tc, con
 #undef QMOE_DOWN
     if (!ok) return !cu_check(c, cudaErrorInvalidValue, "moe: unsupported down expert type");
     return !CU_LAUNCHED(c, "moe quantized gemv down");
+}
+
+bool cu_quant_moe_grouped(cu_impl *c, const cu_qmoe &m, const float *x, int TK, const int32_t *rows,
+                          const int32_t *offs, float *h, float *y) {
+    bool ok = true;
+    const uint8_t *const *tab = (const uint8_t *const *)m.tab;
+    /* the slots' token rows in sorted order */
+    int64_t nblk = (int64_t)TK * (m.H / 32);
+    cu_launch(c, k_quant_x, dim3((unsigned)((nblk + 7) / 8)), dim3(256), 0, x, m.xq, m.xd, m.xs, nblk, rows, m.K,
+              (int64_t)(m.H / 32));
+    if (CU_LAUNCHED(c, "moe quantize gathered activations")) return false;
+    const qx xv = {m.xq, m.xd, m.xs, m.H};
+#define QMOE_GGU(TT)                                                                                               \
+    cu_launch(c, k_qmoe_ggu<TT>, dim3((unsigned)((m.F + 3) / 4), (unsigned)m.E), dim3(128), 0, tab, offs, m.E, m.F, \
+              TK, xv, h)
+    QMOE_DISPATCH(m.dt[0], QMOE_GGU)
+#undef QMOE_GGU
+    if (!ok) return !cu_check(c, cudaErrorInvalidValue, "moe: unsupported gate/up expert type");
+    if (CU_LAUNCHED(c, "moe quantized grouped gemv gate/up")) return false;
+    nblk = (int64_t)TK * (m.F / 32);
+    cu_launch(c, k_quant_x, dim3((unsigned)((nblk + 7) / 8)), dim3(256), 0, (const float *)h, m.xq, m.xd, m.xs, nblk,
+              (const int32_t *)NULL, 1, (int64_t)1);
+    if (CU_LAUNCHED(c, "moe quantize h")) return false;
+    const qx hv = {m.xq, m.xd, m.xs, m.F};
+#define QMOE_GDOWN(TT)                                                                                            \
+    cu_launch(c, k_qmoe_gdown<TT>, dim3((unsigned)((m.H + 7) / 8), (unsigned)m.E), dim3(128), 0, tab, offs, m.E, \
+              m.H, TK, hv, y)
+    QMOE_DISPATCH(m.dt[2], QMOE_GDOWN)
+#undef QMOE_GDOWN
+    if (!ok) return !cu_check(c, cudaErrorInvalidValue, "moe: unsupported down expert type");
+    return !CU_LAUNCHED(c, "moe quantized grouped gemv down");
 }
 
 bool cu_quant_moe_dequant(cu_impl *c, const cu_qmoe &m, const int32_t *counts, bf16 *deq, const bf16 **bftab) {
