@@ -214,6 +214,7 @@ typedef struct cu_impl {
     int moe_fuse; /* CU_SW_*: decode router + top-k in one launch (NS_CUDA_MOE_FUSE=0: off) */
     int moe_ggemv; /* CU_SW_*: grouped GEMVs for a few rows per expert (NS_CUDA_MOE_GGEMV=1; default: 16-row tiles) */
 
+    int moe_qggemv; /* CU_SW_*: quantized experts, a few rows per expert: grouped GEMVs on the blocks (NS_CUDA_MOE_QGGEMV=0: bf16 copies + tiles) */
     /* quantized weights (cuda_quant.cu): activation and dequantization
      * scratch, created by the first quantized weight's upload */
     struct cu_quant *quant;
@@ -496,6 +497,13 @@ typedef struct cu_qmoe {
 bool cu_quant_moe_gemv(cu_impl *c, const cu_qmoe &m, const float *x, int Tc, const int32_t *ids, float *h, float *y);
 /* Grouped path: every expert with counts[e] > 0 dequantized to bf16 into
  * deq ([3][E][F H]) and bftab[3E] pointed at the copies (all of them). */
+/* Batched decode: the TK slots' rows of x gathered in sorted order
+ * (rows[p] = slot, offs the experts' segments) and quantized, grouped
+ * gate/up GEMVs on each chosen expert's blocks into h [TK, F] (sorted),
+ * h quantized, grouped down GEMVs into y [TK, H] (sorted; the combine
+ * reads it through pos). xq must hold TK + 4 rows of max(H, F). */
+bool cu_quant_moe_grouped(cu_impl *c, const cu_qmoe &m, const float *x, int TK, const int32_t *rows,
+                          const int32_t *offs, float *h, float *y);
 bool cu_quant_moe_dequant(cu_impl *c, const cu_qmoe &m, const int32_t *counts, bf16 *deq, const bf16 **bftab);
 
 #endif
