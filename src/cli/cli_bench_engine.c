@@ -713,7 +713,8 @@ static ns_status bench_run(bench *B, ns_error *err) {
         /* what each decode-path feature is worth: batch 1, 1k context,
          * each flipped from its default in turn (prefetch is off by
          * default, the others on) */
-        const int dec_fuse = ns_cuda_get_dec_fuse(B->be); /* NS_CUDA_DEC_FUSE */
+        const int dec_fuse = ns_cuda_get_dec_fuse(B->be);   /* NS_CUDA_DEC_FUSE */
+        const int dec_early = ns_cuda_get_dec_early(B->be); /* NS_CUDA_DEC_EARLY: only with dec_fuse */
         struct {
             const char *name;
             void (*set)(ns_backend *, int);
@@ -724,7 +725,9 @@ static ns_status bench_run(bench *B, ns_error *err) {
                      {"fused kernels off", ns_cuda_set_fusion, 1},
                      {"CUDA graphs off", ns_cuda_set_graphs, 1},
                      {dec_fuse ? "norm/add folded into decode GEMVs off" : "norm/add folded into decode GEMVs on",
-                      ns_cuda_set_dec_fuse, dec_fuse}};
+                      ns_cuda_set_dec_fuse, dec_fuse},
+                     {dec_early ? "their early weight loads off" : "their early weight loads on",
+                      ns_cuda_set_dec_early, dec_early}};
         dec_result base;
         rc = run_decode(B, 1024, 1, B->o.steps, 3, &base, err);
         if (rc != NS_OK) return rc;

@@ -225,8 +225,9 @@ static void chain_run(ns_backend *be, chain *ch, const float *x0, const float *a
 /* Runs the chain on two input sets A and B: CPU reference and GPU with
  * the switch off for both; then, switch on (graphs dropped by the switch,
  * so the tape is new): A eager with events (the profile must name the
- * three fused kernels, or only GEMV + add when !expect_fused), A eager, A captured, B replayed twice.
- * Every switch-on output must be bit-identical to the switch-off output of
+ * three fused kernels, or only GEMV + add when !expect_fused), A eager,
+ * A captured, B replayed twice; all of it again with the early weight
+ * loads on (ns_cuda_set_dec_early). Every switch-on output must be bit-identical to the switch-off output of
  * its inputs, and within 1e-4 of the CPU (F32 activations, bf16 weights
  * on both: only the summation order differs). */
 static void chain_check(int n, int64_t H, int64_t FF, int64_t mq, int64_t mk, bool expect_fused) {
@@ -244,36 +245,43 @@ static void chain_check(int n, int64_t H, int64_t FF, int64_t mq, int64_t mk, bo
     }
     ns_cuda_set_dec_fuse(gpu, 0);
     for (int s = 0; s < 2; s++) chain_run(gpu, &ch, xin[s], ain[s], off[s]);
-    int64_t rep0, cap0, eag0, rep1, cap1, eag1;
-    ns_cuda_set_dec_fuse(gpu, 1);
-    ns_cuda_graph_stats(gpu, &rep0, &cap0, &eag0);
-    static const int order[5] = {0, 0, 0, 1, 1};
-    for (int r = 0; r < 5; r++) {
-        const int s = order[r];
-        if (r == 0) ns_cuda_set_profiling(gpu, 1);
-        float *on[N_OUT];
-        chain_run(gpu, &ch, xin[s], ain[s], on);
-        if (r == 0) {
-            OK(gpu->ops->sync(gpu, &_e));
-            const int kinds = profile_dec_kinds(), want = expect_fused ? 7 : 4;
-            ns_cuda_set_profiling(gpu, 0);
-            CHECKF(kinds == want, "n=%d H=%lld: fused decode kernels seen %d, expected %d (1 norm+q/k/v, "
-                   "2 norm+gate/up, 4 gemv+add)", n, (long long)H, kinds, want);
+    /* pass 0: the switch alone; pass 1: with the early weight loads too */
+    for (int early = 0; early < 2; early++) {
+        int64_t rep0, cap0, eag0, rep1, cap1, eag1;
+        ns_cuda_set_dec_fuse(gpu, 1);
+        ns_cuda_set_dec_early(gpu, early);
+        ns_cuda_graph_stats(gpu, &rep0, &cap0, &eag0);
+        static const int order[5] = {0, 0, 0, 1, 1};
+        for (int r = 0; r < 5; r++) {
+            const int s = order[r];
+            if (r == 0) ns_cuda_set_profiling(gpu, 1);
+            float *on[N_OUT];
+            chain_run(gpu, &ch, xin[s], ain[s], on);
+            if (r == 0) {
+                OK(gpu->ops->sync(gpu, &_e));
+                const int kinds = profile_dec_kinds(), want = expect_fused ? 7 : 4;
+                ns_cuda_set_profiling(gpu, 0);
+                CHECKF(kinds == want, "n=%d H=%lld: fused decode kernels seen %d, expected %d (1 norm+q/k/v, "
+                       "2 norm+gate/up, 4 gemv+add)", n, (long long)H, kinds, want);
+            }
+            for (int j = 0; j < N_OUT; j++) {
+                const size_t cnt = (size_t)(outs[j]->rows * outs[j]->cols);
+                CHECKF(memcmp(on[j], off[s][j], cnt * 4) == 0,
+                       "n=%d H=%lld early=%d output %d, run %d: switch on differs from off (rel L2 %.3g)", n,
+                       (long long)H, early, j, r, rel_l2(on[j], off[s][j], cnt));
+                double e = rel_l2(on[j], ref[s][j], cnt);
+                CHECKF(e <= 1e-4, "n=%d H=%lld output %d, run %d: cuda vs cpu rel L2 %.3g", n, (long long)H, j, r,
+                       e);
+            }
+            free_bufs(on);
         }
-        for (int j = 0; j < N_OUT; j++) {
-            const size_t cnt = (size_t)(outs[j]->rows * outs[j]->cols);
-            CHECKF(memcmp(on[j], off[s][j], cnt * 4) == 0,
-                   "n=%d H=%lld output %d, run %d: switch on differs from off (rel L2 %.3g)", n, (long long)H, j, r,
-                   rel_l2(on[j], off[s][j], cnt));
-            double e = rel_l2(on[j], ref[s][j], cnt);
-            CHECKF(e <= 1e-4, "n=%d H=%lld output %d, run %d: cuda vs cpu rel L2 %.3g", n, (long long)H, j, r, e);
-        }
-        free_bufs(on);
+        ns_cuda_graph_stats(gpu, &rep1, &cap1, &eag1);
+        ns_cuda_set_dec_fuse(gpu, 0);
+        ns_cuda_set_dec_early(gpu, 0);
+        CHECKF(cap1 > cap0 && rep1 >= rep0 + 2,
+               "n=%d H=%lld early=%d: graph captures %lld, replays %lld (expected 1 and 2)", n, (long long)H, early,
+               (long long)(cap1 - cap0), (long long)(rep1 - rep0));
     }
-    ns_cuda_graph_stats(gpu, &rep1, &cap1, &eag1);
-    ns_cuda_set_dec_fuse(gpu, 0);
-    CHECKF(cap1 > cap0 && rep1 >= rep0 + 2, "n=%d H=%lld: graph captures %lld, replays %lld (expected 1 and 2)", n,
-           (long long)H, (long long)(cap1 - cap0), (long long)(rep1 - rep0));
     for (int s = 0; s < 2; s++) {
         free_bufs(ref[s]);
         free_bufs(off[s]);
@@ -330,8 +338,9 @@ static ns_status step(ns_engine *e, seq *ss, int ns, const int32_t *toks, const 
 }
 
 /* Prefill, then STEPS decode steps of ns sequences: CPU; CUDA with the
- * switch off; CUDA with it on (graphs on in both). */
-static void model_check(const char *cfg_text, const char *what, int ns) {
+ * switch off; CUDA with it on (graphs on in both), early weight loads as
+ * given. */
+static void model_check(const char *cfg_text, const char *what, int ns, int early) {
     enum { STEPS = 6 };
     json_error_t je;
     json_t *root = json_loads(cfg_text, 0, &je);
@@ -382,6 +391,7 @@ static void model_check(const char *cfg_text, const char *what, int ns) {
     }
     /* switch on for all steps: eager, captured, then replayed */
     ns_cuda_set_dec_fuse(gpu, 1);
+    ns_cuda_set_dec_early(gpu, early);
     int64_t rep0, cap0, eag0, rep1, cap1, eag1;
     ns_cuda_graph_stats(gpu, &rep0, &cap0, &eag0);
     for (int k = 0; k < STEPS && rc == NS_OK; k++) {
@@ -398,9 +408,10 @@ static void model_check(const char *cfg_text, const char *what, int ns) {
     ns_cuda_graph_stats(gpu, &rep1, &cap1, &eag1);
     CHECKF(rep1 > rep0, "%s: no decode step was replayed from a graph with the switch on", what);
     ns_cuda_set_dec_fuse(gpu, 0);
+    ns_cuda_set_dec_early(gpu, 0);
     CHECKF(rc == NS_OK, "%s decode: %s", what, err.msg);
-    printf("#   %s, %d seqs: switch on vs off %s; cuda vs cpu worst rel L2 %.3g\n", what, ns,
-           bitwise ? "bit-identical" : "DIFFERENT", worst_cpu);
+    printf("#   %s, %d seqs, early loads %s: switch on vs off %s; cuda vs cpu worst rel L2 %.3g\n", what, ns,
+           early ? "on" : "off", bitwise ? "bit-identical" : "DIFFERENT", worst_cpu);
     CHECKF(bitwise, "%s: decode logits with the switch on differ from off", what);
     CHECKF(worst_cpu <= 2e-2, "%s: cuda decode logits differ from cpu: %.3g", what, worst_cpu);
     free(lc);
@@ -426,10 +437,13 @@ static const char *QWEN3MOE =
     "\"num_key_value_heads\": 4, \"head_dim\": 128, \"rms_norm_eps\": 1e-6, "
     "\"rope_theta\": 1000000, \"tie_word_embeddings\": false, \"max_position_embeddings\": 4096}";
 
-TEST(test_model_qwen3_batch1) { model_check(QWEN3, "qwen3-shaped", 1); }
-TEST(test_model_qwen3_batch2) { model_check(QWEN3, "qwen3-shaped", 2); }
+TEST(test_model_qwen3_batch1) {
+    model_check(QWEN3, "qwen3-shaped", 1, 0);
+    model_check(QWEN3, "qwen3-shaped", 1, 1);
+}
+TEST(test_model_qwen3_batch2) { model_check(QWEN3, "qwen3-shaped", 2, 1); }
 /* experts follow the post-attention norm (no GEMV there) */
-TEST(test_model_qwen3moe_batch1) { model_check(QWEN3MOE, "qwen3moe-shaped", 1); }
+TEST(test_model_qwen3moe_batch1) { model_check(QWEN3MOE, "qwen3moe-shaped", 1, 1); }
 
 int main(void) {
     if (!gpu_test_open(2)) return 1;

@@ -54,6 +54,11 @@ void ns_cuda_set_fusion(ns_backend *be, int on);
  * off). Same numbers either way. */
 void ns_cuda_set_dec_fuse(ns_backend *be, int on);
 int ns_cuda_get_dec_fuse(ns_backend *be);
+/* With dec_fuse on: those GEMVs, when they follow another GEMV, issue
+ * their first weight loads before the PDL wait (env NS_CUDA_DEC_EARLY,
+ * default off). Same numbers either way. */
+void ns_cuda_set_dec_early(ns_backend *be, int on);
+int ns_cuda_get_dec_early(ns_backend *be);
 /* Programmatic dependent launch between kernels: on (default) or off. */
 void ns_cuda_set_pdl(ns_backend *be, int on);
 /* L2 prefetch of the next GEMV's weights by small decode kernels. */

@@ -1790,8 +1790,9 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     }
     c->graphs_enabled = env_int("NS_CUDA_GRAPHS", 1);
     c->fusion = env_int("NS_CUDA_FUSION", 1);
-    /* off until measured on the H200 (docs/cuda.md, v16) */
+    /* off until measured on the H200 (docs/cuda.md, v17) */
     c->dec_fuse = env_int("NS_CUDA_DEC_FUSE", 0);
+    c->dec_early = env_int("NS_CUDA_DEC_EARLY", 0);
     c->pdl = env_int("NS_CUDA_PDL", 1);
     /* off by default: measured slower on H200 (docs/cuda.md, v7) */
     c->prefetch = env_int("NS_CUDA_PREFETCH", 0);
@@ -1863,6 +1864,8 @@ static void set_captured_setting(ns_backend *be, int cu_impl::*setting, int on) 
 extern "C" void ns_cuda_set_fusion(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::fusion, on); }
 extern "C" void ns_cuda_set_dec_fuse(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::dec_fuse, on); }
 extern "C" int ns_cuda_get_dec_fuse(ns_backend *be) { return IMPL(be)->dec_fuse; }
+extern "C" void ns_cuda_set_dec_early(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::dec_early, on); }
+extern "C" int ns_cuda_get_dec_early(ns_backend *be) { return IMPL(be)->dec_early; }
 extern "C" void ns_cuda_set_pdl(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::pdl, on); }
 extern "C" void ns_cuda_set_prefetch(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::prefetch, on); }
 extern "C" void ns_cuda_set_early_loads(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::early_loads, on); }

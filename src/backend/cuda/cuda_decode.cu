@@ -10,7 +10,9 @@
  *   matmul y = in W^T ; add x += y            -> one GEMV, add in the epilogue
  *   rmsnorm xn = norm(x) ; 1-3 matmuls of xn  -> one GEMV, norm in the prologue
  *   rmsnorm ; gate, up matmuls ; swiglu       -> one GEMV, norm + SwiGLU
- * which leaves 6 kernels per dense layer. Every result bit is what the
+ * which leaves 6 kernels per dense layer. With NS_CUDA_DEC_EARLY=1 as well
+ * (ns_cuda_set_dec_early), such a GEMV that follows another GEMV issues its
+ * first weight loads before its PDL wait. Every result bit is what the
  * unfused ops give (see cuda_gemm.cu); tests/gpu/test_decode_fused.c
  * checks it op by op and on whole decode steps.
  *
@@ -129,8 +131,20 @@ int32_t cu_dec_match(const cu_impl *c, const cu_op *ops, int32_t i, int32_t n, c
     return used;
 }
 
+/* Whether the kernel before ops[i] is a GEMV streaming weights: its
+ * pattern's last op is the residual add (GEMV + add) or the SwiGLU (norm +
+ * gate/up). Only then do early weight loads pay: they fill the HBM idle
+ * time of that GEMV's tail. After a latency-bound kernel (attention,
+ * embed, experts) they would queue ahead of its dependent loads (v9). */
+static bool after_gemv(const cu_op *ops, int32_t i) {
+    return i > 0 && (ops[i - 1].kind == OP_ADD || ops[i - 1].kind == OP_SWIGLU || ops[i - 1].kind == OP_MATMUL);
+}
+
 void cu_dec_run(cu_impl *c, const cu_op *ops, int32_t i, int32_t used, const cu_gemv_dec_args *g) {
     cu_gemv_dec_args a = *g;
+    /* tape_early: no op of this tape writes a matmul weight, so weights may
+     * be read before the PDL wait */
+    a.early = c->dec_early && c->tape_early && after_gemv(ops, i);
     if (a.add_res) {
         cu_note_write(c, &ops[i].a);
         cu_note_write(c, &ops[i + 1].a);

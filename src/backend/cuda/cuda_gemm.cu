@@ -353,13 +353,15 @@ void cu_gemm(cu_impl *c, float *out, const bf16 *in_bf, const float *in_f32, con
  *   the output and down projections), res[i] = res[i] + y as k_add4 does.
  * The weight loads of a lane's first iteration are issued before the norm
  * prologue, so the x read and the block reduction overlap the first HBM
- * round trip. The dot products run in k_gemv's order, so the sums are
+ * round trip; with `early` (NS_CUDA_DEC_EARLY, only after another GEMV,
+ * see cuda_decode.cu) even before the PDL wait. The dot products run in k_gemv's order, so the sums are
  * bit-identical too. */
 struct dec_side {
     const float *nw; /* NORM: norm weight [K] */
     float *xn;       /* NORM: normalized rows out [N, K] */
     float eps;
     float *res; /* ADD: residual [N, M] */
+    int early;  /* first weight loads before the PDL wait */
 };
 
 __device__ __forceinline__ float4 nrm4(float4 a, float inv, float4 w) {
@@ -382,7 +384,11 @@ __device__ __forceinline__ void dec_xin(const float *__restrict__ xr, const floa
 
 template <int N, int KS, bool SW, bool NORM, bool ADD>
 __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__restrict__ x, int K, dec_side sd) {
-    PDL_ENTRY();
+    /* sd.early: the first weight loads go out before the PDL wait (weights
+     * are never written by a kernel of the tape), so they stream during
+     * the tail of the GEMV before instead of after its end */
+    PDL_TRIGGER();
+    if (!sd.early) PDL_WAIT();
     const int wib = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int pair = blockIdx.x * (4 / KS) + wib / KS, kp = wib % KS;
     const int total = SW ? sg.end0 : sg.end2;
@@ -415,6 +421,7 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
             }
         }
     }
+    if (sd.early) PDL_WAIT();
     float inv[N];
 #pragma unroll
     for (int n = 0; n < N; n++) inv[n] = 0.f;
@@ -583,6 +590,7 @@ bool cu_gemv_dec(cu_impl *c, const cu_gemv_dec_args *g) {
     sd.xn = g->xn;
     sd.eps = g->eps;
     sd.res = g->res;
+    sd.early = g->early ? 1 : 0;
     const int ks = choose_ks(c, rows, (int)g->k);
     const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
     const int64_t pairs_per_block = 4 / ks;

@@ -181,6 +181,7 @@ typedef struct cu_impl {
     int graphs_enabled;
     int fusion; /* fuse fixed op sequences of recorded tapes */
     int dec_fuse; /* with fusion: RMSNorm / residual add folded into decode GEMVs (cuda_decode.cu) */
+    int dec_early; /* with dec_fuse: their first weight loads before the PDL wait after a GEMV */
     int pdl;    /* programmatic dependent launch between our kernels */
     int prefetch; /* L2 prefetch of the next GEMV's weights in small kernels */
     int split_keys; /* fewest keys per decode-attention split */
@@ -424,6 +425,7 @@ typedef struct cu_gemv_dec_args {
     bf16 *sw_out_bf;
     bool add_res;
     float *res;
+    bool early; /* first weight loads before the PDL wait (set by cu_dec_run) */
 } cu_gemv_dec_args;
 bool cu_gemv_dec(cu_impl *c, const cu_gemv_dec_args *g);
 /* The tape matcher for them: when ops[i..] is one of the patterns
