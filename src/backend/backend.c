@@ -32,3 +32,26 @@ ns_status ns_backend_create(const char *name, int n_threads, ns_backend **out, n
     }
     return ns_fail(err, NS_ERR_INVALID, "unknown device \"%s\" (cpu or cuda)", name);
 }
+
+ns_status ns_kv_dtype_choose(const char *name, const char *backend, ns_dtype *out, ns_error *err) {
+    const bool cpu = !backend || strcmp(backend, "cpu") == 0;
+    if (!name || strcmp(name, "auto") == 0) {
+        *out = cpu ? NS_DT_F32 : NS_DT_BF16;
+        return NS_OK;
+    }
+    if (strcmp(name, "fp8") == 0) {
+        *out = NS_DT_FP8_E4M3;
+        return NS_OK;
+    }
+    if (strcmp(name, "f32") == 0) {
+        if (!cpu) return ns_fail(err, NS_ERR_INVALID, "--kv-dtype f32: the %s backend stores KV as bf16 or fp8", backend);
+        *out = NS_DT_F32;
+        return NS_OK;
+    }
+    if (strcmp(name, "bf16") == 0) {
+        if (cpu) return ns_fail(err, NS_ERR_INVALID, "--kv-dtype bf16: the cpu backend stores KV as f32 or fp8");
+        *out = NS_DT_BF16;
+        return NS_OK;
+    }
+    return ns_fail(err, NS_ERR_INVALID, "--kv-dtype must be auto, bf16, f32 or fp8, not \"%s\"", name);
+}

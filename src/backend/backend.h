@@ -81,6 +81,12 @@ static inline size_t ns_dtype_row_bytes(ns_dtype dt, int64_t cols) {
     }
 }
 const char *ns_dtype_name(ns_dtype dt);
+/* The KV dtype that --kv-dtype `name` (NULL or "auto": F32 on backend
+ * "cpu", BF16 otherwise) stands for on backend `backend` ("cpu" or
+ * "cuda"): NS_OK and *out, or NS_ERR_INVALID naming the flag for a name
+ * that is not auto|bf16|f32|fp8 or a dtype that backend does not store
+ * (bf16 on the CPU, f32 on CUDA). */
+ns_status ns_kv_dtype_choose(const char *name, const char *backend, ns_dtype *out, ns_error *err);
 
 typedef struct ns_tensor {
     ns_dtype dtype;

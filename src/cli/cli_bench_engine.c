@@ -54,6 +54,7 @@ typedef struct bopts {
     uint64_t seed;
     double kv_gb; /* cpu: KV pool budget */
     ns_dtype weight_type; /* dummy weights: bf16, or a GGUF block type (cuda) */
+    const char *kv_dtype; /* --kv-dtype (NULL = auto: bf16 on CUDA, f32 on the CPU) */
 } bopts;
 
 typedef struct bench {
@@ -102,6 +103,7 @@ static void usage(FILE *f) {
             "  --page-tokens N          KV page size in tokens (default 16)\n"
             "  --threads N              CPU threads (default: one per core)\n"
             "  --kv-gb X                CPU KV pool budget in GB (default 4)\n"
+            "  --kv-dtype auto|bf16|f32|fp8  KV element type (default auto: bf16 on CUDA, f32 on the CPU)\n"
             "  --profile                per-kernel times for decode b1@1k and prefill 8k (cuda; default off)\n"
             "  --micro                  matmul path micro-benchmark (cuda; default off)\n"
             "  --seed N                 dummy-weight seed (default 1)\n"
@@ -225,6 +227,16 @@ static int parse_args(int argc, char **argv, bopts *o) {
                 fprintf(stderr, "nightshift bench-engine: --seed must be a non-negative integer, not \"%s\"\n", v);
                 return -1;
             }
+        } else if (!strcmp(a, "--kv-dtype")) {
+            NEED_VALUE;
+            ns_dtype dt;
+            ns_error kerr = {0};
+            if (strcmp(v, "auto") != 0 && ns_kv_dtype_choose(v, "cpu", &dt, &kerr) != NS_OK &&
+                ns_kv_dtype_choose(v, "cuda", &dt, &kerr) != NS_OK) {
+                fprintf(stderr, "nightshift bench-engine: %s\n", kerr.msg);
+                return -1;
+            }
+            o->kv_dtype = v;
         } else if (!strcmp(a, "--weight-type")) {
             NEED_VALUE;
             static const struct {
@@ -388,7 +400,8 @@ static ns_status open_engine(bench *B, ns_error *err) {
     if (max_p && max_p < eo.max_batch_tokens && max_p > max_b) eo.max_batch_tokens = max_p;
     eo.max_logits = max_b > 1 ? max_b : 1;
     eo.page_tokens = P;
-    eo.kv_dtype = B->cuda ? NS_DT_BF16 : NS_DT_F32;
+    ns_status krc = ns_kv_dtype_choose(B->o.kv_dtype, B->cuda ? "cuda" : "cpu", &eo.kv_dtype, err);
+    if (krc != NS_OK) return krc;
     size_t page_bytes = ns_engine_page_bytes(c, P, eo.kv_dtype);
     int64_t tail = (int64_t)B->o.steps + 16;
     int64_t need = (max_p + P - 1) / P + 2;
@@ -424,6 +437,16 @@ static ns_status fill_kv(bench *B, ns_error *err) {
     float *page = malloc(pb);
     if (!page) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < pb / 4; i++) page[i] = (float)((int64_t)(rnd(B) % 2001) - 1000) / 1000.0f + 1e-3f;
+    if (B->be->kv.dtype == NS_DT_FP8_E4M3) { /* finite codes (never 0x7f/0xff), scale 1/448 */
+        const size_t so = ns_kv_scale_offset(&B->be->kv, 0, 0, 0);
+        uint8_t *bytes = (uint8_t *)page;
+        for (size_t i = 0; i < so; i++)
+            if ((bytes[i] & 0x7f) == 0x7f) bytes[i] ^= 1;
+        for (size_t o = so; o + 4 <= pb; o += 4) {
+            const float s = 1.0f / 448.0f;
+            memcpy(bytes + o, &s, 4);
+        }
+    }
     ns_status rc = NS_OK;
     for (int32_t p = 0; p < B->be->kv.n_pages && rc == NS_OK; p++) rc = B->be->ops->kv_page_write(B->be, p, page, err);
     free(page);

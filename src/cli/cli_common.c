@@ -28,29 +28,6 @@ void ns_cli_engine_opts_default(ns_cli_engine_opts *o) {
     o->default_pool_contexts = 1;
 }
 
-ns_status ns_cli_kv_dtype(const char *name, const char *backend, ns_dtype *out, ns_error *err) {
-    const bool cpu = !backend || strcmp(backend, "cpu") == 0;
-    if (!name || strcmp(name, "auto") == 0) {
-        *out = cpu ? NS_DT_F32 : NS_DT_BF16;
-        return NS_OK;
-    }
-    if (strcmp(name, "fp8") == 0) {
-        *out = NS_DT_FP8_E4M3;
-        return NS_OK;
-    }
-    if (strcmp(name, "f32") == 0) {
-        if (!cpu) return ns_fail(err, NS_ERR_INVALID, "--kv-dtype f32: the %s backend stores KV as bf16 or fp8", backend);
-        *out = NS_DT_F32;
-        return NS_OK;
-    }
-    if (strcmp(name, "bf16") == 0) {
-        if (cpu) return ns_fail(err, NS_ERR_INVALID, "--kv-dtype bf16: the cpu backend stores KV as f32 or fp8");
-        *out = NS_DT_BF16;
-        return NS_OK;
-    }
-    return ns_fail(err, NS_ERR_INVALID, "--kv-dtype must be auto, bf16, f32 or fp8, not \"%s\"", name);
-}
-
 int32_t ns_cli_batch_tokens(const ns_cli_engine_opts *o) {
     if (o->max_batch_tokens > 0) return o->max_batch_tokens;
     return o->device && strcmp(o->device, "cuda") == 0 ? NS_CLI_BATCH_TOKENS_CUDA : NS_CLI_BATCH_TOKENS_CPU;
@@ -193,8 +170,8 @@ int ns_cli_parse_engine_flag(ns_cli_engine_opts *o, int argc, char **argv, int *
     if (strcmp(a, "--kv-dtype") == 0) {
         ns_dtype dt;
         /* the name is checked here; whether the backend stores it, at open */
-        if (strcmp(val, "auto") != 0 && ns_cli_kv_dtype(val, "cpu", &dt, err) != NS_OK &&
-            ns_cli_kv_dtype(val, "cuda", &dt, err) != NS_OK)
+        if (strcmp(val, "auto") != 0 && ns_kv_dtype_choose(val, "cpu", &dt, err) != NS_OK &&
+            ns_kv_dtype_choose(val, "cuda", &dt, err) != NS_OK)
             return -1;
         o->kv_dtype = val;
         return 1;
@@ -264,7 +241,7 @@ ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_
         .max_logits = o->max_logits > batch ? batch : o->max_logits,
         .page_tokens = o->page_tokens,
     };
-    rc = ns_cli_kv_dtype(o->kv_dtype, ce->be->ops->name, &eo.kv_dtype, err);
+    rc = ns_kv_dtype_choose(o->kv_dtype, ce->be->ops->name, &eo.kv_dtype, err);
     if (rc != NS_OK) goto fail;
     /* Pool size: exactly one of --kv-pages / --kv-memory / --kv-tokens, or
      * enough for one full-context sequence. */

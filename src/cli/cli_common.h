@@ -39,7 +39,7 @@ typedef struct ns_cli_engine_opts {
                                  * context (CPU, capped at a quarter of RAM), or 90% of
                                  * the free device memory (CUDA) */
     const char *kv_dtype;       /* --kv-dtype auto|bf16|f32|fp8; NULL = auto: f32 on the
-                                 * CPU, bf16 on CUDA (ns_cli_kv_dtype) */
+                                 * CPU, bf16 on CUDA (ns_kv_dtype_choose, backend.h) */
     int32_t default_pool_contexts; /* 1 for one-shot CLI commands; serve uses 4 so
                                     * several unbounded requests fit at once */
 } ns_cli_engine_opts;
@@ -74,12 +74,7 @@ int ns_cli_usage_error(const char *cmd, ns_cli_usage_fn usage, const char *fmt, 
     __attribute__((format(printf, 3, 4)));
 
 void ns_cli_engine_opts_default(ns_cli_engine_opts *o);
-/* The KV dtype --kv-dtype `name` (NULL or "auto": F32 on backend "cpu",
- * BF16 otherwise) stands for on backend `backend` ("cpu" or "cuda"):
- * NS_OK and *out, or NS_ERR_INVALID naming the flag for a name that is
- * not auto|bf16|f32|fp8 or a dtype that backend does not store (bf16 on
- * the CPU, f32 on CUDA). */
-ns_status ns_cli_kv_dtype(const char *name, const char *backend, ns_dtype *out, ns_error *err);
+
 /* The step budget o stands for: max_batch_tokens, or when 0 the default of
  * o->device. ns_cli_engine_open uses it; a caller that sizes something else
  * by it (the scheduler) resolves it first with o->max_batch_tokens = this. */
