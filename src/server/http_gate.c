@@ -506,13 +506,18 @@ static void screen(ns_gate *g, ns_gate_conn *c, bool eof, bool from_tick) {
     socklen_t plen = c->peer_len;
     pthread_mutex_unlock(&g->mu);
     if (!g->o.handover(g->o.ud, fd, (const struct sockaddr *)&peer, plen)) {
-        /* closed by the callee; the record goes with it */
+        /* closed by the callee; the record goes with it, unless
+         * libmicrohttpd adopted and closed (and freed) it already: look it
+         * up instead of touching it (only this thread allocates records,
+         * so the address cannot have been reused meanwhile) */
         pthread_mutex_lock(&g->mu);
-        if (c->state == GC_HANDED) {
-            unlink_conn(g, c);
-            c->dead = true;
-            c->dead_next = g->graveyard;
-            g->graveyard = c;
+        ns_gate_conn *x = g->tail;
+        while (x && x != c) x = x->prev;
+        if (x && x->state == GC_HANDED) {
+            unlink_conn(g, x);
+            x->dead = true;
+            x->dead_next = g->graveyard;
+            g->graveyard = x;
         }
         pthread_mutex_unlock(&g->mu);
     }
