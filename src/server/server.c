@@ -594,9 +594,11 @@ static void stream_response_free(void *cls) {
  * more than stream_cap bytes are unread (queued here or in the socket's
  * send queue, which the kernel grows to megabytes), the generation is cancelled (the
  * scheduler keeps its committed KV pages in the cache) and this thread
- * ends; what was produced stays queued for the client, which keeps only a
- * descriptor and that buffer until it reads it or --timeout closes it. The
- * stream then ends without its terminator, so the client sees it was cut. */
+ * ends. What was produced is still delivered as the client reads: from
+ * this buffer (the connection, a descriptor and no thread, lives under
+ * --timeout while it holds bytes) and then from the socket's send queue,
+ * which the kernel keeps after the close. The stream ends without its
+ * terminator, so the client sees it was cut. */
 static void produce(ns_http_job *j) {
     ns_server *s = j->srv;
     ns_http_stream *st = &j->resp.stream;
@@ -613,7 +615,7 @@ static void produce(ns_http_job *j) {
         pthread_mutex_unlock(&j->mu);
         if (!stop && unread > s->stream_cap) {
             NS_WARN("http: the client stopped reading its stream (%zu bytes unread, --stream-buffer %zu): "
-                    "generation cancelled, the connection is kept until it reads or times out",
+                    "generation cancelled; what was produced is still delivered if it reads",
                     unread, s->stream_cap);
             stop = true;
         }

@@ -28,9 +28,12 @@
  * producer never waits for the client. A client that stops reading lets
  * the buffer grow to stream_buffer_bytes (default 4 MiB); past that its
  * generation is cancelled (its committed KV pages stay cached), the warning
- * is logged once, and the thread ends: the connection keeps its descriptor
- * and the buffer until the client reads it or timeout_s passes without a
- * byte written, and the stream ends without its terminator. libmicrohttpd
+ * is logged once, and the thread ends. What was produced is still
+ * delivered as the client reads: bytes left in the server's buffer keep the
+ * connection (a descriptor, no thread) under the timeout_s idle limit; once
+ * they are in the socket, the connection is closed and the kernel keeps
+ * sending its send queue on its own. The stream ends without its
+ * terminator, so the client can tell it was cut. libmicrohttpd
  * drains the buffer through a content-reader callback which, when the buffer
  * is empty, suspends the connection and returns 0 ("no data yet"); the
  * producer resumes it when it appends or ends. (Returning 0 without
