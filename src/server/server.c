@@ -1094,13 +1094,14 @@ static bool start_daemons(ns_server *s, unsigned timeout_s) {
     for (unsigned i = 0; i < s->n_daemons; i++) {
         /* caps are the gate's (it counts every connection of every daemon) */
         s->d[i] = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
+                                   /* first, so that no message of the option parsing escapes it */
+                                   MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                                    MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
                                    MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                    MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                                    MHD_OPTION_CONNECTION_LIMIT, s->max_conns,
                                    MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
                                    MHD_OPTION_CONNECTION_MEMORY_LIMIT, MHD_POOL_BYTES,
-                                   MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                                    MHD_OPTION_END);
         if (!s->d[i]) return false;
     }
