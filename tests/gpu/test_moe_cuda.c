@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -662,6 +663,56 @@ static void gguf_moe_fixture(const char *name) {
 }
 
 TEST(test_moe_gguf_q4_k) { gguf_moe_fixture("tiny-qwen3moe-k-Q4_K"); }
+
+/* tiny-qwen3moe-k-Q4_K.gguf with blk.0.ffn_up_exps relabelled Q4_0 (the
+ * same 0.5625 bytes per value, so the file stays well-formed): the CPU
+ * loads it (any type per tensor), the CUDA device refuses it at load,
+ * naming the tensors and both types, instead of failing at the first
+ * forward. */
+TEST(test_moe_gguf_mixed_gate_up_refused_at_load) {
+    char path[1024], tmp[] = "/tmp/ns_moe_mixed_XXXXXX";
+    snprintf(path, sizeof path, "%s/gguf/tiny-qwen3moe-k-Q4_K.gguf", test_shared_path(""));
+    FILE *f = fopen(path, "rb");
+    CHECKF(f != NULL, "%s: cannot open", path);
+    if (!f) return;
+    static uint8_t buf[1 << 20];
+    const size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    CHECKF(n > 0 && n < sizeof buf, "%s: %zu bytes", path, n);
+    static const char name[] = "blk.0.ffn_up_exps.weight";
+    const size_t nl = sizeof name - 1;
+    uint8_t *at = NULL;
+    for (size_t i = 8; i + nl + 4 + 24 + 4 <= n && !at; i++)
+        if (!memcmp(buf + i, name, nl) && buf[i - 8] == nl) at = buf + i + nl; /* after the u64 length */
+    CHECKF(at != NULL, "%s: tensor %s not found", path, name);
+    if (!at) return;
+    uint32_t dims, type;
+    memcpy(&dims, at, 4);
+    memcpy(&type, at + 4 + 8 * dims, 4);
+    CHECKF(dims == 3 && type == 12, "%s: %s has %u dims, type %u (expected 3, Q4_K = 12)", path, name, dims, type);
+    type = 2; /* Q4_0 */
+    memcpy(at + 4 + 8 * dims, &type, 4);
+    const int fd = mkstemp(tmp);
+    CHECKF(fd >= 0, "mkstemp failed");
+    if (fd < 0) return;
+    FILE *o = fdopen(fd, "wb");
+    CHECK(o && fwrite(buf, 1, n, o) == n);
+    if (o) fclose(o);
+    ns_model *m = NULL;
+    ns_error err = {0};
+    ns_status rc = ns_model_load(tmp, cpu, &m, &err);
+    CHECKF(rc == NS_OK, "cpu refused the mixed file: %s", err.msg);
+    ns_model_free(m);
+    m = NULL;
+    memset(&err, 0, sizeof err);
+    rc = ns_model_load(tmp, gpu, &m, &err);
+    CHECKF(rc != NS_OK, "cuda loaded a file with gate Q4_K and up Q4_0 experts");
+    CHECKF(rc == NS_OK || (strstr(err.msg, "ffn_up_exps") && strstr(err.msg, "Q4_0") && strstr(err.msg, "Q4_K")),
+           "the error does not name the tensor and the types: %s", err.msg);
+    if (rc != NS_OK) printf("#   refused as expected: %s\n", err.msg);
+    ns_model_free(m);
+    unlink(tmp);
+}
 TEST(test_moe_gguf_q4_k_m) { gguf_moe_fixture("tiny-qwen3moe-k-Q4_K_M"); }
 
 TEST(test_moe_bad_shapes_fail) {
@@ -711,6 +762,7 @@ int main(void) {
     RUN(test_moe_quant_mixed_stack_fails);
     RUN(test_moe_gguf_q4_k);
     RUN(test_moe_gguf_q4_k_m);
+    RUN(test_moe_gguf_mixed_gate_up_refused_at_load);
     cpu->ops->destroy(cpu);
     gpu->ops->destroy(gpu);
     TEST_MAIN_END;
