@@ -77,7 +77,8 @@ void ns_cuda_set_early_loads(ns_backend *be, int on);
  * page and 64-dim half; pages of 8, 16, 32, 64 or 128 tokens, else as 1,
  * 3); 10 = 8 with the two head pairs of a KV head as a 2-CTA cluster
  * fetching each K/V tile once by multicast (GQA ratio a multiple of 4,
- * else as 8). Env NS_CUDA_ATTN_SM90 takes the same values. For A/B runs and
+ * else as 8); 11 = 10 with 9's consumers (else as 9). Env
+ * NS_CUDA_ATTN_SM90 takes the same values. For A/B runs and
  * tests; all give the same results within bf16 rounding. */
 void ns_cuda_set_attn_sm90(ns_backend *be, int on);
 /* Decode attention on tensor cores (mma.sync; the GQA group's query heads

@@ -720,7 +720,8 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
                                       s9_set_smem(c, k_attn_prefill_sm90<false, false, false, true>) &&
                                       s9_set_smem(c, k_attn_prefill_sm90<false, false, false, false, true>) &&
                                       s9_set_smem(c, k_attn_prefill_sm90<true, true, false, false, true>) &&
-                                      s9_set_smem(c, k_attn_prefill_sm90<false, false, false, false, true, true>)))
+                                      s9_set_smem(c, k_attn_prefill_sm90<false, false, false, false, true, true>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<true, true, false, false, true, true>)))
             c->attn_sm90_cc = 2;
     }
     return c->attn_sm90_cc == 1;
@@ -797,13 +798,14 @@ bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
     memset(&tm, 0, sizeof tm);
     int v = c->attn_sm90 - 1;
     /* the TMA variants fall back to their cp.async twins where no map fits */
-    if (v == 10 && (p->G / 2) % 2 != 0) v = 8; /* clusters pair head pairs: needs G % 4 == 0 */
-    if ((v == 8 || v == 9 || v == 10) && !s9_tensor_map(c, p, &tm)) v = v == 9 ? 3 : 1;
+    if ((v == 10 || v == 11) && (p->G / 2) % 2 != 0) v = v == 10 ? 8 : 9; /* clusters pair head pairs: G % 4 == 0 */
+    if (v >= 8 && v <= 11 && !s9_tensor_map(c, p, &tm)) v = (v == 9 || v == 11) ? 3 : 1;
     /* variants (cuda.h): 1 in order per tile (default: measured fastest
      * in run 1), 2 pipelined, 3 pipelined + ping-pong; 4-6 the same with
      * one producer warp per stage; 7 = 1 with the consumer groups half a
      * tile apart; 8, 9 = 1, 3 with the TMA producer; 10 = 8 with the two
-     * head pairs of a KV head as a 2-CTA cluster sharing K/V by multicast */
+     * head pairs of a KV head as a 2-CTA cluster sharing K/V by multicast,
+     * 11 = the same with 9's pipelined ping-pong consumers */
     switch (v) {
     case 2: cu_launch(c, k_attn_prefill_sm90<true, false, false>, grid, block, sm, *p, tm); break;
     case 3: cu_launch(c, k_attn_prefill_sm90<true, true, false>, grid, block, sm, *p, tm); break;
@@ -814,6 +816,7 @@ bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
     case 8: cu_launch(c, k_attn_prefill_sm90<false, false, false, false, true>, grid, block, sm, *p, tm); break;
     case 9: cu_launch(c, k_attn_prefill_sm90<true, true, false, false, true>, grid, block, sm, *p, tm); break;
     case 10: s9_launch_cluster(c, k_attn_prefill_sm90<false, false, false, false, true, true>, grid, block, sm, *p, tm); break;
+    case 11: s9_launch_cluster(c, k_attn_prefill_sm90<true, true, false, false, true, true>, grid, block, sm, *p, tm); break;
     default: cu_launch(c, k_attn_prefill_sm90<false, false, false>, grid, block, sm, *p, tm); break;
     }
     return !CU_LAUNCHED(c, "attention prefill sm90");

@@ -389,7 +389,7 @@ enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2 };
  * [0, max]: def). Values: Hopper prefill 0 off / 1..7 variants (cuda.h),
  * decode 0 off / 1 auto / 2 always. */
 int cu_attn_switch(int *field, const char *env, int max, int def);
-#define CU_ATTN_SM90_MAX 10
+#define CU_ATTN_SM90_MAX 11
 #define CU_ATTN_DEC_MMA_MAX 2
 #define CU_ATTN_DEC_LOAD_MAX 3
 /* grid (G / 2, n_tiles, KVH); returns false on a launch error (recorded). */
