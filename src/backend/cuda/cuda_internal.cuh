@@ -386,8 +386,8 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G);
 enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2 };
 /* The value of an attention kernel switch (0 = off): once set, *field
  * holds 1 + the value; unset, env var `env` gives it (absent or outside
- * [0, max]: def). Values: Hopper prefill 0 off / 1..7 variants (cuda.h),
- * decode 0 off / 1 auto / 2 always. */
+ * [0, max]: def). Values: Hopper prefill 0 off / 1..11 variants (cuda.h),
+ * decode 0 off / 1 auto / 2 always, decode copy mode 0..3 (cuda.h). */
 int cu_attn_switch(int *field, const char *env, int max, int def);
 #define CU_ATTN_SM90_MAX 11
 #define CU_ATTN_DEC_MMA_MAX 2
