@@ -73,7 +73,8 @@ static int32_t match_norm(const cu_impl *c, const cu_op *ops, int32_t i, int32_t
     /* the block RMSNorm (cols > 1024, float4 path) is the one reproduced */
     if (xn->dtype != NS_DT_F32 || x->dtype != NS_DT_F32 || nw->dtype != NS_DT_F32 || x->rows < 1 || x->rows > 2 ||
         xn->rows != x->rows || xn->cols != x->cols || x->cols <= 1024 || x->cols % 8 ||
-        nw->rows * nw->cols != x->cols || !al16(x->data) || !al16(xn->data) || !al16(nw->data) || overlap(x, xn))
+        nw->rows * nw->cols != x->cols || !al16(x->data) || !al16(xn->data) || !al16(nw->data) || overlap(x, xn) ||
+        (size_t)(x->rows * x->cols) * 4 > CU_DEC_NORM_SMEM)
         return 0;
     int32_t gcount = 0;
     while (gcount < 3 && i + 1 + gcount < n && dec_gemv(c, &ops[i + 1 + gcount]) &&

@@ -346,7 +346,10 @@ void cu_gemm(cu_impl *c, float *out, const bf16 *in_bf, const float *in_f32, con
  *   threads" per thread, the same per-thread partials, the same warp
  *   butterflies and the same final 16-lane sum), so inv and every
  *   normalized value (x * inv) * w are bit-identical to the unfused op; the
- *   dot products then read them on the fly. Block 0 also writes the
+ *   block keeps the normalized rows in shared memory (N x K floats, at
+ *   most CU_DEC_NORM_SMEM bytes) and the dot products read them from
+ *   there, which keeps the loop's registers those of k_gemv. Block 0 also
+ *   writes the
  *   normalized rows to xn, as the unfused RMSNorm leaves them (nothing
  *   after the group need know the difference).
  * - ADD: the epilogue also does res += out (the residual add that follows
@@ -354,8 +357,8 @@ void cu_gemm(cu_impl *c, float *out, const bf16 *in_bf, const float *in_f32, con
  * The weight loads of a lane's first iteration are issued before the norm
  * prologue, so the x read and the block reduction overlap the first HBM
  * round trip; with `early` (NS_CUDA_DEC_EARLY, only after another GEMV,
- * see cuda_decode.cu) even before the PDL wait. The dot products run in k_gemv's order, so the sums are
- * bit-identical too. */
+ * see cuda_decode.cu) even before the PDL wait. The dot products run in
+ * k_gemv's order, so the sums are bit-identical too. */
 struct dec_side {
     const float *nw; /* NORM: norm weight [K] */
     float *xn;       /* NORM: normalized rows out [N, K] */
@@ -368,17 +371,18 @@ __device__ __forceinline__ float4 nrm4(float4 a, float inv, float4 w) {
     return make_float4((a.x * inv) * w.x, (a.y * inv) * w.y, (a.z * inv) * w.z, (a.w * inv) * w.w);
 }
 
-/* The 8 input values of chunk ch of row xr, normalized under NORM. */
+/* The 8 input values of chunk ch of row xr: under NORM xr is the block's
+ * normalized copy in shared memory, else the F32 input in global memory
+ * (read through the read-only path; it stays in L1). */
 template <bool NORM>
-__device__ __forceinline__ void dec_xin(const float *__restrict__ xr, const float *__restrict__ nw, float inv, int ch,
-                                        float4 &x0, float4 &x1) {
+__device__ __forceinline__ void dec_xin(const float *__restrict__ xr, int ch, float4 &x0, float4 &x1) {
     const float4 *xv = reinterpret_cast<const float4 *>(xr) + 2 * ch;
-    x0 = __ldg(xv);
-    x1 = __ldg(xv + 1);
     if constexpr (NORM) {
-        const float4 *wv = reinterpret_cast<const float4 *>(nw) + 2 * ch;
-        x0 = nrm4(x0, inv, __ldg(wv));
-        x1 = nrm4(x1, inv, __ldg(wv + 1));
+        x0 = xv[0];
+        x1 = xv[1];
+    } else {
+        x0 = __ldg(xv);
+        x1 = __ldg(xv + 1);
     }
 }
 
@@ -422,12 +426,12 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
         }
     }
     if (sd.early) PDL_WAIT();
-    float inv[N];
-#pragma unroll
-    for (int n = 0; n < N; n++) inv[n] = 0.f;
+    /* NORM: the normalized rows, [N][K] floats of dynamic shared memory */
+    extern __shared__ __align__(16) float xs[];
     if constexpr (NORM) {
         /* k_rmsnorm_block with 512 threads: virtual thread j*128 + tid
-         * (virtual warp 4j + wib, lane `lane`) sums d = 4 vt + 2048 i */
+         * (virtual warp 4j + wib, lane `lane`) sums d = 4 vt + 2048 i; the
+         * values go to xs on the way */
         __shared__ float part[N][16];
 #pragma unroll
         for (int n = 0; n < N; n++) {
@@ -437,6 +441,7 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
                 float ss = 0.f;
                 for (int d = (j * 128 + (int)threadIdx.x) * 4; d < K; d += 2048) {
                     float4 v = *reinterpret_cast<const float4 *>(xr + d);
+                    *reinterpret_cast<float4 *>(xs + (size_t)n * K + d) = v;
                     ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
                 }
                 ss = cu_warp_sum(ss);
@@ -444,41 +449,42 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
             }
         }
         __syncthreads();
+        /* each thread normalizes the elements it stored (d / 4 = tid mod
+         * 128 in both loops), so only the barrier below is needed */
 #pragma unroll
         for (int n = 0; n < N; n++) {
             float t = lane < 16 ? part[n][lane] : 0.f;
             t = cu_warp_sum(t);
-            inv[n] = 1.0f / sqrtf(t / (float)K + sd.eps);
+            const float inv = 1.0f / sqrtf(t / (float)K + sd.eps);
+            for (int d = (int)threadIdx.x * 4; d < K; d += 512) {
+                float4 *p = reinterpret_cast<float4 *>(xs + (size_t)n * K + d);
+                const float4 y = nrm4(*p, inv, *reinterpret_cast<const float4 *>(sd.nw + d));
+                *p = y;
+                if (blockIdx.x == 0) *reinterpret_cast<float4 *>(sd.xn + (size_t)n * K + d) = y;
+            }
         }
-        if (blockIdx.x == 0) {
-#pragma unroll
-            for (int n = 0; n < N; n++)
-                for (int d = (int)threadIdx.x * 4; d < K; d += 512) {
-                    const float4 v = *reinterpret_cast<const float4 *>(x + (size_t)n * K + d);
-                    const float4 ww = *reinterpret_cast<const float4 *>(sd.nw + d);
-                    *reinterpret_cast<float4 *>(sd.xn + (size_t)n * K + d) = nrm4(v, inv[n], ww);
-                }
-        }
+        __syncthreads();
     }
+    const float *xsrc = NORM ? xs : x;
     if (active) {
-        while (full) {
+        /* k_gemv's loop (loads at the top of each iteration), the first
+         * iteration's loads already issued above */
+        for (bool first = true; c + 96 < ce; c += 128, first = false) {
+            if (!first) {
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    a[u] = ld_stream(w0 + c + 32 * u);
+                    b[u] = ld_stream(w1 + c + 32 * u);
+                }
+            }
 #pragma unroll
             for (int u = 0; u < 4; u++) {
 #pragma unroll
                 for (int n = 0; n < N; n++) {
                     float4 x0, x1;
-                    dec_xin<NORM>(x + (size_t)n * K, sd.nw, inv[n], c + 32 * u, x0, x1);
+                    dec_xin<NORM>(xsrc + (size_t)n * K, c + 32 * u, x0, x1);
                     acc0[n] += dot8(a[u], x0, x1);
                     acc1[n] += dot8(b[u], x0, x1);
-                }
-            }
-            c += 128;
-            full = c + 96 < ce;
-            if (full) {
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    a[u] = ld_stream(w0 + c + 32 * u);
-                    b[u] = ld_stream(w1 + c + 32 * u);
                 }
             }
         }
@@ -487,7 +493,7 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
 #pragma unroll
             for (int n = 0; n < N; n++) {
                 float4 x0, x1;
-                dec_xin<NORM>(x + (size_t)n * K, sd.nw, inv[n], c, x0, x1);
+                dec_xin<NORM>(xsrc + (size_t)n * K, c, x0, x1);
                 acc0[n] += dot8(wa, x0, x1);
                 acc1[n] += dot8(wb, x0, x1);
             }
@@ -561,7 +567,7 @@ bool cu_gemv_dec(cu_impl *c, const cu_gemv_dec_args *g) {
     };
     const int mode = g->add_res ? 2 : g->swiglu ? 1 : 0;
     if (g->n < 1 || g->n > 2 || g->k % 8 || g->nseg < 1 || g->nseg > 3 || (g->swiglu && g->nseg != 2) ||
-        (g->add_res && g->nseg != 1) || (mode < 2 && (g->k % 4 || !g->norm_w || !g->xn))) {
+        (g->add_res && g->nseg != 1) || (mode < 2 && (g->k % 4 || !g->norm_w || !g->xn || (size_t)g->n * (size_t)g->k * 4 > CU_DEC_NORM_SMEM))) {
         cu_check(c, cudaErrorInvalidValue, "gemv_dec: unsupported shape");
         return false;
     }
@@ -595,6 +601,7 @@ bool cu_gemv_dec(cu_impl *c, const cu_gemv_dec_args *g) {
     const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
     const int64_t pairs_per_block = 4 / ks;
     const unsigned blocks = (unsigned)((rows + pairs_per_block - 1) / pairs_per_block);
-    cu_launch(c, fns[mode][g->n - 1][ki], dim3(blocks), dim3(128), 0, sg, g->x, (int)g->k, sd);
+    const size_t smem = mode < 2 ? (size_t)g->n * (size_t)g->k * sizeof(float) : 0;
+    cu_launch(c, fns[mode][g->n - 1][ki], dim3(blocks), dim3(128), smem, sg, g->x, (int)g->k, sd);
     return !CU_LAUNCHED(c, "gemv_dec");
 }

@@ -428,6 +428,9 @@ typedef struct cu_gemv_dec_args {
     bool early; /* first weight loads before the PDL wait (set by cu_dec_run) */
 } cu_gemv_dec_args;
 bool cu_gemv_dec(cu_impl *c, const cu_gemv_dec_args *g);
+/* The norm variants keep n x k floats in shared memory: at most this
+ * (the default dynamic limit, no opt-in needed), i.e. k <= 12288 at n = 1. */
+#define CU_DEC_NORM_SMEM (48 * 1024)
 /* The tape matcher for them: when ops[i..] is one of the patterns
  * (rmsnorm + 1-3 GEMVs sharing its output; rmsnorm + gate/up GEMVs +
  * swiglu; GEMV + the residual add of its output), fills *g and *label and
