@@ -76,9 +76,11 @@ void ns_api_admin_cache(void *ud, const ns_http_request *req, ns_http_response *
         if (extra) json_object_update(ssd, extra);
         json_decref(extra);
     }
-    json_t *root = json_pack("{s:i,s:I,s:{s:o,s:o,s:o},s:I,s:I}", "page_tokens", k->page_tokens, "page_bytes",
-                             (json_int_t)k->page_bytes, "tiers", "device", dev, "ram", ram, "ssd", ssd, "demotions",
-                             (json_int_t)k->demotions, "evictions", (json_int_t)k->evictions);
+    json_t *root = json_pack("{s:i,s:I,s:s,s:I,s:{s:o,s:o,s:o},s:I,s:I}", "page_tokens", k->page_tokens, "page_bytes",
+                             (json_int_t)k->page_bytes, "kv_dtype", ns_dtype_name((ns_dtype)st.kv_dtype),
+                             "kv_bytes_per_token", (json_int_t)st.kv_bytes_per_token, "tiers", "device", dev, "ram",
+                             ram, "ssd", ssd, "demotions", (json_int_t)k->demotions, "evictions",
+                             (json_int_t)k->evictions);
     ns_http_set_json(resp, 200, root ? json_dumps(root, JSON_COMPACT) : NULL);
     json_decref(root);
 }

@@ -104,6 +104,12 @@ void ns_api_metrics(void *ud, const ns_http_request *req, ns_http_response *resp
                   "nightshift_kv_pages{state=\"cached\"} %d\n",
                   st.pages_used, st.pages_free, st.pages_cached);
     gauge(&b, "nightshift_kv_page_tokens", "Tokens per KV page.", st.page_tokens);
+    gauge(&b, "nightshift_kv_bytes_per_token", "KV bytes per token (all layers, K and V; FP8 includes its scales).",
+          st.kv_bytes_per_token);
+    ns_buf_printf(&b,
+                  "# HELP nightshift_kv_dtype_info KV element type (--kv-dtype) as a label.\n"
+                  "# TYPE nightshift_kv_dtype_info gauge\nnightshift_kv_dtype_info{dtype=\"%s\"} 1\n",
+                  ns_dtype_name((ns_dtype)st.kv_dtype));
     kv_tier_metrics(&b, &st.kv);
     histogram(&b, "nightshift_step_duration_seconds", "Engine step wall time.", &st.step_seconds);
     histogram(&b, "nightshift_batch_tokens", "Tokens per engine step.", &st.batch_tokens);

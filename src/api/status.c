@@ -64,6 +64,12 @@ static json_t *status_json(const ns_api *a, const ns_status_snapshot *snap) {
                              "requests_incoming", snap->n_incoming, "cache_breaks_total",
                              (json_int_t)snap->breaks_total);
     bool ok = reqs && breaks && secs && kv && root;
+    if (ok) { /* the KV format (--kv-dtype) and its cost per token: fixed for the server's life */
+        ns_sched_stats st;
+        ns_sched_get_stats(a->sched, &st);
+        ok = json_object_set_new(root, "kv_dtype", json_string(ns_dtype_name((ns_dtype)st.kv_dtype))) == 0 &&
+             json_object_set_new(root, "kv_bytes_per_token", json_integer((json_int_t)st.kv_bytes_per_token)) == 0;
+    }
     for (int32_t i = 0; ok && i < snap->n_listed; i++) ok = json_array_append_new(reqs, req_json(&snap->reqs[i])) == 0;
     static const char *const names[NS_TIER_COUNT] = {"device", "ram", "ssd"};
     for (int t = 0; ok && t < NS_TIER_COUNT; t++)

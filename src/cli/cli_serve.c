@@ -422,6 +422,12 @@ int ns_cli_serve(int argc, char **argv) {
         return ns_cli_usage_error("serve", usage, "give at most one of --model DIR or --dummy-weights CONFIG_JSON");
     if (!o.record_dir && (o.record_redact || o.record_max_bytes || o.record_keep))
         return ns_cli_usage_error("serve", usage, "--record-redact, --record-max-bytes and --record-keep need --record DIR");
+    {   /* --kv-dtype against --device, before listening (the engine opens after) */
+        ns_dtype kd;
+        ns_error kerr = {0};
+        if (ns_kv_dtype_choose(o.eng.kv_dtype, o.eng.device, &kd, &kerr) != NS_OK)
+            return ns_cli_usage_error("serve", usage, "%s", kerr.msg);
+    }
     resolve_tiers(&o);
     ns_tokenizer *checked_tok = NULL;
     if (o.eng.model_dir) {

@@ -204,6 +204,9 @@ ns_status ns_sched_create(ns_engine *e, const ns_sched_opts *opts, ns_sched **ou
     s->stats.pages_free = s->n_pages;
     ns_kv_cache_get_stats(s->kv, &s->stats.kv);
     s->stats.page_tokens = s->P;
+    s->stats.kv_dtype = (int32_t)e->opts.kv_dtype;
+    s->stats.kv_bytes_per_token = (int64_t)((ns_engine_page_bytes(&e->model->cfg, s->P, e->opts.kv_dtype) + (size_t)s->P - 1) /
+                                            (size_t)s->P);
     *out = s;
     return NS_OK;
 fail:

@@ -189,6 +189,8 @@ typedef struct ns_sched_stats {
     uint64_t prefix_lookup_tokens_total, prefix_hit_tokens_total;
     int32_t pages_total, pages_used, pages_free, pages_cached;
     int32_t page_tokens;
+    int32_t kv_dtype;            /* ns_dtype of the KV pages (--kv-dtype), fixed at creation */
+    int64_t kv_bytes_per_token;  /* page bytes / page tokens, rounded up (FP8: codes + scales) */
     ns_histogram step_seconds, batch_tokens, ttft_seconds, itl_seconds;
     ns_kv_cache_stats kv; /* per-tier pages, hits, demotions/promotions, SSD */
 } ns_sched_stats;

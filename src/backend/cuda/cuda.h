@@ -43,6 +43,13 @@ ns_status ns_cuda_time_matmul_dt(ns_backend *be, ns_dtype dt, int64_t n, int64_t
  * finite, non-zero KV, not a prefill). */
 ns_status ns_cuda_kv_fill_random(ns_backend *be, uint64_t seed, ns_error *err);
 
+/* FP8 KV decode attention (cuda_attn_fp8.cu): 0 = e4m3 codes converted by
+ * the hardware e4m3x2 -> f16x2 instruction (default), 1 = by integer bit
+ * moves into f16 (scale folded into the page-head scale); env
+ * NS_CUDA_FP8_DEC likewise. Process-wide; same results up to fp32
+ * rounding. */
+void ns_cuda_set_fp8_dec(ns_backend *be, int mode);
+
 /* CUDA graphs for decode steps: on (default) or off. */
 void ns_cuda_set_graphs(ns_backend *be, int on);
 /* Fused kernels for the engine's fixed op sequences in decode steps: on

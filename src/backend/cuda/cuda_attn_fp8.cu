@@ -78,6 +78,35 @@ __device__ __forceinline__ float2 f8x2_to_float2(uint32_t two) {
     return __half22float2(*reinterpret_cast<const __half2 *>(&h));
 }
 
+/* Four codes (byte k of w) -> v[k] * 2^-8 on the integer path (INT):
+ * each code's sign and exponent/mantissa bits moved into an f16 (its
+ * value is then the e4m3 value times 2^-8, subnormals included; the NaN
+ * code reads as 1.875 * 2^-8, and a page never holds one unless a NaN was
+ * stored), then f16 -> f32. Two byte permutes, shifts and masks per pair
+ * instead of the e4m3x2 -> f16x2 conversion instruction (!INT, exact
+ * values). Which is faster on the H200 is what NS_CUDA_FP8_DEC measures;
+ * the 2^-8 is folded into the page-head scales. */
+template <bool INT>
+__device__ __forceinline__ void f8x4_to_float(uint32_t w, float (&v)[4]) {
+    if constexpr (INT) {
+        const uint32_t r0 = __byte_perm(w, 0, 0x1404), r1 = __byte_perm(w, 0, 0x3424);
+        const uint32_t h0 = (r0 & 0x80008000u) | ((r0 >> 1) & 0x3f803f80u),
+                       h1 = (r1 & 0x80008000u) | ((r1 >> 1) & 0x3f803f80u);
+        const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&h0)),
+                     b = __half22float2(*reinterpret_cast<const __half2 *>(&h1));
+        v[0] = a.x;
+        v[1] = a.y;
+        v[2] = b.x;
+        v[3] = b.y;
+    } else {
+        const float2 a = f8x2_to_float2(w), b = f8x2_to_float2(w >> 16);
+        v[0] = a.x;
+        v[1] = a.y;
+        v[2] = b.x;
+        v[3] = b.y;
+    }
+}
+
 /* The last CTA of (decode row di, kv head kvh) to finish merges the
  * splits' partials (o, m, l) of the group's heads into row t of out; the
  * counter resets itself for the next launch or graph replay. Contains
@@ -141,7 +170,7 @@ __device__ __forceinline__ void f8_merge(const f8_params &p, int di, int kvh, in
 
 /* grid (splits, kv heads, decode rows), 128 threads; GB query heads of the
  * group per pass (G / GB passes over the split's keys). */
-template <int D, int GB>
+template <int D, int GB, bool INT>
 __global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
     PDL_ENTRY();
     constexpr int LCH = D / 16;              /* 16-byte copies per row (head dim 16: one) */
@@ -255,12 +284,13 @@ __global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
                     }
 #pragma unroll
                     for (int e = 0; e < CB / 4; e++) {
-                        const float2 a = f8x2_to_float2(w[e]), b = f8x2_to_float2(w[e] >> 16);
+                        float f[4];
+                        f8x4_to_float<INT>(w[e], f);
                         const int d = ci * CB + 4 * e;
 #pragma unroll
                         for (int j = 0; j < GB; j++) {
                             const float4 qq = *reinterpret_cast<const float4 *>(&qs[j][d]);
-                            dt[j] = fmaf(a.x, qq.x, fmaf(a.y, qq.y, fmaf(b.x, qq.z, fmaf(b.y, qq.w, dt[j]))));
+                            dt[j] = fmaf(f[0], qq.x, fmaf(f[1], qq.y, fmaf(f[2], qq.z, fmaf(f[3], qq.w, dt[j]))));
                         }
                     }
                 }
@@ -270,7 +300,7 @@ __global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
                     for (int o = 1; o < TPK; o <<= 1) dt[j] += __shfl_xor_sync(0xffffffffu, dt[j], o);
                 }
                 if (sub == 0) {
-                    const float ks = kst[kl];
+                    const float ks = INT ? kst[kl] * 256.0f : kst[kl];
 #pragma unroll
                     for (int j = 0; j < GB; j++) sc[j][kl] = kl < nk ? dt[j] * ks : -INFINITY;
                 }
@@ -311,24 +341,21 @@ __global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
             for (int kl = warp; kl < nk && lane * DPL < D; kl += 4) {
                 float v[DPL];
                 const uint8_t *vr = Vt + kl * D + lane * DPL;
-                if constexpr (DPL == 1) {
-                    v[0] = f8x2_to_float2(*vr).x;
-                } else if constexpr (DPL == 2) {
-                    const float2 a = f8x2_to_float2(*reinterpret_cast<const uint16_t *>(vr));
-                    v[0] = a.x;
-                    v[1] = a.y;
+                if constexpr (DPL <= 2) {
+                    float f[4];
+                    f8x4_to_float<INT>(DPL == 1 ? (uint32_t)*vr : (uint32_t)*reinterpret_cast<const uint16_t *>(vr), f);
+#pragma unroll
+                    for (int e = 0; e < DPL; e++) v[e] = f[e];
                 } else {
 #pragma unroll
                     for (int w4 = 0; w4 < DPL / 4; w4++) {
-                        const uint32_t u = reinterpret_cast<const uint32_t *>(vr)[w4];
-                        const float2 a = f8x2_to_float2(u), b = f8x2_to_float2(u >> 16);
-                        v[4 * w4] = a.x;
-                        v[4 * w4 + 1] = a.y;
-                        v[4 * w4 + 2] = b.x;
-                        v[4 * w4 + 3] = b.y;
+                        float f[4];
+                        f8x4_to_float<INT>(reinterpret_cast<const uint32_t *>(vr)[w4], f);
+#pragma unroll
+                        for (int e = 0; e < 4; e++) v[4 * w4 + e] = f[e];
                     }
                 }
-                const float vs = vst[kl];
+                const float vs = INT ? vst[kl] * 256.0f : vst[kl];
 #pragma unroll
                 for (int j = 0; j < GB; j++) {
                     const float pj = sc[j][kl] * vs;
@@ -367,19 +394,43 @@ __global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
     if (nsp > 1) f8_merge<D>(p, di, kvh, t, nsp);
 }
 
-template <int D, int GB>
-static void launch_decode_fp8(cu_impl *c, const f8_params &p, dim3 grid) {
+template <int D, int GB, bool INT>
+static void launch_decode_fp8_k(cu_impl *c, const f8_params &p, dim3 grid) {
     static bool attr_done = false;
     const int smem = 4 * F8_TK * D + 4 * F8_TK * 4;
     if (!attr_done) {
         if (cu_check(c,
-                     cudaFuncSetAttribute(k_attn_decode_fp8<D, GB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                     cudaFuncSetAttribute(k_attn_decode_fp8<D, GB, INT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          smem),
                      "fp8 decode attention smem attribute"))
             return;
         attr_done = true;
     }
-    cu_launch(c, k_attn_decode_fp8<D, GB>, grid, dim3(128), (size_t)smem, p);
+    cu_launch(c, k_attn_decode_fp8<D, GB, INT>, grid, dim3(128), (size_t)smem, p);
     CU_LAUNCHED(c, "fp8 decode attention");
+}
+
+/* NS_CUDA_FP8_DEC / ns_cuda_set_fp8_dec: 0 = codes through the e4m3x2 ->
+ * f16x2 conversion instruction (default until measured), 1 = the integer
+ * path (f8x4_to_float). Process-wide: a benchmark and test switch. */
+static int g_fp8_dec = -1;
+static int fp8_dec_mode(void) {
+    if (g_fp8_dec < 0) {
+        const char *e = getenv("NS_CUDA_FP8_DEC");
+        g_fp8_dec = e && atoi(e) == 1 ? 1 : 0;
+    }
+    return g_fp8_dec;
+}
+
+extern "C" void ns_cuda_set_fp8_dec(ns_backend *be, int mode) {
+    g_fp8_dec = mode == 1 ? 1 : 0;
+    cu_bump_generation((cu_impl *)be->impl); /* graphs bake the kernel choice */
+}
+
+template <int D, int GB>
+static void launch_decode_fp8(cu_impl *c, const f8_params &p, dim3 grid) {
+    if (fp8_dec_mode() == 1) launch_decode_fp8_k<D, GB, true>(c, p, grid);
+    else launch_decode_fp8_k<D, GB, false>(c, p, grid);
 }
 
 template <int D>
