@@ -136,22 +136,29 @@ static inline size_t ns_kv_offset(const ns_kv_layout *l, int layer, int kv, int 
     return idx * ns_dtype_size(l->dtype);
 }
 
-/* FP8 pages: byte offset of the float scale of (layer, k_or_v, kv_head),
- * stored after all the codes of the page, so a page stays one contiguous
- * block that tier moves and SSD records copy without re-quantizing. */
+/* FP8 pages: the codes, padded to 16 bytes, then one float scale per
+ * (layer, K|V, kv head), padded to 16 bytes, so a page stays one
+ * contiguous block (tier moves and SSD records copy it without
+ * re-quantizing) and every page of the pool starts 16-byte aligned (the
+ * CUDA kernels read codes 16 bytes at a time). */
+static inline size_t ns_kv_fp8_codes_bytes(size_t segs, int32_t page_tokens, int32_t head_dim) {
+    return (segs * (size_t)page_tokens * (size_t)head_dim + 15) / 16 * 16;
+}
+/* Byte offset of the scale of (layer, k_or_v, kv_head) in an FP8 page. */
 static inline size_t ns_kv_scale_offset(const ns_kv_layout *l, int layer, int kv, int head) {
     const size_t segs = (size_t)l->n_layers * 2 * (size_t)l->n_kv_heads;
-    return segs * (size_t)l->page_tokens * (size_t)l->head_dim +
+    return ns_kv_fp8_codes_bytes(segs, l->page_tokens, l->head_dim) +
            (((size_t)layer * 2 + (size_t)kv) * (size_t)l->n_kv_heads + (size_t)head) * sizeof(float);
 }
 
 /* Bytes of one page of this geometry and KV dtype (F32, BF16 or
- * FP8_E4M3; FP8 adds its scales). */
+ * FP8_E4M3; FP8 adds its scales and the padding above). */
 static inline size_t ns_kv_page_bytes(int32_t n_layers, int32_t n_kv_heads, int32_t page_tokens, int32_t head_dim,
                                       ns_dtype dt) {
     const size_t segs = (size_t)n_layers * 2 * (size_t)n_kv_heads;
-    return segs * (size_t)page_tokens * (size_t)head_dim * ns_dtype_size(dt) +
-           (dt == NS_DT_FP8_E4M3 ? segs * sizeof(float) : 0);
+    if (dt == NS_DT_FP8_E4M3)
+        return ns_kv_fp8_codes_bytes(segs, page_tokens, head_dim) + (segs * sizeof(float) + 15) / 16 * 16;
+    return segs * (size_t)page_tokens * (size_t)head_dim * ns_dtype_size(dt);
 }
 
 /* One step's ragged batch, as host arrays (borrowed; set_batch copies).

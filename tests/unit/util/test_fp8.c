@@ -179,6 +179,13 @@ TEST(fp8_page_arithmetic) {
     CHECK_EQ_INT(ns_kv_scale_offset(&l, 0, 0, 0), codes);
     CHECK_EQ_INT(ns_kv_scale_offset(&l, 2, 1, 1), l.page_size_bytes - 4);
     CHECK_EQ_INT(ns_kv_scale_offset(&l, 1, 0, 1) % 4, 0);
+    /* odd geometries are padded: codes and scales each to 16 bytes */
+    ns_kv_layout o = {.n_pages = 2, .page_tokens = 5, .n_layers = 3, .n_kv_heads = 1, .head_dim = 3,
+                      .dtype = NS_DT_FP8_E4M3};
+    o.page_size_bytes = ns_kv_page_bytes(3, 1, 5, 3, NS_DT_FP8_E4M3);
+    CHECK_EQ_INT(ns_kv_scale_offset(&o, 0, 0, 0), 96); /* 6 x 5 x 3 = 90 codes -> 96 */
+    CHECK_EQ_INT(o.page_size_bytes, 96 + 32);          /* 6 scales = 24 bytes -> 32 */
+    CHECK_EQ_INT(ns_kv_scale_offset(&o, 2, 1, 0), 96 + 20);
 }
 
 /* A KV format is part of the prefix-hash seed: FP8 pages never match
