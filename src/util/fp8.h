@@ -15,8 +15,9 @@
  * - Decoding is exact (every e4m3 value is a float).
  * - Scale policy ("append as if one row at a time"): a page-head segment
  *   (one layer, K or V, one kv head of one page: P rows of head_dim codes)
- *   has one float scale s; value = decode(code) * s. Appending row j
- *   (slot j) sets s' = max(s, amax(row) / 448), where s is taken as 0 when
+ *   has one float scale s, a power of two; value = decode(code) * s.
+ *   Appending row j (slot j) sets s' = max(s, ns_fp8_row_scale(amax(row)))
+ *   (the smallest power of two >= amax / 448), where s is taken as 0 when
  *   j == 0 (a recycled page starts fresh); when s' > s the rows already in
  *   slots [0, j) are re-quantized to s' (code = enc(dec(code) * s / s')),
  *   then the row is encoded as enc(x / s'). Because a multi-row store is
@@ -90,12 +91,24 @@ static inline NS_HOSTDEV float ns_fp8_e4m3_to_float(uint8_t c) {
     return ns_fp8_u2f(sign | ((e + 120u) << 23) | (m << 20));
 }
 
-/* The scale a row of absolute maximum amax asks for. An infinite value
- * is taken as FLT_MAX: an infinite scale would turn inf / scale into NaN
- * and every finite value of the segment into 0. */
+/* The scale a row of absolute maximum amax asks for: the smallest power
+ * of two >= amax / 448 (at least 2^-126; 0 for an all-zero row). A power
+ * of two makes x / scale, decode(code) * scale and the re-expression of a
+ * code under a grown scale exact (only the e4m3 rounding of x / scale
+ * remains), so dequantizing a page into bf16 or f32 loses nothing and a
+ * grown scale adds no rounding to the codes already stored (except those
+ * pushed into the subnormal range). It costs at most one binade of the
+ * e4m3 range at the top (the largest |x| / scale lands in (224, 448]).
+ * An infinite value is taken as FLT_MAX: an infinite scale would turn
+ * inf / scale into NaN and every finite value of the segment into 0. */
 static inline NS_HOSTDEV float ns_fp8_row_scale(float amax) {
     const float lim = 3.40282346638528859812e+38f;
-    return (amax > lim ? lim : amax) / NS_FP8_E4M3_MAX;
+    const float s = (amax > lim ? lim : amax) / NS_FP8_E4M3_MAX;
+    if (!(s > 0.0f)) return 0.0f;
+    if (s < 1.17549435082228750797e-38f) return 1.17549435082228750797e-38f;
+    uint32_t u = ns_fp8_f2u(s);
+    if (u & 0x7fffffu) u = (u & 0x7f800000u) + 0x00800000u; /* up to the next power of two */
+    return ns_fp8_u2f(u);
 }
 
 /* Value x under scale s (s == 0 only when every value so far is 0). */

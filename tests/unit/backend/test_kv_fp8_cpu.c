@@ -37,9 +37,9 @@ enum { L = 2, KVH = 2, D = 32, P = 16, H = 4 };
 
 /* Accuracy gate of FP8 KV against an unquantized KV (same bounds in
  * tests/gpu/test_kv_fp8.c, against BF16 KV there). */
-#define FP8_MAX_DLP 0.75
-#define FP8_MAX_KL 0.06
-#define FP8_MEAN_KL 0.012
+#define FP8_MAX_DLP 0.5
+#define FP8_MAX_KL 0.05
+#define FP8_MEAN_KL 0.01
 
 static ns_kv_layout fp8_layout(int pages) {
     ns_kv_layout l = {.n_pages = pages, .page_tokens = P, .n_layers = L, .n_kv_heads = KVH, .head_dim = D,
@@ -309,26 +309,30 @@ static int run_model(ns_model *m, ns_dtype dt, const int32_t *ids, int32_t n, fl
     return 0;
 }
 
-/* tiny-qwen3 on the golden prompts (CPU), FP8 KV against F32 KV, at
- * every position: |change of the F32 run's top-token log-probability| <=
- * FP8_MAX_DLP, KL(f32 || fp8) <= FP8_MAX_KL, mean KL <= FP8_MEAN_KL. The
- * figures are printed; docs/cuda.md ("FP8 KV: accuracy gate") explains
- * the bounds (e4m3 keeps 3 mantissa bits: every stored K/V value is off by
- * up to 2^-4 relative, and a 4-layer, 64-wide model has no redundancy to
- * average that out; measured here 0.54 / 0.045 / 0.0081). */
-TEST(fp8_model_accuracy_vs_f32) {
+/* tiny-qwen3 and tinystories-656k on their golden prompts (CPU), FP8 KV
+ * against F32 KV, at every position: |change of the F32 run's top-token
+ * log-probability| <= FP8_MAX_DLP, KL(f32 || fp8) <= FP8_MAX_KL, mean KL
+ * <= FP8_MEAN_KL. The figures are printed; docs/cuda.md ("FP8 KV cache",
+ * accuracy gate) explains the bounds (e4m3 keeps 3 mantissa bits: every
+ * stored K/V value is off by up to 2^-4 relative, and 2-4 layer, 64-wide
+ * models have no redundancy to average that out; measured here: tiny-qwen3
+ * 0.37 / 0.037 / 0.0073, tinystories 0.18 / 0.020 / 0.0033). */
+static void model_accuracy(const char *name) {
     ns_backend *be = NULL;
     ns_error err = {0};
     CHECK(ns_backend_cpu_create(2, &be, &err) == NS_OK);
     if (!be) return;
     ns_model *m = NULL;
-    if (ns_model_load(test_shared_path("models/tiny-qwen3"), be, &m, &err) != NS_OK) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    if (ns_model_load(test_shared_path(rel), be, &m, &err) != NS_OK) {
         CHECKF(0, "load: %s", err.msg);
         be->ops->destroy(be);
         return;
     }
     json_error_t je;
-    json_t *g = json_load_file(test_shared_path("goldens/logits-tiny-qwen3.json"), 0, &je);
+    snprintf(rel, sizeof rel, "goldens/logits-%s.json", name);
+    json_t *g = json_load_file(test_shared_path(rel), 0, &je);
     CHECKF(g != NULL, "goldens: %s", je.text);
     const int32_t V = m->cfg.vocab_size;
     double worst_dlp = 0, worst_kl = 0, sum_kl = 0;
@@ -367,7 +371,7 @@ TEST(fp8_model_accuracy_vs_f32) {
         free(la);
         free(lb);
     }
-    printf("#   tiny-qwen3 fp8 vs f32 KV over %d positions: max |dlogprob(top)| %.4g, max KL %.3g, mean KL %.3g\n",
+    printf("#   %s: fp8 vs f32 KV over %d positions: max |dlogprob(top)| %.4g, max KL %.3g, mean KL %.3g\n", name,
            positions, worst_dlp, worst_kl, positions ? sum_kl / positions : 0.0);
     CHECK(positions > 0);
     CHECKF(worst_dlp <= FP8_MAX_DLP, "max |dlogprob| %g", worst_dlp);
@@ -376,6 +380,11 @@ TEST(fp8_model_accuracy_vs_f32) {
     json_decref(g);
     ns_model_free(m);
     be->ops->destroy(be);
+}
+
+TEST(fp8_model_accuracy_vs_f32) {
+    model_accuracy("tiny-qwen3");
+    model_accuracy("tinystories-656k");
 }
 
 int main(void) {

@@ -95,7 +95,18 @@ static float frand(void) {
     return f == 0.0f ? 0.5f : f;
 }
 
-/* The scale policy: the scale is the running max of amax/448, a fresh
+/* The smallest power of two >= amax / 448 (float division first), by
+ * frexp: the reference for ns_fp8_row_scale. */
+static float pow2_scale(float amax) {
+    const float r = amax / 448.0f;
+    if (!(r > 0)) return 0;
+    int e;
+    const float m = frexpf(r, &e); /* r = m * 2^e, m in [0.5, 1) */
+    return m == 0.5f ? r : ldexpf(1.0f, e);
+}
+
+/* The scale policy: the scale is the running max of the rows' power-of-two
+ * scales (pow2_scale), a fresh
  * page starts from zero, earlier rows are re-quantized when it grows, and
  * every stored value is within half an e4m3 step (relative 2^-4) of the
  * row value per rounding: one, plus one per growth after the row. */
@@ -112,11 +123,11 @@ TEST(fp8_append_policy) {
         ns_fp8_append_row(seg, &scale, r, rows[r], D);
         float amax = 0;
         for (int d = 0; d < D; d++) amax = fmaxf(amax, fabsf(rows[r][d]));
-        if (amax / 448.0f > want && r > 0) {
+        if (pow2_scale(amax) > want && r > 0) {
             n_grow++;
             for (int q = 0; q < r; q++) growths[q]++;
         }
-        want = fmaxf(want, amax / 448.0f);
+        want = fmaxf(want, pow2_scale(amax));
         CHECKF(scale == want, "row %d: scale %g, want %g", r, scale, want);
     }
     CHECK(n_grow > 0); /* the rows above make the scale grow mid-page */
@@ -134,8 +145,8 @@ TEST(fp8_append_policy) {
     ns_fp8_append_row(seg, &scale, 0, zero, D);
     CHECK(scale == 0.0f && seg[0] == 0 && seg[D - 1] == 0);
     ns_fp8_append_row(seg, &scale, 1, one, D);
-    CHECK(scale == (float)D / 448.0f);
-    CHECK(seg[0] == 0 && seg[D + D - 1] == 0x7e);
+    CHECK(scale == 0.0625f); /* 24 / 448 = 0.054 -> 2^-4 */
+    CHECK(seg[0] == 0 && seg[D + D - 1] == 0x7c); /* 24 / 2^-4 = 384 = 1.5 * 2^8 */
     /* huge rows saturate, never NaN */
     float big[D];
     for (int d = 0; d < D; d++) big[d] = d == 0 ? INFINITY : 1e30f;
