@@ -864,8 +864,9 @@ TEST(test_attention_prefill_boundaries) {
     };
     const seq_spec small[] = {{15, 15}, {33, 17}, {130, 64}, {300, 300}, {257, 1}};
     const attn_cfg g4 = {128, 2, 8, 16}, g8 = {128, 1, 8, 16}, g1 = {128, 2, 2, 16};
-    /* on a device without the Hopper kernel all three run the mma.sync kernel */
-    const gpu_switch k = {ns_cuda_set_attn_sm90, 2, {1, 0}, {"(hopper)", "(mma.sync)", NULL, NULL, NULL, NULL, NULL, NULL}};
+    /* on a device without the Hopper kernel all run the mma.sync kernel;
+     * the first position is the default (the TMA producer) */
+    const gpu_switch k = {ns_cuda_set_attn_sm90, 3, {8, 1, 0}, {"(hopper, TMA)", "(hopper)", "(mma.sync)"}};
     attention_batch(&g4, mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-2, 3e-2, "prefill boundaries GQA4", &k);
     attention_batch(&g8, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA8", &k);
     attention_batch(&g1, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA1 (mma.sync)", NULL);
@@ -881,10 +882,11 @@ TEST(test_attention_prefill_variants) {
     const attn_cfg g4 = {128, 2, 8, 16}, g8 = {128, 1, 8, 16};
     const gpu_switch k = {ns_cuda_set_attn_sm90,
                           11,
-                          {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11},
-                          {"(hopper)", "(hopper, pipelined)", "(hopper, pipelined, ping-pong)", "(hopper, warp producers)",
-                           "(hopper, pipelined, warp producers)", "(hopper, pipelined, ping-pong, warp producers)",
-                           "(hopper, offset groups)", "(hopper, TMA)", "(hopper, pipelined, ping-pong, TMA)",
+                          {8, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11},
+                          {"(hopper, TMA)", "(hopper)", "(hopper, pipelined)", "(hopper, pipelined, ping-pong)",
+                           "(hopper, warp producers)", "(hopper, pipelined, warp producers)",
+                           "(hopper, pipelined, ping-pong, warp producers)", "(hopper, offset groups)",
+                           "(hopper, pipelined, ping-pong, TMA)",
                            "(hopper, TMA multicast in 2-CTA clusters)",
                            "(hopper, pipelined, ping-pong, TMA multicast in 2-CTA clusters)"}};
     attention_batch(&g4, mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-2, 3e-2, "prefill variants GQA4", &k);
@@ -895,8 +897,8 @@ TEST(test_attention_prefill_variants) {
      * a page, on a page edge and on a 128-key tile edge */
     const gpu_switch tma = {ns_cuda_set_attn_sm90,
                             5,
-                            {1, 8, 9, 10, 11},
-                            {"(hopper)", "(hopper, TMA)", "(hopper, pipelined, ping-pong, TMA)", "(hopper, TMA multicast)",
+                            {8, 1, 9, 10, 11},
+                            {"(hopper, TMA)", "(hopper)", "(hopper, pipelined, ping-pong, TMA)", "(hopper, TMA multicast)",
                              "(hopper, pipelined, ping-pong, TMA multicast)"}};
     const attn_cfg p8 = {128, 2, 8, 8}, p32 = {128, 2, 8, 32};
     const seq_spec pages[] = {{15, 15}, {256, 100}, {1000, 1000}, {1313, 77}, {520, 7}, {129, 1}};

@@ -76,17 +76,17 @@ void ns_cuda_set_prefetch(ns_backend *be, int on);
 void ns_cuda_set_early_loads(ns_backend *be, int on);
 /* Prefill attention on Hopper (wgmma, warp-specialized; head dim 128,
  * even GQA ratio, compute capability 9.0): 0 = off (the mma.sync kernel);
- * on: 1 = S, softmax, PV in order per tile (default), 2 = pipelined (S of
+ * on: 1 = S, softmax, PV in order per tile, 2 = pipelined (S of
  * tile k issued with PV of tile k - 1), 3 = pipelined with ping-pong
  * between the consumer warp groups; 4, 5, 6 = 1, 2, 3 with one producer
  * warp per K/V stage; 7 = 1 with the consumer groups started half a tile
  * apart; 8, 9 = 1, 3 with K/V tiles fetched by TMA (one tensor-map box per
  * page and 64-dim half; pages of 8, 16, 32, 64 or 128 tokens, else as 1,
- * 3); 10 = 8 with the two head pairs of a KV head as a 2-CTA cluster
- * fetching each K/V tile once by multicast (GQA ratio a multiple of 4,
- * else as 8); 11 = 10 with 9's consumers (else as 9). Env
- * NS_CUDA_ATTN_SM90 takes the same values. For A/B runs and
- * tests; all give the same results within bf16 rounding. */
+ * 3; 8 is the default); 10 = 8 with the two head pairs of a KV head as
+ * a 2-CTA cluster fetching each K/V tile once by multicast (GQA ratio a
+ * multiple of 4, else as 8); 11 = 10 with 9's consumers (else as 9). Env
+ * NS_CUDA_ATTN_SM90 takes the same values. For A/B runs and tests; all
+ * give the same results within bf16 rounding. */
 void ns_cuda_set_attn_sm90(ns_backend *be, int on);
 /* Decode attention on tensor cores (mma.sync; the GQA group's query heads
  * as the MMA N dimension, each K/V tile read once per group): 1 = where it
@@ -94,9 +94,9 @@ void ns_cuda_set_attn_sm90(ns_backend *be, int on);
  * always, 0 = never (CUDA cores); env NS_CUDA_ATTN_DEC_MMA likewise. */
 void ns_cuda_set_attn_dec_mma(ns_backend *be, int on);
 /* How the tensor-core decode kernel copies its K/V tiles: 0 = 16-byte
- * cp.async, page ids looked up per tile (default until measured), 1 = the
- * same with page ids loaded a tile ahead, 2 = one cp.async.bulk per K/V
- * row on an mbarrier (compute capability >= 9.0; 1 elsewhere), 3 = 2 with
+ * cp.async, page ids looked up per tile, 1 = the same with page ids
+ * loaded a tile ahead, 2 = one cp.async.bulk per K/V row on an mbarrier
+ * (the default; compute capability >= 9.0, 1 elsewhere), 3 = 2 with
  * the next copies issued before the wait (two tiles in flight during it;
  * >= 9.0, else 1); env NS_CUDA_DEC_LOAD likewise. Same results bit for
  * bit; for A/B runs and tests. */

@@ -1,6 +1,9 @@
 /* cuda_attention.cu — causal paged attention over a ragged batch.
  *
- * Three kernels, chosen per sequence by set_batch's lists:
+ * Three kernels, chosen per sequence by set_batch's lists (on Hopper,
+ * prefill of head dim 128 runs cuda_attn_sm90.cu's kernel instead, and
+ * long or batched decode the tensor-core kernel k_attn_decode_mma, which
+ * by default fetches each K/V row with one cp.async.bulk):
  * - prefill (sequences with > 1 new token): flash-attention-2 style. A CTA
  *   of 4 warps owns 64 query rows of one head of one sequence (the tile
  *   list holds (sequence, first row) pairs, so sequences of any lengths
@@ -1070,7 +1073,7 @@ static bool launch_decode_mma_t(cu_impl *c, const attn_params &p, dim3 grid) {
 /* The K/V copy mode (cuda.h ns_cuda_set_attn_dec_load); bulk copies need
  * compute capability 9.0, below it modes 2 and 3 run as mode 1. */
 static int decode_load_mode(cu_impl *c) {
-    int mode = cu_attn_switch(&c->attn_dec_load, "NS_CUDA_DEC_LOAD", CU_ATTN_DEC_LOAD_MAX, DM_LOAD_CPASYNC);
+    int mode = cu_attn_switch(&c->attn_dec_load, "NS_CUDA_DEC_LOAD", CU_ATTN_DEC_LOAD_MAX, CU_ATTN_DEC_LOAD_DEFAULT);
     if (mode == DM_LOAD_BULK || mode == DM_LOAD_BULK_DEEP) {
         if (c->attn_dec_cc9 == 0) {
             int major = 0;
@@ -1142,13 +1145,13 @@ static void set_attn_switch(ns_backend *be, int cu_impl::*field, int on, int max
     c->*field = 1 + (on < 0 || on > max ? def : on);
 }
 extern "C" void ns_cuda_set_attn_sm90(ns_backend *be, int on) {
-    set_attn_switch(be, &cu_impl::attn_sm90, on, CU_ATTN_SM90_MAX, 1);
+    set_attn_switch(be, &cu_impl::attn_sm90, on, CU_ATTN_SM90_MAX, CU_ATTN_SM90_DEFAULT);
 }
 extern "C" void ns_cuda_set_attn_dec_mma(ns_backend *be, int on) {
     set_attn_switch(be, &cu_impl::attn_dec_mma, on, CU_ATTN_DEC_MMA_MAX, 1);
 }
 extern "C" void ns_cuda_set_attn_dec_load(ns_backend *be, int mode) {
-    set_attn_switch(be, &cu_impl::attn_dec_load, mode, CU_ATTN_DEC_LOAD_MAX, DM_LOAD_CPASYNC);
+    set_attn_switch(be, &cu_impl::attn_dec_load, mode, CU_ATTN_DEC_LOAD_MAX, CU_ATTN_DEC_LOAD_DEFAULT);
 }
 
 void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer, int n_heads,

@@ -1,13 +1,16 @@
 /* cuda_attn_sm90.cu — prefill attention for Hopper (sm_90a), head dim 128.
  *
  * FlashAttention-3 style: one CTA = three warp groups.
- * - Warp group 0 (producer) gathers K/V tiles of S9_BN keys from the
- *   paged pool with cp.async into 128-byte-swizzled shared memory (the
- *   layout wgmma reads without bank conflicts), two stages deep, and
- *   signals each stage on a "full" mbarrier; it waits on the stage's
- *   "empty" mbarrier before overwriting it. 16 threads per key row so
- *   every cp.async instruction of a warp reads two whole 256-byte rows
- *   (coalesced); one page lookup per (thread, row), shared by K and V.
+ * - Warp group 0 (producer) fills K/V tiles of S9_BN keys from the paged
+ *   pool into 128-byte-swizzled shared memory (the layout wgmma reads
+ *   without bank conflicts), S9_STAGES deep, and signals each stage on a
+ *   "full" mbarrier; it waits on the stage's "empty" mbarrier before
+ *   overwriting it. Default (variant 8): one warp issues TMA boxes of one
+ *   page and 64 dims through a tensor map over the pool (s9_producer_tma;
+ *   a tile's last partial part goes through cp.async, zero-filled).
+ *   Variants 1-7: cp.async, 16 threads per key row so every instruction
+ *   of a warp reads two whole 256-byte rows; one page lookup per (thread,
+ *   row), shared by K and V.
  * - Warp groups 1 and 2 (consumers) each own one query head of the same
  *   KV head (GQA: the two heads share every K/V tile, halving K/V traffic
  *   per head) for the same 64 query rows (a tile of set_batch's tile
@@ -703,7 +706,8 @@ static bool s9_set_smem(cu_impl *c, void (*k)(cu_sm90_params, CUtensorMap)) {
 }
 
 bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
-    if (head_dim != S9_D || G < 2 || G % 2 != 0 || !cu_attn_switch(&c->attn_sm90, "NS_CUDA_ATTN_SM90", CU_ATTN_SM90_MAX, 1))
+    if (head_dim != S9_D || G < 2 || G % 2 != 0 ||
+        !cu_attn_switch(&c->attn_sm90, "NS_CUDA_ATTN_SM90", CU_ATTN_SM90_MAX, CU_ATTN_SM90_DEFAULT))
         return false;
     if (c->attn_sm90_cc == 0) {
         int major = 0, minor = 0;
@@ -792,7 +796,6 @@ static void s9_launch_cluster(cu_impl *c, void (*k)(cu_sm90_params, CUtensorMap)
 
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
     const dim3 grid((unsigned)(p->G / 2), (unsigned)n_tiles, (unsigned)(p->H / p->G)), block(384);
-    /* default: unpipelined (measured fastest, docs/cuda.md v13) */
     const size_t sm = (size_t)S9_SMEM;
     alignas(64) CUtensorMap tm;
     memset(&tm, 0, sizeof tm);
@@ -800,10 +803,11 @@ bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
     /* the TMA variants fall back to their cp.async twins where no map fits */
     if ((v == 10 || v == 11) && (p->G / 2) % 2 != 0) v = v == 10 ? 8 : 9; /* clusters pair head pairs: G % 4 == 0 */
     if (v >= 8 && v <= 11 && !s9_tensor_map(c, p, &tm)) v = (v == 9 || v == 11) ? 3 : 1;
-    /* variants (cuda.h): 1 in order per tile (default: measured fastest
-     * in run 1), 2 pipelined, 3 pipelined + ping-pong; 4-6 the same with
+    /* variants (cuda.h): 1 in order per tile (the fastest cp.async
+     * producer, v13), 2 pipelined, 3 pipelined + ping-pong; 4-6 the same with
      * one producer warp per stage; 7 = 1 with the consumer groups half a
-     * tile apart; 8, 9 = 1, 3 with the TMA producer; 10 = 8 with the two
+     * tile apart; 8, 9 = 1, 3 with the TMA producer (8: the default,
+     * +17% on prefill 32k over 1, v16); 10 = 8 with the two
      * head pairs of a KV head as a 2-CTA cluster sharing K/V by multicast,
      * 11 = the same with 9's pipelined ping-pong consumers */
     switch (v) {

@@ -390,6 +390,10 @@ enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2 };
  * decode 0 off / 1 auto / 2 always, decode copy mode 0..3 (cuda.h). */
 int cu_attn_switch(int *field, const char *env, int max, int def);
 #define CU_ATTN_SM90_MAX 11
+/* defaults, the fastest measured (docs/cuda.md v16): the TMA producer;
+ * one bulk copy per K/V row in decode */
+#define CU_ATTN_SM90_DEFAULT 8
+#define CU_ATTN_DEC_LOAD_DEFAULT 2
 #define CU_ATTN_DEC_MMA_MAX 2
 #define CU_ATTN_DEC_LOAD_MAX 3
 /* grid (G / 2, n_tiles, KVH); returns false on a launch error (recorded). */
