@@ -386,6 +386,75 @@ __device__ __forceinline__ void dec_xin(const float *__restrict__ xr, int ch, fl
     }
 }
 
+/* NORM prologue of k_gemv_dec (all threads of the block): the N rows of
+ * x [N, K] normalized into xs (shared, [N][K]) with k_rmsnorm_block's
+ * 512-thread reduction tree -- virtual thread j*128 + tid (virtual warp
+ * 4j + wib, lane `lane`) sums d = 4 vt + 2048 i -- and copied to sd.xn by
+ * block 0. Each thread normalizes the elements it stored (d / 4 = tid mod
+ * 128 in both loops), so the first barrier only guards `part`. */
+template <int N>
+__device__ __forceinline__ void dec_norm_rows(const float *__restrict__ x, int K, const dec_side &sd, float *xs,
+                                              float (*part)[16]) {
+    const int wib = threadIdx.x / 32, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+        const float *xr = x + (size_t)n * K;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float ss = 0.f;
+            for (int d = (j * 128 + (int)threadIdx.x) * 4; d < K; d += 2048) {
+                float4 v = *reinterpret_cast<const float4 *>(xr + d);
+                *reinterpret_cast<float4 *>(xs + (size_t)n * K + d) = v;
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+            ss = cu_warp_sum(ss);
+            if (lane == 0) part[n][4 * j + wib] = ss;
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+        float t = lane < 16 ? part[n][lane] : 0.f;
+        t = cu_warp_sum(t);
+        const float inv = 1.0f / sqrtf(t / (float)K + sd.eps);
+        for (int d = (int)threadIdx.x * 4; d < K; d += 512) {
+            float4 *p = reinterpret_cast<float4 *>(xs + (size_t)n * K + d);
+            const float4 y = nrm4(*p, inv, *reinterpret_cast<const float4 *>(sd.nw + d));
+            *p = y;
+            if (blockIdx.x == 0) *reinterpret_cast<float4 *>(sd.xn + (size_t)n * K + d) = y;
+        }
+    }
+    __syncthreads();
+}
+
+/* The epilogue of k_gemv_dec for one row pair (lane 0 of the warp that
+ * owns it): what k_gemv stores, plus the residual add under ADD. */
+template <int N, bool SW, bool ADD>
+__device__ __forceinline__ void dec_store(const gemv_segs &sg, const dec_side &sd, const float (&acc0)[N],
+                                          const float (&acc1)[N], float *O0, float *O1, int l0, int l1, int M0,
+                                          int M1, bool two) {
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+        if constexpr (SW) {
+            const float g = acc0[n], u = acc1[n];
+            const float y = g / (1.0f + expf(-g)) * u;
+            O0[(size_t)n * M0 + l0] = g;
+            O1[(size_t)n * M1 + l1] = u;
+            sg.o2[(size_t)n * M0 + l0] = y;
+            if (sg.obf) sg.obf[(size_t)n * M0 + l0] = __float2bfloat16_rn(y);
+        } else {
+            O0[(size_t)n * M0 + l0] = acc0[n];
+            if (two) O1[(size_t)n * M1 + l1] = acc1[n];
+            if constexpr (ADD) {
+                /* one segment: rows index the residual as they index O0 */
+                float *r = sd.res + (size_t)n * M0;
+                r[l0] = r[l0] + acc0[n];
+                if (two) r[l1] = r[l1] + acc1[n];
+            }
+        }
+    }
+}
+
 template <int N, int KS, bool SW, bool NORM, bool ADD>
 __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__restrict__ x, int K, dec_side sd) {
     /* sd.early: the first weight loads go out before the PDL wait (weights
@@ -429,41 +498,8 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
     /* NORM: the normalized rows, [N][K] floats of dynamic shared memory */
     extern __shared__ __align__(16) float xs[];
     if constexpr (NORM) {
-        /* k_rmsnorm_block with 512 threads: virtual thread j*128 + tid
-         * (virtual warp 4j + wib, lane `lane`) sums d = 4 vt + 2048 i; the
-         * values go to xs on the way */
         __shared__ float part[N][16];
-#pragma unroll
-        for (int n = 0; n < N; n++) {
-            const float *xr = x + (size_t)n * K;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float ss = 0.f;
-                for (int d = (j * 128 + (int)threadIdx.x) * 4; d < K; d += 2048) {
-                    float4 v = *reinterpret_cast<const float4 *>(xr + d);
-                    *reinterpret_cast<float4 *>(xs + (size_t)n * K + d) = v;
-                    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-                }
-                ss = cu_warp_sum(ss);
-                if (lane == 0) part[n][4 * j + wib] = ss;
-            }
-        }
-        __syncthreads();
-        /* each thread normalizes the elements it stored (d / 4 = tid mod
-         * 128 in both loops), so only the barrier below is needed */
-#pragma unroll
-        for (int n = 0; n < N; n++) {
-            float t = lane < 16 ? part[n][lane] : 0.f;
-            t = cu_warp_sum(t);
-            const float inv = 1.0f / sqrtf(t / (float)K + sd.eps);
-            for (int d = (int)threadIdx.x * 4; d < K; d += 512) {
-                float4 *p = reinterpret_cast<float4 *>(xs + (size_t)n * K + d);
-                const float4 y = nrm4(*p, inv, *reinterpret_cast<const float4 *>(sd.nw + d));
-                *p = y;
-                if (blockIdx.x == 0) *reinterpret_cast<float4 *>(sd.xn + (size_t)n * K + d) = y;
-            }
-        }
-        __syncthreads();
+        dec_norm_rows<N>(x, K, sd, xs, part);
     }
     const float *xsrc = NORM ? xs : x;
     if (active) {
@@ -529,28 +565,7 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
             }
         }
     }
-    if (active && lane == 0) {
-#pragma unroll
-        for (int n = 0; n < N; n++) {
-            if constexpr (SW) {
-                const float g = acc0[n], u = acc1[n];
-                const float y = g / (1.0f + expf(-g)) * u;
-                O0[(size_t)n * M0 + l0] = g;
-                O1[(size_t)n * M1 + l1] = u;
-                sg.o2[(size_t)n * M0 + l0] = y;
-                if (sg.obf) sg.obf[(size_t)n * M0 + l0] = __float2bfloat16_rn(y);
-            } else {
-                O0[(size_t)n * M0 + l0] = acc0[n];
-                if (row1 != row0) O1[(size_t)n * M1 + l1] = acc1[n];
-                if constexpr (ADD) {
-                    /* one segment: rows index the residual as they index O0 */
-                    float *r = sd.res + (size_t)n * M0;
-                    r[l0] = r[l0] + acc0[n];
-                    if (row1 != row0) r[l1] = r[l1] + acc1[n];
-                }
-            }
-        }
-    }
+    if (active && lane == 0) dec_store<N, SW, ADD>(sg, sd, acc0, acc1, O0, O1, l0, l1, M0, M1, row1 != row0);
 }
 
 typedef void (*gemv_dec_fn)(gemv_segs, const float *, int, dec_side);
