@@ -167,6 +167,7 @@ typedef struct {
     ns_tensor *xc, *xg;   /* experts, 3E each */
     float *router_host;   /* [E, H] as stored (bf16-rounded) */
     double tol;           /* 0: the BF16 tolerances (see the header); quantized experts: their own */
+    uint8_t **host;       /* quantized experts: the 3E host block buffers (the CPU backend uses them in place) */
 } moe_w;
 
 static void moe_w_make(moe_w *w, int E, int H, int F, uint64_t seed) {
@@ -197,6 +198,9 @@ static void moe_w_free(moe_w *w) {
     free(w->xc);
     free(w->xg);
     free(w->router_host);
+    if (w->host)
+        for (int i = 0; i < 3 * w->E; i++) free(w->host[i]);
+    free(w->host);
 }
 
 /* Marks tokens whose k-th and (k+1)-th router logits are within 1e-4
@@ -382,20 +386,27 @@ static void qmoe_w_make(moe_w *w, int E, int H, int F, ns_dtype tgu, ns_dtype td
     OK(cpu->ops->tensor_download(cpu, &w->rc, w->router_host, &_e));
     w->xc = calloc((size_t)3 * E, sizeof *w->xc);
     w->xg = calloc((size_t)3 * E, sizeof *w->xg);
+    w->host = calloc((size_t)3 * E, sizeof *w->host);
     for (int i = 0; i < 3 * E; i++) {
         const int down = i >= 2 * E;
         const ns_dtype dt = down ? td : tgu;
         const int64_t r = down ? H : F, cl = down ? F : H;
-        uint8_t *b = random_weight(dt, r, cl);
-        OK(cpu->ops->weight_from_host(cpu, &w->xc[i], b, dt, r, cl, &_e));
-        OK(gpu->ops->weight_from_host(gpu, &w->xg[i], b, dt, r, cl, &_e));
-        free(b);
+        /* kept until moe_w_free: the CPU backend reads GGUF blocks in
+         * place (a GGUF file's mmap), it does not copy them */
+        w->host[i] = random_weight(dt, r, cl);
+        OK(cpu->ops->weight_from_host(cpu, &w->xc[i], w->host[i], dt, r, cl, &_e));
+        OK(gpu->ops->weight_from_host(gpu, &w->xg[i], w->host[i], dt, r, cl, &_e));
     }
-    /* Both sides quantize activations to 8 bits (CUDA per 32 values,
-     * scales F32; the CPU per 32 (Q8_0) or per 256 (Q8_K, k-quants)), and
-     * the grouped path multiplies bf16 copies of the weights with bf16
-     * activations: a few 1e-3 relative (measured in the test output). */
-    w->tol = 3e-2;
+    /* Both sides quantize activations (the token rows and the SwiGLU
+     * output) to 8 bits, CUDA per 32 values with F32 scales, the CPU per
+     * 32 (Q8_0, f16 scales) or per 256 (Q8_K, for k-quants); the grouped
+     * GEMM path instead multiplies bf16 copies of the weights with bf16
+     * activations. On these random blocks the CPU itself is 1.0-2.1%
+     * (relative L2) from the exact product of the dequantized weights
+     * (measured on the host: Q8_0 1.0%, Q4_0 1.0%, Q6_K 1.6%, Q4_K 1.7%,
+     * Q5_K 2.1%), so CUDA against the CPU can differ by the sum: 5e-2. A
+     * wrong block format, row or expert gives O(1). */
+    w->tol = 5e-2;
 }
 
 typedef struct {
@@ -507,7 +518,7 @@ TEST(test_moe_quant_mixed_stack_fails) {
     const ns_status rc = gpu->ops->sync(gpu, &err);
     CHECKF(rc != NS_OK, "moe_ffn with gate Q4_K and one up expert Q5_K did not fail");
     if (rc != NS_OK) printf("#   error as expected: %s\n", err.msg);
-    CHECKF(rc == NS_OK || strstr(err.msg, "Q5_K") != NULL, "the error does not name the type: %s", err.msg);
+    CHECKF(rc == NS_OK || strstr(err.msg, "q5_k") != NULL, "the error does not name the type: %s", err.msg);
     w.xg[8] = keep;
     gpu->ops->tensor_free(gpu, &up5);
     pair_free(&in);

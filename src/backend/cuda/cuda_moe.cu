@@ -798,7 +798,12 @@ static int32_t moe_table(cu_impl *c, const ns_tensor *experts, int E) {
     const size_t n = (size_t)3 * (size_t)E;
     for (int32_t i = c->n_moe_tables - 1; i >= 0; i--) {
         cu_moe_table *t = &c->moe_tables[i];
-        if (t->key != experts || t->n_experts != E || t->ff != experts[0].rows) continue;
+        /* the types too: freed weights' addresses can come back with other
+         * types (a test's next weight set, a reloaded model) */
+        if (t->key != experts || t->n_experts != E || t->ff != experts[0].rows ||
+            t->dt[0] != (ns_dtype)experts[0].dtype || t->dt[1] != (ns_dtype)experts[E].dtype ||
+            t->dt[2] != (ns_dtype)experts[2 * E].dtype)
+            continue;
         size_t j = 0;
         while (j < n && t->host[j] == experts[j].data) j++;
         if (j == n) return i;
