@@ -41,7 +41,7 @@
  * active experts' quantized bytes are read. Batched decode (2b with the
  * 16-row tile shape, a few slots per expert) runs grouped GEMVs on the
  * blocks: the slots' rows quantized in sorted order, each chosen expert's
- * rows streamed once for its segment, four slots per pass
+ * rows streamed once for its segment, up to four slots per pass
  * (NS_CUDA_MOE_QGGEMV=0: the next path instead). More tokens (prefill)
  * dequantize the experts the router chose (counts > 0, known on the
  * device) into a bf16 scratch with a table of the copies, and the bf16

@@ -852,12 +852,23 @@ __global__ __launch_bounds__(128) void k_qmoe_down(const uint8_t *const *__restr
 
 /* Grouped GEMVs for a few slots per expert (batched decode): block
  * (bx, e) walks expert e's segment [offs[e], offs[e+1]) of the sorted
- * slots four at a time. The segment's quantized activation rows are
- * contiguous (quantized in sorted order, gathered), so rows_dot2 takes
- * four rows at once; rows past the segment's end are the next expert's
- * or the scratch's 4 spare rows, and their sums are dropped. Each weight
- * row is streamed from HBM once per expert (later groups of four hit L2).
+ * slots up to four at a time. The segment's quantized activation rows are
+ * contiguous (quantized in sorted order, gathered), so rows_dot2 takes n
+ * rows at once, n = the slots left (1-4; the kernels are issue-bound, so
+ * a pass never computes rows it drops). Each weight row is streamed from
+ * HBM once per expert (later passes hit L2).
  * Gate/up: warp w computes row f = 4 bx + w, h[p, f] = silu(g) u. */
+template <int T, int N>
+__device__ __forceinline__ void ggu_pass(const qview &vg, const qview &vu, int f, const qx &x, int p0, int F,
+                                         float *__restrict__ h) {
+    float g[N], u[N];
+    rows_dot2<T, N, false>(vg, f, vu, f, qx_row(x, p0), g, u);
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int j = 0; j < N; j++) h[(size_t)(p0 + j) * F + f] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    }
+}
+
 template <int T>
 __global__ __launch_bounds__(128) void k_qmoe_ggu(const uint8_t *const *__restrict__ tab,
                                                    const int32_t *__restrict__ offs, int E, int F, int TK, qx x,
@@ -869,18 +880,31 @@ __global__ __launch_bounds__(128) void k_qmoe_ggu(const uint8_t *const *__restri
     const size_t nbt = (size_t)F * (size_t)(x.K / QT<T>::QE);
     const qview vg = make_view<T>(tab[e], nbt), vu = make_view<T>(tab[E + e], nbt);
     for (int p0 = s0; p0 < s1; p0 += 4) {
-        float g[4], u[4];
-        rows_dot2<T, 4, false>(vg, f, vu, f, qx_row(x, p0), g, u);
-        if ((threadIdx.x & 31) == 0) {
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                if (p0 + j < s1) h[(size_t)(p0 + j) * F + f] = g[j] / (1.0f + expf(-g[j])) * u[j];
+        switch (s1 - p0) { /* the same for the whole block: no divergence */
+        case 1: ggu_pass<T, 1>(vg, vu, f, x, p0, F, h); break;
+        case 2: ggu_pass<T, 2>(vg, vu, f, x, p0, F, h); break;
+        case 3: ggu_pass<T, 3>(vg, vu, f, x, p0, F, h); break;
+        default: ggu_pass<T, 4>(vg, vu, f, x, p0, F, h); break;
         }
     }
 }
 
 /* Down: warp w of block (bx, e) computes rows r, r+1 (r = 2 (4 bx + w))
  * of expert e's down projection for its segment: y[p, r]. */
+template <int T, int N>
+__device__ __forceinline__ void gdown_pass(const qview &v, int r, int r1, const qx &hq, int p0, int H,
+                                           float *__restrict__ y) {
+    float a0[N], a1[N];
+    rows_dot2<T, N, false>(v, r, v, r1, qx_row(hq, p0), a0, a1);
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            y[(size_t)(p0 + j) * H + r] = a0[j];
+            if (r1 != r) y[(size_t)(p0 + j) * H + r1] = a1[j];
+        }
+    }
+}
+
 template <int T>
 __global__ __launch_bounds__(128) void k_qmoe_gdown(const uint8_t *const *__restrict__ tab,
                                                      const int32_t *__restrict__ offs, int E, int H, int TK, qx hq,
@@ -892,15 +916,11 @@ __global__ __launch_bounds__(128) void k_qmoe_gdown(const uint8_t *const *__rest
     const int r1 = r + 1 < H ? r + 1 : r;
     const qview v = make_view<T>(tab[2 * E + e], (size_t)H * (size_t)(hq.K / QT<T>::QE));
     for (int p0 = s0; p0 < s1; p0 += 4) {
-        float a0[4], a1[4];
-        rows_dot2<T, 4, false>(v, r, v, r1, qx_row(hq, p0), a0, a1);
-        if ((threadIdx.x & 31) == 0) {
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                if (p0 + j < s1) {
-                    y[(size_t)(p0 + j) * H + r] = a0[j];
-                    if (r1 != r) y[(size_t)(p0 + j) * H + r1] = a1[j];
-                }
+        switch (s1 - p0) {
+        case 1: gdown_pass<T, 1>(v, r, r1, hq, p0, H, y); break;
+        case 2: gdown_pass<T, 2>(v, r, r1, hq, p0, H, y); break;
+        case 3: gdown_pass<T, 3>(v, r, r1, hq, p0, H, y); break;
+        default: gdown_pass<T, 4>(v, r, r1, hq, p0, H, y); break;
         }
     }
 }
