@@ -33,9 +33,9 @@
  * activation quantization), by separate kernel instances (EARLY) that
  * read the activations with coherent ld.global.cg loads after one
  * converged wait; the first version read them through the read-only
- * ld.global.nc path, which nothing orders after griddepcontrol.wait, and
- * gave wrong greedy tokens for the Q6_K fixture on the H200 (see
- * docs/cuda.md). Off by default until measured. The
+ * ld.global.nc path after a divergent in-loop wait and gave wrong greedy
+ * tokens for the Q6_K fixture on the H200 (see docs/cuda.md). Off by
+ * default: measured 2.5-2.8x slower (GPU run A, 2026-12-01). The
  * result is exactly the product of the dequantized weights with the
  * 8-bit-quantized activations, up to f32 rounding: the same scheme as
  * llama.cpp and the CPU backend (whose activation blocks are Q8_0 / Q8_K;
@@ -283,10 +283,9 @@ struct qx {
  * of the kernel -- true enough when the PDL wait is the kernel's first
  * instruction. CG = true (early weight loads): ld.global.cg, an ordinary
  * coherent load from L2, which griddepcontrol.wait orders after the
- * producer's writes; the .nc load carries no such ordering, so ptxas may
- * schedule it above a wait that sits in the loop body next to the weight
- * loads, and then it reads the previous GEMV's activations (the early-load
- * defect, see docs/cuda.md). */
+ * producer's writes; nothing in the ISA orders a .nc load after it, the
+ * most likely cause (not proven) of the early-load defect, see
+ * docs/cuda.md. */
 template <bool CG> __device__ __forceinline__ uint4 xl4(const uint8_t *p) {
     if constexpr (CG) return __ldcg(reinterpret_cast<const uint4 *>(p));
     else return __ldg(reinterpret_cast<const uint4 *>(p));
