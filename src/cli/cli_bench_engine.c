@@ -767,6 +767,38 @@ static ns_status bench_run(bench *B, ns_error *err) {
         }
         printf("\n");
     }
+    if (B->cuda && B->be->kv.dtype == NS_DT_FP8_E4M3 && B->o.n_batches && B->o.n_contexts) {
+        /* FP8 decode variants at the longest context, batch 1 and the
+         * largest batch <= 8 (cuda.h: ns_cuda_set_fp8_split_div /
+         * ns_cuda_set_fp8_dec; defaults 8 and 0) */
+        int32_t ctx = 0, bmax = 1;
+        for (int i = 0; i < B->o.n_contexts; i++)
+            if (B->o.contexts[i] > ctx) ctx = B->o.contexts[i];
+        for (int i = 0; i < B->o.n_batches; i++)
+            if (B->o.batches[i] <= 8 && B->o.batches[i] > bmax) bmax = B->o.batches[i];
+        const int32_t bs[2] = {1, bmax};
+        for (int bi = 0; bi < (bmax > 1 ? 2 : 1); bi++) {
+            static const struct {
+                const char *name;
+                int div, dec;
+            } var[] = {{"defaults (splits / 8)", 8, 0}, {"integer code decode", 8, 1}, {"splits / 1", 1, 0},
+                       {"splits / 4", 4, 0}, {"splits / 16", 16, 0}};
+            printf("ablation fp8, decode ctx %d batch %d (ms/step):", ctx, bs[bi]);
+            for (size_t i = 0; i < sizeof var / sizeof var[0]; i++) {
+                dec_result r;
+                ns_cuda_set_fp8_split_div(B->be, var[i].div);
+                ns_cuda_set_fp8_dec(B->be, var[i].dec);
+                rc = run_decode(B, ctx, bs[bi], B->o.steps, 3, &r, err);
+                if (rc != NS_OK) return rc;
+                if (r.skipped) printf(" %s skipped;", var[i].name);
+                else printf(" %s %.3f;", var[i].name, r.step_s * 1e3);
+            }
+            ns_cuda_set_fp8_split_div(B->be, 8);
+            ns_cuda_set_fp8_dec(B->be, 0);
+            printf("\n");
+            fflush(stdout);
+        }
+    }
     if (B->cuda && B->o.profile) {
         dec_result r;
         ns_cuda_set_profiling(B->be, 1);

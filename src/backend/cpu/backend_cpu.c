@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_internal.h"
 #include "sample/sample.h"
+#include "util/fp8.h"
 #include "util/vec.h"
 
 /* ------------------------------------------------------------------ memory */
@@ -139,6 +140,7 @@ static ns_status cpu_kv_alloc(ns_backend *be, const ns_kv_layout *layout, ns_err
     /* Fill with NaN: reading a slot nothing wrote must poison the result
      * visibly instead of silently attending to zeros. */
     if (layout->dtype == NS_DT_FP8_E4M3) {
+        for (int i = 0; i < 256; i++) c->fp8_lut[i] = ns_fp8_e4m3_to_float((uint8_t)i);
         /* 0x7f is the e4m3 NaN code; the scales (0x7f7f7f7f would be a
          * finite float) are set to NaN separately */
         memset(c->kv, 0x7f, bytes);

@@ -22,6 +22,9 @@ typedef struct cpu_impl {
     size_t cap_tok, cap_pos, cap_tseq, cap_ss, cap_sl, cap_pt, cap_lr;
     /* KV pool */
     uint8_t *kv;
+    /* e4m3 code -> float, filled by kv_alloc for FP8 pools (attention
+     * dequantizes pages through it; threads only read it) */
+    float fp8_lut[256];
     /* per-thread scratch: a dequantized weight row / attention temp */
     float **scratch;
     size_t scratch_len;

@@ -261,11 +261,13 @@ typedef struct {
     float scale;
 } att_ctx;
 
-/* n rows of D e4m3 codes under the float scale at sp -> dst. */
-static const float *dequant_rows(float *dst, const uint8_t *codes, const uint8_t *sp, int32_t n, int D) {
+/* n rows of D e4m3 codes under the float scale at sp -> dst (lut: code
+ * -> value, cpu_impl.fp8_lut). */
+static const float *dequant_rows(float *dst, const float *lut, const uint8_t *codes, const uint8_t *sp, int32_t n,
+                                 int D) {
     float s;
     memcpy(&s, sp, sizeof s);
-    for (size_t i = 0; i < (size_t)n * (size_t)D; i++) dst[i] = ns_fp8_e4m3_to_float(codes[i]) * s;
+    for (size_t i = 0; i < (size_t)n * (size_t)D; i++) dst[i] = lut[codes[i]] * s;
     return dst;
 }
 
@@ -296,8 +298,8 @@ static void att_task(void *p, int64_t b, int64_t e, int tid) {
             const uint8_t *page = c->kv + (size_t)pt[j0 / P] * l->page_size_bytes;
             const float *kr = (const float *)(page + k_off), *vr = (const float *)(page + v_off);
             if (fp8) { /* the reference attends to the dequantized rows: decode(code) * scale */
-                kr = dequant_rows(kq, page + k_off, page + ns_kv_scale_offset(l, a->layer, 0, kvh), n, D);
-                vr = dequant_rows(vq, page + v_off, page + ns_kv_scale_offset(l, a->layer, 1, kvh), n, D);
+                kr = dequant_rows(kq, c->fp8_lut, page + k_off, page + ns_kv_scale_offset(l, a->layer, 0, kvh), n, D);
+                vr = dequant_rows(vq, c->fp8_lut, page + v_off, page + ns_kv_scale_offset(l, a->layer, 1, kvh), n, D);
             }
             float bm = -INFINITY;
             for (int32_t jj = 0; jj < n; jj++) {

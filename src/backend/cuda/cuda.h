@@ -49,6 +49,10 @@ ns_status ns_cuda_kv_fill_random(ns_backend *be, uint64_t seed, ns_error *err);
  * NS_CUDA_FP8_DEC likewise. Process-wide; same results up to fp32
  * rounding. */
 void ns_cuda_set_fp8_dec(ns_backend *be, int mode);
+/* FP8 KV decode attention splits: where set_batch chose >= 64 splits, use
+ * that / div (a power of two in [1, 64]; default 8: each CTA streams 8x
+ * the keys); env NS_CUDA_FP8_SPLIT_DIV likewise. Process-wide. */
+void ns_cuda_set_fp8_split_div(ns_backend *be, int div);
 
 /* CUDA graphs for decode steps: on (default) or off. */
 void ns_cuda_set_graphs(ns_backend *be, int on);

@@ -427,6 +427,27 @@ extern "C" void ns_cuda_set_fp8_dec(ns_backend *be, int mode) {
     cu_bump_generation((cu_impl *)be->impl); /* graphs bake the kernel choice */
 }
 
+/* NS_CUDA_FP8_SPLIT_DIV / ns_cuda_set_fp8_split_div: set_batch picks
+ * n_splits for the bf16 CUDA-core decode (>= 64 keys per split); where
+ * that gives >= 64 splits, the FP8 kernel uses n_splits / div, so each CTA
+ * streams more keys (per-CTA setup, the q load and the merge amortized)
+ * -- what the tensor-core bf16 decode does with its 8. Default 8 until
+ * measured; 1 = set_batch's own choice. A power of two in [1, 64]. */
+static int g_fp8_split_div = 0;
+static int fp8_split_div(void) {
+    if (g_fp8_split_div <= 0) {
+        const char *e = getenv("NS_CUDA_FP8_SPLIT_DIV");
+        const int v = e ? atoi(e) : 8;
+        g_fp8_split_div = v >= 1 && v <= 64 && (v & (v - 1)) == 0 ? v : 8;
+    }
+    return g_fp8_split_div;
+}
+
+extern "C" void ns_cuda_set_fp8_split_div(ns_backend *be, int div) {
+    g_fp8_split_div = div >= 1 && div <= 64 && (div & (div - 1)) == 0 ? div : 8;
+    cu_bump_generation((cu_impl *)be->impl);
+}
+
 template <int D, int GB>
 static void launch_decode_fp8(cu_impl *c, const f8_params &p, dim3 grid) {
     if (fp8_dec_mode() == 1) launch_decode_fp8_k<D, GB, true>(c, p, grid);
@@ -506,6 +527,7 @@ static void decode_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_
     p.ws = c->attn_ws;
     p.cnt = c->attn_cnt;
     int nsp = m->n_splits > 0 ? m->n_splits : 1;
+    if (nsp >= 64) nsp = nsp / fp8_split_div() > 0 ? nsp / fp8_split_div() : 1;
     while (nsp > 1 && nsp * p.G > F8_MERGE_W) nsp >>= 1;
     if (nsp > 1) {
         if (!reserve_partials(c, (size_t)m->n_dec * n_heads * nsp * F8_WS_ROW(D), (size_t)m->n_dec * KVH)) return;
