@@ -718,8 +718,16 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uin
  *                  done with tile k - 1, then tile k is waited for, so two
  *                  tiles (64 KB per CTA) stay in flight during the wait
  *                  instead of one (each thread's mbarrier wait makes the
- *                  copies visible to it; no barrier needed after it). */
-enum { DM_LOAD_CPASYNC = 0, DM_LOAD_AHEAD = 1, DM_LOAD_BULK = 2, DM_LOAD_BULK_DEEP = 3 };
+ *                  copies visible to it; no barrier needed after it);
+ * DM_LOAD_BULK_EARLY the bulk copies, and in recorded decode tapes (early)
+ *                  the first two tiles are issued before the PDL wait when
+ *                  none of their keys is the sequence's last: that row is
+ *                  the only K/V this step's kernels write for the sequence
+ *                  (tapes end at every page copy or transfer, and a new
+ *                  token's slot is never in a shared page), so the copies
+ *                  overlap the previous kernel (q/k-norm + RoPE + store)
+ *                  instead of starting after it. */
+enum { DM_LOAD_CPASYNC = 0, DM_LOAD_AHEAD = 1, DM_LOAD_BULK = 2, DM_LOAD_BULK_DEEP = 3, DM_LOAD_BULK_EARLY = 4 };
 #define DM_SPIN_MAX (1u << 22)
 
 __device__ __forceinline__ void dm_mbar_init(uint32_t bar, uint32_t count) {
@@ -895,7 +903,7 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
     constexpr int LD = D + 8; /* padded rows: ldmatrix conflict-free */
     constexpr int CH = D / 8;
     constexpr int NI = D / 16;
-    constexpr bool BULK = LOAD == DM_LOAD_BULK || LOAD == DM_LOAD_BULK_DEEP;
+    constexpr bool BULK = LOAD == DM_LOAD_BULK || LOAD == DM_LOAD_BULK_DEEP || LOAD == DM_LOAD_BULK_EARLY;
     static_assert(!BULK || DM_TK == 64, "bulk loads: one K or V row per thread");
     extern __shared__ __align__(16) uint8_t dsm[];
     bf16 *Ks = reinterpret_cast<bf16 *>(dsm);
@@ -932,7 +940,6 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads(); /* barriers initialised before any copy or wait */
     }
-    if (early) PDL_WAIT();
 
     auto issue = [&](int it) {
         const int kb = k0 + it * DM_TK, st = it % DM_ST;
@@ -976,9 +983,22 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
             }
         }
     };
-    if (n_tiles > 0) issue(0);
+    int pre = 0; /* tiles issued before the PDL wait */
+    if constexpr (LOAD == DM_LOAD_BULK_EARLY) {
+        /* tile it's keys are all below L - 1 */
+        if (early && n_tiles > 0 && k0 + DM_TK <= L - 1) {
+            issue(0);
+            pre = 1;
+            if (n_tiles > 1 && k0 + 2 * DM_TK <= L - 1) {
+                issue(1);
+                pre = 2;
+            }
+        }
+    }
+    if (early) PDL_WAIT();
+    if (pre < 1 && n_tiles > 0) issue(0);
     if (!BULK) cp_async_commit();
-    if (n_tiles > 1) issue(1);
+    if (pre < 2 && n_tiles > 1) issue(1);
     if (!BULK) cp_async_commit();
 
     /* Q^T as the B operand: head n = lane / 4, dims (lane % 4) * 2 (+1),
@@ -1071,10 +1091,10 @@ static bool launch_decode_mma_t(cu_impl *c, const attn_params &p, dim3 grid) {
 }
 
 /* The K/V copy mode (cuda.h ns_cuda_set_attn_dec_load); bulk copies need
- * compute capability 9.0, below it modes 2 and 3 run as mode 1. */
+ * compute capability 9.0, below it modes 2-4 run as mode 1. */
 static int decode_load_mode(cu_impl *c) {
     int mode = cu_attn_switch(&c->attn_dec_load, "NS_CUDA_DEC_LOAD", CU_ATTN_DEC_LOAD_MAX, CU_ATTN_DEC_LOAD_DEFAULT);
-    if (mode == DM_LOAD_BULK || mode == DM_LOAD_BULK_DEEP) {
+    if (mode == DM_LOAD_BULK || mode == DM_LOAD_BULK_DEEP || mode == DM_LOAD_BULK_EARLY) {
         if (c->attn_dec_cc9 == 0) {
             int major = 0;
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
@@ -1091,6 +1111,7 @@ static bool launch_decode_mma(cu_impl *c, const attn_params &p, dim3 grid) {
     case DM_LOAD_AHEAD: return launch_decode_mma_t<D, DM_LOAD_AHEAD>(c, p, grid);
     case DM_LOAD_BULK: return launch_decode_mma_t<D, DM_LOAD_BULK>(c, p, grid);
     case DM_LOAD_BULK_DEEP: return launch_decode_mma_t<D, DM_LOAD_BULK_DEEP>(c, p, grid);
+    case DM_LOAD_BULK_EARLY: return launch_decode_mma_t<D, DM_LOAD_BULK_EARLY>(c, p, grid);
     default: return launch_decode_mma_t<D, DM_LOAD_CPASYNC>(c, p, grid);
     }
 }

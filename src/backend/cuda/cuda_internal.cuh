@@ -387,7 +387,7 @@ enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2 };
 /* The value of an attention kernel switch (0 = off): once set, *field
  * holds 1 + the value; unset, env var `env` gives it (absent or outside
  * [0, max]: def). Values: Hopper prefill 0 off / 1..11 variants (cuda.h),
- * decode 0 off / 1 auto / 2 always, decode copy mode 0..3 (cuda.h). */
+ * decode 0 off / 1 auto / 2 always, decode copy mode 0..4 (cuda.h). */
 int cu_attn_switch(int *field, const char *env, int max, int def);
 #define CU_ATTN_SM90_MAX 11
 /* defaults, the fastest measured (docs/cuda.md v16): the TMA producer;
@@ -395,7 +395,7 @@ int cu_attn_switch(int *field, const char *env, int max, int def);
 #define CU_ATTN_SM90_DEFAULT 8
 #define CU_ATTN_DEC_LOAD_DEFAULT 2
 #define CU_ATTN_DEC_MMA_MAX 2
-#define CU_ATTN_DEC_LOAD_MAX 3
+#define CU_ATTN_DEC_LOAD_MAX 4
 /* grid (G / 2, n_tiles, KVH); returns false on a launch error (recorded). */
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles);
 /* GEMV over up to 3 weight matrices sharing the F32 input x [n, k]:
