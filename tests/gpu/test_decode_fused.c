@@ -306,6 +306,137 @@ TEST(test_chain_hidden_1024_unfused_norm) {
     chain_check(1, 1024, 1000, 1024, 256, false);
 }
 
+/* ------------------------------------------ attention block, op level */
+
+/* forward.c's attention block of a decode step on given q/k/v (what the
+ * q/k/v GEMVs left): q/k RMSNorm per head, RoPE, KV store, attention. On
+ * the GPU with fusion on this is the fused q/k-norm + RoPE + store kernel
+ * (cuda_fused.cu) and the decode attention; with fusion off the plain
+ * kernels. Not this file's kernels: it tells a fault of that path from one
+ * of the GEMV folds when the model cases fail. */
+static void attn_block(ns_backend *be, int cpu_side, pair *q, pair *k, pair *v, pair *att, pair *qn, pair *kn,
+                       pair *inv, int T, int H, int KVH, int D) {
+#define TS(p) (cpu_side ? &(p)->c : &(p)->g)
+    ns_tensor qh = *TS(q), kh = *TS(k);
+    qh.rows = (int64_t)T * H;
+    qh.cols = D;
+    qh.alloc = NULL;
+    kh.rows = (int64_t)T * KVH;
+    kh.cols = D;
+    kh.alloc = NULL;
+    be->ops->rmsnorm(be, &qh, &qh, TS(qn), 1e-6f);
+    be->ops->rmsnorm(be, &kh, &kh, TS(kn), 1e-6f);
+    be->ops->rope(be, TS(q), H, D, TS(inv));
+    be->ops->rope(be, TS(k), KVH, D, TS(inv));
+    be->ops->kv_store(be, 0, TS(k), TS(v));
+    be->ops->attention(be, TS(att), TS(q), 0, H, 1.0f / sqrtf((float)D));
+#undef TS
+}
+
+/* Decode steps at positions 0..STEPS-1 of n sequences (pages 5 and 2):
+ * CPU; GPU with fusion on (graphs: eager, captured, replayed); GPU with
+ * fusion off. q, k and the attention output of every step must be
+ * bit-identical between the two GPU runs and close to the CPU. */
+static void attn_block_check(int n, int D) {
+    enum { STEPS = 5 };
+    const int H = 16, KVH = 4, P = 16;
+    ns_kv_layout lc = {.n_pages = 8, .page_tokens = P, .n_layers = 1, .n_kv_heads = KVH, .head_dim = D,
+                       .dtype = NS_DT_F32};
+    lc.page_size_bytes = ns_kv_page_bytes(1, KVH, P, D, NS_DT_F32);
+    ns_kv_layout lg = lc;
+    lg.dtype = NS_DT_BF16;
+    lg.page_size_bytes = ns_kv_page_bytes(1, KVH, P, D, NS_DT_BF16);
+    OK(cpu->ops->kv_alloc(cpu, &lc, &_e));
+    OK(gpu->ops->kv_alloc(gpu, &lg, &_e));
+    pair q, k, v, att, qn, kn, inv;
+    memset(&q, 0, sizeof q);
+    memset(&k, 0, sizeof k);
+    memset(&v, 0, sizeof v);
+    memset(&att, 0, sizeof att);
+    act_pair(&q, n, (int64_t)H * D);
+    act_pair(&k, n, (int64_t)KVH * D);
+    act_pair(&v, n, (int64_t)KVH * D);
+    act_pair(&att, n, (int64_t)H * D);
+    weight_pair(&qn, 1, D, 0.5f, 1.0f);
+    weight_pair(&kn, 1, D, 0.5f, 1.0f);
+    {
+        float *f = malloc((size_t)D / 2 * 4);
+        for (int i = 0; i < D / 2; i++) f[i] = powf(10000.0f, -2.0f * (float)i / (float)D);
+        memset(&inv, 0, sizeof inv);
+        inv.rows = 1;
+        inv.cols = D / 2;
+        OK(cpu->ops->weight_from_host(cpu, &inv.c, f, NS_DT_F32, 1, D / 2, &_e));
+        OK(gpu->ops->weight_from_host(gpu, &inv.g, f, NS_DT_F32, 1, D / 2, &_e));
+        inv.host = f;
+    }
+    const size_t nq = (size_t)n * H * D, nk = (size_t)n * KVH * D;
+    float *in_q[STEPS], *in_k[STEPS], *in_v[STEPS], *out[3][STEPS][3]; /* [cpu, fused, unfused][step][q, k, att] */
+    for (int st = 0; st < STEPS; st++) {
+        in_q[st] = malloc(nq * 4);
+        in_k[st] = malloc(nk * 4);
+        in_v[st] = malloc(nk * 4);
+        for (size_t i = 0; i < nq; i++) in_q[st][i] = frand();
+        for (size_t i = 0; i < nk; i++) in_k[st][i] = frand();
+        for (size_t i = 0; i < nk; i++) in_v[st][i] = frand();
+    }
+    for (int run = 0; run < 3; run++) {
+        ns_backend *be = run == 0 ? cpu : gpu;
+        const int cs = run == 0;
+        if (run > 0) ns_cuda_set_fusion(gpu, run == 1);
+        for (int st = 0; st < STEPS; st++) {
+            int32_t tok[2] = {1, 2}, pos[2] = {st, st}, ss[3] = {0, 1, 2}, sl[2] = {st + 1, st + 1}, pt[2] = {5, 2};
+            OK(be->ops->tensor_upload(be, cs ? &q.c : &q.g, in_q[st], &_e));
+            OK(be->ops->tensor_upload(be, cs ? &k.c : &k.g, in_k[st], &_e));
+            OK(be->ops->tensor_upload(be, cs ? &v.c : &v.g, in_v[st], &_e));
+            ns_batch b = {.n_tokens = n, .n_seqs = n, .tokens = tok, .positions = pos, .seq_start = ss,
+                          .seq_len = sl, .page_table = pt, .max_pages = 1, .logit_rows = NULL, .n_logits = 0};
+            OK(be->ops->set_batch(be, &b, &_e));
+            attn_block(be, cs, &q, &k, &v, &att, &qn, &kn, &inv, n, H, KVH, D);
+            pair *ps[3] = {&q, &k, &att};
+            for (int j = 0; j < 3; j++) {
+                out[run][st][j] = malloc((size_t)(ps[j]->rows * ps[j]->cols) * 4);
+                OK(be->ops->tensor_download(be, cs ? &ps[j]->c : &ps[j]->g, out[run][st][j], &_e));
+            }
+        }
+    }
+    ns_cuda_set_fusion(gpu, 1);
+    static const char *names[3] = {"q", "k", "attention"};
+    double worst[3] = {0, 0, 0};
+    for (int st = 0; st < STEPS; st++)
+        for (int j = 0; j < 3; j++) {
+            const size_t cnt = j == 1 ? nk : nq;
+            CHECKF(memcmp(out[1][st][j], out[2][st][j], cnt * 4) == 0,
+                   "n=%d D=%d step %d %s: fused differs from unfused (rel L2 %.3g)", n, D, st, names[j],
+                   rel_l2(out[1][st][j], out[2][st][j], cnt));
+            for (int r = 1; r < 3; r++) {
+                const double e = rel_l2(out[r][st][j], out[0][st][j], cnt);
+                if (e > worst[j]) worst[j] = e;
+            }
+        }
+    printf("#   attention block n=%d D=%d: cuda vs cpu worst rel L2 q %.3g, k %.3g, attention %.3g\n", n, D, worst[0],
+           worst[1], worst[2]);
+    CHECKF(worst[0] <= 1e-5 && worst[1] <= 1e-5, "n=%d D=%d: q/k after norm + RoPE differ from cpu", n, D);
+    /* K/V are stored as bf16 on the GPU, F32 on the CPU */
+    CHECKF(worst[2] <= 1e-2, "n=%d D=%d: attention differs from cpu: %.3g", n, D, worst[2]);
+    for (int st = 0; st < STEPS; st++) {
+        free(in_q[st]);
+        free(in_k[st]);
+        free(in_v[st]);
+        for (int r = 0; r < 3; r++)
+            for (int j = 0; j < 3; j++) free(out[r][st][j]);
+    }
+    pair *ps[7] = {&q, &k, &v, &att, &qn, &kn, &inv};
+    for (int j = 0; j < 7; j++) pair_free(ps[j]);
+    cpu->ops->kv_free(cpu);
+    gpu->ops->kv_free(gpu);
+}
+
+TEST(test_attention_block_fused_vs_unfused) {
+    attn_block_check(1, 128);
+    attn_block_check(2, 128);
+    attn_block_check(1, 64);
+}
+
 /* --------------------------------------------------------- model level */
 
 #define PAGE 16
@@ -472,6 +603,7 @@ int main(void) {
     RUN(test_chain_batch2);
     RUN(test_chain_odd_shapes);
     RUN(test_chain_hidden_1024_unfused_norm);
+    RUN(test_attention_block_fused_vs_unfused);
     RUN(test_model_qwen3_batch1);
     RUN(test_model_qwen3_batch2);
     RUN(test_model_qwen3moe_batch1);
