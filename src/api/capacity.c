@@ -37,6 +37,12 @@ void ns_api_capacity(void *ud, const ns_http_request *req, ns_http_response *res
                              (json_int_t)c.context_tokens, "pool_tokens", (json_int_t)c.pool_tokens, "tiers", "device",
                              tier_json(&c.tiers[NS_TIER_DEVICE]), "ram", tier_json(&c.tiers[NS_TIER_RAM]), "ssd",
                              tier_json(&c.tiers[NS_TIER_SSD]));
+    if (root) { /* the KV format and its cost per token (--kv-dtype): what the pool's tokens are made of */
+        ns_sched_stats st;
+        ns_sched_get_stats(a->sched, &st);
+        json_object_set_new(root, "kv_dtype", json_string(ns_dtype_name((ns_dtype)st.kv_dtype)));
+        json_object_set_new(root, "kv_bytes_per_token", json_integer((json_int_t)st.kv_bytes_per_token));
+    }
     ns_http_set_json(resp, 200, root ? json_dumps(root, JSON_COMPACT) : NULL);
     json_decref(root);
 }

@@ -780,14 +780,16 @@ static ns_status bench_run(bench *B, ns_error *err) {
         for (int bi = 0; bi < (bmax > 1 ? 2 : 1); bi++) {
             static const struct {
                 const char *name;
-                int div, dec;
-            } var[] = {{"defaults (splits / 8)", 8, 0}, {"integer code decode", 8, 1}, {"splits / 1", 1, 0},
-                       {"splits / 4", 4, 0}, {"splits / 16", 16, 0}};
+                int div, dec, qreg;
+            } var[] = {{"defaults (splits / 8)", 8, 0, 0}, {"integer code decode", 8, 1, 0}, {"q in registers", 8, 0, 1},
+                       {"integer decode + q in registers", 8, 1, 1}, {"splits / 1", 1, 0, 0},
+                       {"splits / 4", 4, 0, 0}, {"splits / 16", 16, 0, 0}};
             printf("ablation fp8, decode ctx %d batch %d (ms/step):", ctx, bs[bi]);
             for (size_t i = 0; i < sizeof var / sizeof var[0]; i++) {
                 dec_result r;
                 ns_cuda_set_fp8_split_div(B->be, var[i].div);
                 ns_cuda_set_fp8_dec(B->be, var[i].dec);
+                ns_cuda_set_fp8_qreg(B->be, var[i].qreg);
                 rc = run_decode(B, ctx, bs[bi], B->o.steps, 3, &r, err);
                 if (rc != NS_OK) return rc;
                 if (r.skipped) printf(" %s skipped;", var[i].name);
@@ -795,6 +797,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
             }
             ns_cuda_set_fp8_split_div(B->be, 8);
             ns_cuda_set_fp8_dec(B->be, 0);
+            ns_cuda_set_fp8_qreg(B->be, 0);
             printf("\n");
             fflush(stdout);
         }

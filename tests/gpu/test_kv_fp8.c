@@ -454,20 +454,24 @@ static void attention_case(const attn_cfg *cf, const int32_t *fin, const int32_t
 
 /* Decode rows only, contexts 1, 15, 16, 17, 4095, 4097, 129, GQA 1/4/8,
  * head dims 16..256; 4 steps (graphs captured and replayed); both ways of
- * decoding the codes (ns_cuda_set_fp8_dec). */
+ * decoding the codes (ns_cuda_set_fp8_dec), q from shared memory or
+ * registers (ns_cuda_set_fp8_qreg). */
 TEST(test_fp8_decode_attention) {
     const int32_t ctx[] = {1, 15, 16, 17, 4095, 4097, 129}, one[] = {1, 1, 1, 1, 1, 1, 1};
     const attn_cfg cfgs[] = {{128, 2, 8, 16}, {128, 1, 8, 16}, {128, 2, 2, 16}, {64, 2, 8, 32},
                              {256, 2, 8, 16}, {32, 2, 4, 16}, {16, 4, 8, 16}};
-    for (int mode = 0; mode < 2; mode++) {
-        ns_cuda_set_fp8_dec(gpu, mode);
+    static const char *const names[4] = {"", " (integer decode)", " (q in registers)", " (integer decode, q in registers)"};
+    for (int mode = 0; mode < 4; mode++) {
+        ns_cuda_set_fp8_dec(gpu, mode & 1);
+        ns_cuda_set_fp8_qreg(gpu, mode >> 1);
         for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
-            char what[64];
-            snprintf(what, sizeof what, "decode GQA%d%s", cfgs[i].H / cfgs[i].KVH, mode ? " (integer decode)" : "");
-            attention_case(&cfgs[i], ctx, one, 7, 1e-4, 1e-3, 4, what);
+            char what[96];
+            snprintf(what, sizeof what, "decode GQA%d%s", cfgs[i].H / cfgs[i].KVH, names[mode]);
+            attention_case(&cfgs[i], ctx, one, 7, 1e-4, 1e-3, mode ? 2 : 4, what);
         }
     }
     ns_cuda_set_fp8_dec(gpu, 0);
+    ns_cuda_set_fp8_qreg(gpu, 0);
 }
 
 /* Prefill chunks of 1, 15, 16, 17, 4095, 4097 after prefixes crossing

@@ -48,6 +48,8 @@ st=$(curl -s "$BASE/v1/status")
 cache=$(curl -s "$BASE/admin/cache")
 [ "$(json_get "$cache" 'j.kv_dtype')" = fp8 ] && [ "$(json_get "$cache" 'j.page_bytes')" = $((516 * 16)) ] ||
   fail "/admin/cache: $cache"
+capa=$(curl -s "$BASE/v1/capacity")
+[ "$(json_get "$capa" 'j.kv_dtype + "/" + j.kv_bytes_per_token')" = fp8/516 ] || fail "/v1/capacity: $capa"
 metrics=$(curl -s "$BASE/metrics")
 grep -q '^nightshift_kv_dtype_info{dtype="fp8"} 1$' <<<"$metrics" || fail "/metrics: no fp8 dtype info"
 grep -q '^nightshift_kv_bytes_per_token 516$' <<<"$metrics" || fail "/metrics: kv_bytes_per_token"

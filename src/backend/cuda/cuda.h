@@ -53,6 +53,11 @@ void ns_cuda_set_fp8_dec(ns_backend *be, int mode);
  * that / div (a power of two in [1, 64]; default 8: each CTA streams 8x
  * the keys); env NS_CUDA_FP8_SPLIT_DIV likewise. Process-wide. */
 void ns_cuda_set_fp8_split_div(ns_backend *be, int div);
+/* FP8 KV decode attention: 1 = each thread keeps its q values in registers
+ * (head dims <= 128, up to 4 query heads per pass), 0 = q read from shared
+ * memory per use (default); env NS_CUDA_FP8_QREG likewise. Process-wide;
+ * same results up to fp32 summation order. */
+void ns_cuda_set_fp8_qreg(ns_backend *be, int on);
 
 /* CUDA graphs for decode steps: on (default) or off. */
 void ns_cuda_set_graphs(ns_backend *be, int on);

@@ -169,14 +169,18 @@ __device__ __forceinline__ void f8_merge(const f8_params &p, int di, int kvh, in
 }
 
 /* grid (splits, kv heads, decode rows), 128 threads; GB query heads of the
- * group per pass (G / GB passes over the split's keys). */
-template <int D, int GB, bool INT>
+ * group per pass (G / GB passes over the split's keys). QREG (head dims up
+ * to 128, GB * 16 <= 64): one 16-byte chunk of a K row per thread, the
+ * thread's q values for it held in registers for the whole split, instead
+ * of GB float4 shared-memory loads per 4 codes (NS_CUDA_FP8_QREG). */
+template <int D, int GB, bool INT, bool QREG>
 __global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
     PDL_ENTRY();
     constexpr int LCH = D / 16;              /* 16-byte copies per row (head dim 16: one) */
     constexpr int CB = D >= 32 ? 16 : 8;     /* bytes per score chunk */
     constexpr int CH = D / CB;               /* score chunks per row */
-    constexpr int TPK = CH >= 4 ? 4 : CH;    /* threads per key for the scores */
+    constexpr bool QR = QREG && D <= 128 && GB * CB <= 64;
+    constexpr int TPK = QR ? CH : CH >= 4 ? 4 : CH; /* threads per key for the scores */
     constexpr int CPT = CH / TPK;            /* chunks per thread per key */
     constexpr int KPP = 128 / TPK;           /* keys per pass */
     constexpr int DPL = D >= 32 ? D / 32 : 1; /* V dims per lane (lanes past D idle) */
@@ -247,6 +251,15 @@ __global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
         for (int j = 0; j < GB; j++)
 #pragma unroll
             for (int e = 0; e < DPL; e++) acc[j][e] = 0.f;
+        float qreg[QR ? GB : 1][QR ? CB : 1];
+        if constexpr (QR) { /* this thread's chunk of every key: dims [sub * CB, sub * CB + CB) */
+            __syncthreads();
+            const int d0 = (tid % TPK) * CB;
+#pragma unroll
+            for (int j = 0; j < GB; j++)
+#pragma unroll
+                for (int e = 0; e < CB; e++) qreg[j][e] = qs[j][d0 + e];
+        }
 
         for (int it = 0; it < n_tiles; it++) {
             const int buf = it & 1, kb = k0 + it * F8_TK, nk = min(F8_TK, k1 - kb);
@@ -289,7 +302,11 @@ __global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
                         const int d = ci * CB + 4 * e;
 #pragma unroll
                         for (int j = 0; j < GB; j++) {
-                            const float4 qq = *reinterpret_cast<const float4 *>(&qs[j][d]);
+                            float4 qq;
+                            if constexpr (QR)
+                                qq = make_float4(qreg[j][4 * e], qreg[j][4 * e + 1], qreg[j][4 * e + 2], qreg[j][4 * e + 3]);
+                            else
+                                qq = *reinterpret_cast<const float4 *>(&qs[j][d]);
                             dt[j] = fmaf(f[0], qq.x, fmaf(f[1], qq.y, fmaf(f[2], qq.z, fmaf(f[3], qq.w, dt[j]))));
                         }
                     }
@@ -394,19 +411,19 @@ __global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
     if (nsp > 1) f8_merge<D>(p, di, kvh, t, nsp);
 }
 
-template <int D, int GB, bool INT>
+template <int D, int GB, bool INT, bool QREG>
 static void launch_decode_fp8_k(cu_impl *c, const f8_params &p, dim3 grid) {
     static bool attr_done = false;
     const int smem = 4 * F8_TK * D + 4 * F8_TK * 4;
     if (!attr_done) {
         if (cu_check(c,
-                     cudaFuncSetAttribute(k_attn_decode_fp8<D, GB, INT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          smem),
+                     cudaFuncSetAttribute(k_attn_decode_fp8<D, GB, INT, QREG>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                      "fp8 decode attention smem attribute"))
             return;
         attr_done = true;
     }
-    cu_launch(c, k_attn_decode_fp8<D, GB, INT>, grid, dim3(128), (size_t)smem, p);
+    cu_launch(c, k_attn_decode_fp8<D, GB, INT, QREG>, grid, dim3(128), (size_t)smem, p);
     CU_LAUNCHED(c, "fp8 decode attention");
 }
 
@@ -448,10 +465,30 @@ extern "C" void ns_cuda_set_fp8_split_div(ns_backend *be, int div) {
     cu_bump_generation((cu_impl *)be->impl);
 }
 
+/* NS_CUDA_FP8_QREG / ns_cuda_set_fp8_qreg: 1 = q in registers (see
+ * k_attn_decode_fp8), 0 = q read from shared memory (default until
+ * measured). Process-wide. */
+static int g_fp8_qreg = -1;
+static int fp8_qreg(void) {
+    if (g_fp8_qreg < 0) {
+        const char *e = getenv("NS_CUDA_FP8_QREG");
+        g_fp8_qreg = e && atoi(e) == 1 ? 1 : 0;
+    }
+    return g_fp8_qreg;
+}
+
+extern "C" void ns_cuda_set_fp8_qreg(ns_backend *be, int on) {
+    g_fp8_qreg = on == 1 ? 1 : 0;
+    cu_bump_generation((cu_impl *)be->impl);
+}
+
 template <int D, int GB>
 static void launch_decode_fp8(cu_impl *c, const f8_params &p, dim3 grid) {
-    if (fp8_dec_mode() == 1) launch_decode_fp8_k<D, GB, true>(c, p, grid);
-    else launch_decode_fp8_k<D, GB, false>(c, p, grid);
+    const bool in = fp8_dec_mode() == 1, qr = fp8_qreg() == 1;
+    if (in && qr) launch_decode_fp8_k<D, GB, true, true>(c, p, grid);
+    else if (in) launch_decode_fp8_k<D, GB, true, false>(c, p, grid);
+    else if (qr) launch_decode_fp8_k<D, GB, false, true>(c, p, grid);
+    else launch_decode_fp8_k<D, GB, false, false>(c, p, grid);
 }
 
 template <int D>
