@@ -20,4 +20,11 @@ trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
 python3 tests/gpu/serve_smoke.py "http://127.0.0.1:$PORT" "$NS_SHARED"
 rc=$?
 grep -E "request [0-9]+:|WARN|ERROR" "$LOGS/serve.log" | head -12 | sed 's/^/# /'
+# the same server with FP8 KV pages (--kv-dtype fp8): tests/gpu/serve_smoke_fp8.py
+kill $pid 2>/dev/null; wait $pid 2>/dev/null
+build/cuda/nightshift serve --device cuda --kv-dtype fp8 --model "$NS_SHARED/models/tiny-qwen3" --host 127.0.0.1 \
+  --port $((PORT + 1)) --gpu-memory 0.05 --no-ssd-cache --log-level info >"$LOGS/serve_fp8.log" 2>&1 &
+pid=$!
+python3 tests/gpu/serve_smoke_fp8.py "http://127.0.0.1:$((PORT + 1))" "$NS_SHARED" || rc=1
+grep -E "WARN|ERROR" "$LOGS/serve_fp8.log" | head -6 | sed 's/^/# fp8: /'
 exit $rc
