@@ -883,6 +883,97 @@ __device__ __forceinline__ void dm_tile(const bf16 *Kt, const bf16 *Vt, const ui
     }
 }
 
+/* Rows of a K/V tile this thread copies in k_attn_decode_mma: the bulk
+ * modes one (thread r: K row r, thread 64 + r: V row r); the cp.async
+ * modes NPASS, CH = D / 8 threads per row with one 16-byte chunk each, so
+ * a warp instruction reads whole rows (2 rows of 256 bytes at D = 128) and
+ * every 32-byte sector is fetched once. */
+template <int D, int LOAD>
+struct dm_rows {
+    static constexpr bool BULK = LOAD >= DM_LOAD_BULK;
+    static constexpr int CH = D / 8, RPP = 128 / CH, NPASS = DM_TK / RPP;
+    static constexpr int NR = BULK ? 1 : NPASS;
+    static_assert(!BULK || DM_TK == 64, "bulk loads: one K or V row per thread");
+    /* this thread's j-th row */
+    static __device__ __forceinline__ int row(int j) {
+        return BULK ? (int)(threadIdx.x & (DM_TK - 1)) : (int)(threadIdx.x / CH) + j * RPP;
+    }
+};
+
+/* Issues the copies of K/V tile `it` of the split [k0, k1) of sequence s,
+ * kv head kvh, into stage it % DM_ST (see DM_LOAD_*); pg holds this
+ * thread's page ids of the tile (dm_rows) and, for the modes that load
+ * them ahead, receives those of the next tile. */
+template <int D, int LOAD>
+__device__ __forceinline__ void dm_issue(const attn_params &p, int s, int kvh, int k0, int k1, int it, bf16 *Ks,
+                                         bf16 *Vs, uint64_t *bars, int (&pg)[dm_rows<D, LOAD>::NR], size_t k_off,
+                                         size_t v_off) {
+    using R = dm_rows<D, LOAD>;
+    constexpr int LD = D + 8, CH = R::CH;
+    constexpr bool BULK = R::BULK;
+    const int tid = threadIdx.x, cc = tid % CH;
+    const int kb = k0 + it * DM_TK, st = it % DM_ST;
+    bf16 *kd = Ks + st * DM_TK * LD, *vd = Vs + st * DM_TK * LD;
+    if constexpr (BULK) {
+        const int r = tid & (DM_TK - 1), nvalid = min(DM_TK, k1 - kb);
+        const bool is_v = tid >= DM_TK;
+        const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&bars[st]);
+        if (tid == 0) dm_mbar_expect(bar, (uint32_t)(nvalid * 2 * D * 2));
+        bf16 *dst = (is_v ? vd : kd) + r * LD;
+        if (r < nvalid) {
+            dm_bulk_copy((uint32_t)__cvta_generic_to_shared(dst), kv_row_at(p, pg[0], kb + r, kvh, is_v ? v_off : k_off),
+                         D * 2, bar);
+        } else {
+            /* rows past the end: zeros (stale bytes could be NaN, and
+             * P = 0 times NaN in V is NaN); read after the tile's barrier
+             * wait and a block barrier */
+#pragma unroll
+            for (int c = 0; c < CH; c++) reinterpret_cast<uint4 *>(dst)[c] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < R::NPASS; j++) {
+            const int r = R::row(j);
+            const bool ok = kb + r < k1;
+            const uint8_t *kr = !ok                                 ? p.kv
+                                : LOAD == DM_LOAD_CPASYNC && it > 0 ? kv_row(p, s, kb + r, kvh, k_off)
+                                                                    : kv_row_at(p, pg[j], kb + r, kvh, k_off);
+            const uint8_t *vr = ok ? kr + (v_off - k_off) : p.kv;
+            cp_async16(kd + r * LD + cc * 8, kr + cc * 16, ok ? 16 : 0);
+            cp_async16(vd + r * LD + cc * 8, vr + cc * 16, ok ? 16 : 0);
+        }
+    }
+    if (LOAD != DM_LOAD_CPASYNC) {
+        /* the next tile's page ids: the load completes while this tile and
+         * the ones before it are computed */
+#pragma unroll
+        for (int j = 0; j < R::NR; j++) {
+            const int key = kb + DM_TK + R::row(j);
+            pg[j] = key < k1 ? kv_page(p, s, key) : 0;
+        }
+    }
+}
+
+/* Q^T of token row t as the B operand of k_attn_decode_mma, split into
+ * bf16 hi + lo halves: head n = lane / 4 of the group starting at h_first,
+ * dims (lane % 4) * 2 (+1), +8 for the second register; heads past G are
+ * zero. */
+template <int D>
+__device__ __forceinline__ void dm_load_q(const attn_params &p, int t, int h_first, int G, uint32_t (&qh)[D / 16][2],
+                                          uint32_t (&ql)[D / 16][2]) {
+    const int lane = threadIdx.x & 31, n = lane >> 2;
+    const float *qr = p.q + (size_t)t * p.q_stride + (size_t)(h_first + n) * D;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int d = kk * 16 + (lane & 3) * 2 + r * 8;
+            float2 v = make_float2(0.f, 0.f);
+            if (n < G) v = *reinterpret_cast<const float2 *>(qr + d);
+            split_bf16x2(v.x * p.scale_log2, v.y * p.scale_log2, qh[kk][r], ql[kk][r]);
+        }
+}
+
 /* Flash-decoding on mma.sync: CTA = (split, kv head, sequence), 4 warps,
  * all G <= 8 query heads of the kv head at once, so each K/V byte is read
  * once per group. K/V tiles of 64 keys stream through three stages (LOAD:
@@ -901,10 +992,9 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
     PDL_TRIGGER();
     if (!early) PDL_WAIT();
     constexpr int LD = D + 8; /* padded rows: ldmatrix conflict-free */
-    constexpr int CH = D / 8;
     constexpr int NI = D / 16;
-    constexpr bool BULK = LOAD == DM_LOAD_BULK || LOAD == DM_LOAD_BULK_DEEP || LOAD == DM_LOAD_BULK_EARLY;
-    static_assert(!BULK || DM_TK == 64, "bulk loads: one K or V row per thread");
+    using R = dm_rows<D, LOAD>;
+    constexpr bool BULK = R::BULK;
     extern __shared__ __align__(16) uint8_t dsm[];
     bf16 *Ks = reinterpret_cast<bf16 *>(dsm);
     bf16 *Vs = Ks + DM_ST * DM_TK * LD;
@@ -918,20 +1008,12 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n_tiles = k1 > k0 ? (k1 - k0 + DM_TK - 1) / DM_TK : 0;
     const int G = p.G, h_first = kvh * G;
-    /* Copy mapping of the cp.async loads: CH threads per K/V row, one
-     * 16-byte chunk each, so a warp instruction reads whole rows (2 rows of
-     * 256 bytes at D = 128): every 32-byte sector is fetched once. */
-    constexpr int RPP = 128 / CH;       /* rows per pass */
-    constexpr int NPASS = DM_TK / RPP;  /* passes per tile */
-    constexpr int NR = BULK ? 1 : NPASS; /* rows this thread copies per tile */
-    const int cc = tid % CH, rb = tid / CH;
-    auto row_of = [&](int j) { return BULK ? (tid & (DM_TK - 1)) : rb + j * RPP; };
     /* page ids of this thread's rows in the next tile to issue (read
      * before the PDL wait: metadata is final at launch in recorded tapes) */
-    int pg[NR];
+    int pg[R::NR];
 #pragma unroll
-    for (int j = 0; j < NR; j++) {
-        const int key = k0 + row_of(j);
+    for (int j = 0; j < R::NR; j++) {
+        const int key = k0 + R::row(j);
         pg[j] = key < k1 ? kv_page(p, s, key) : 0;
     }
     if (BULK) {
@@ -941,48 +1023,7 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
         __syncthreads(); /* barriers initialised before any copy or wait */
     }
 
-    auto issue = [&](int it) {
-        const int kb = k0 + it * DM_TK, st = it % DM_ST;
-        bf16 *kd = Ks + st * DM_TK * LD, *vd = Vs + st * DM_TK * LD;
-        if constexpr (BULK) {
-            const int r = tid & (DM_TK - 1), nvalid = min(DM_TK, k1 - kb);
-            const bool is_v = tid >= DM_TK;
-            const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&bars[st]);
-            if (tid == 0) dm_mbar_expect(bar, (uint32_t)(nvalid * 2 * D * 2));
-            bf16 *dst = (is_v ? vd : kd) + r * LD;
-            if (r < nvalid) {
-                dm_bulk_copy((uint32_t)__cvta_generic_to_shared(dst), kv_row_at(p, pg[0], kb + r, kvh, is_v ? v_off : k_off),
-                             D * 2, bar);
-            } else {
-                /* rows past the end: zeros (stale bytes could be NaN, and
-                 * P = 0 times NaN in V is NaN); read after the tile's
-                 * barrier wait and the block barrier that follows it */
-#pragma unroll
-                for (int c = 0; c < CH; c++) reinterpret_cast<uint4 *>(dst)[c] = make_uint4(0u, 0u, 0u, 0u);
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < NPASS; j++) {
-                const int r = rb + j * RPP;
-                const bool ok = kb + r < k1;
-                const uint8_t *kr = !ok                         ? p.kv
-                                    : LOAD == DM_LOAD_CPASYNC && it > 0 ? kv_row(p, s, kb + r, kvh, k_off)
-                                                                      : kv_row_at(p, pg[j], kb + r, kvh, k_off);
-                const uint8_t *vr = ok ? kr + (v_off - k_off) : p.kv;
-                cp_async16(kd + r * LD + cc * 8, kr + cc * 16, ok ? 16 : 0);
-                cp_async16(vd + r * LD + cc * 8, vr + cc * 16, ok ? 16 : 0);
-            }
-        }
-        if (LOAD != DM_LOAD_CPASYNC) {
-            /* the next tile's page ids: the load completes while this
-             * tile and the ones before it are computed */
-#pragma unroll
-            for (int j = 0; j < NR; j++) {
-                const int key = kb + DM_TK + row_of(j);
-                pg[j] = key < k1 ? kv_page(p, s, key) : 0;
-            }
-        }
-    };
+    auto issue = [&](int it) { dm_issue<D, LOAD>(p, s, kvh, k0, k1, it, Ks, Vs, bars, pg, k_off, v_off); };
     int pre = 0; /* tiles issued before the PDL wait */
     if constexpr (LOAD == DM_LOAD_BULK_EARLY) {
         /* tile it's keys are all below L - 1 */
@@ -1001,22 +1042,8 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
     if (pre < 2 && n_tiles > 1) issue(1);
     if (!BULK) cp_async_commit();
 
-    /* Q^T as the B operand: head n = lane / 4, dims (lane % 4) * 2 (+1),
-     * +8 for the second register; heads past G are zero */
     uint32_t qh[NI][2], ql[NI][2];
-    {
-        const int n = lane >> 2;
-        const float *qr = p.q + (size_t)t * p.q_stride + (size_t)(h_first + n) * D;
-#pragma unroll
-        for (int kk = 0; kk < NI; kk++)
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int d = kk * 16 + (lane & 3) * 2 + r * 8;
-                float2 v = make_float2(0.f, 0.f);
-                if (n < G) v = *reinterpret_cast<const float2 *>(qr + d);
-                split_bf16x2(v.x * p.scale_log2, v.y * p.scale_log2, qh[kk][r], ql[kk][r]);
-            }
-    }
+    dm_load_q<D>(p, t, h_first, G, qh, ql);
 
     float o[NI][4];
 #pragma unroll
