@@ -282,8 +282,9 @@ static void att_task(void *p, int64_t b, int64_t e, int tid) {
     cpu_impl *c = a->c;
     const ns_kv_layout *l = &a->be->kv;
     const int D = l->head_dim, group = a->n_heads / l->n_kv_heads, P = l->page_tokens;
-    float *acc = c->scratch[tid], *sc = acc + D, *kq = sc + P, *vq = kq + (size_t)P * (size_t)D;
     const bool fp8 = l->dtype == NS_DT_FP8_E4M3;
+    /* FP8: the scratch also holds one page's K and V rows dequantized (kv_alloc reserved them) */
+    float *acc = c->scratch[tid], *sc = acc + D, *kq = fp8 ? sc + P : NULL, *vq = fp8 ? kq + (size_t)P * (size_t)D : NULL;
     for (int64_t task = b; task < e; task++) {
         const int32_t t = (int32_t)(task / a->n_heads);
         const int h = (int)(task % a->n_heads), kvh = h / group;
