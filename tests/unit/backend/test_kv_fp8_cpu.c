@@ -50,13 +50,13 @@ static ns_kv_layout fp8_layout(int pages) {
 
 /* One step of sequence 0 (page table pt) with tokens [ctx - n, ctx). */
 static void set_step(ns_backend *be, int32_t ctx, int32_t n, const int32_t *pt, int32_t max_pages) {
-    int32_t tok[64], pos[64], ss[2] = {0, n}, sl[1] = {ctx};
+    int32_t tok[64], pos[64], ss[2] = {0, n}, sl[1] = {ctx}, no_rows[1] = {0};
     for (int32_t i = 0; i < n; i++) {
         tok[i] = 1;
         pos[i] = ctx - n + i;
     }
     ns_batch b = {.n_tokens = n, .n_seqs = 1, .tokens = tok, .positions = pos, .seq_start = ss, .seq_len = sl,
-                  .page_table = pt, .max_pages = max_pages, .logit_rows = NULL, .n_logits = 0};
+                  .page_table = pt, .max_pages = max_pages, .logit_rows = no_rows, .n_logits = 0};
     ns_error err = {0};
     CHECKF(be->ops->set_batch(be, &b, &err) == NS_OK, "%s", err.msg);
 }
@@ -163,8 +163,9 @@ TEST(fp8_attention_matches_dequantized_reference) {
             }
         }
         ss[2] = n;
+        int32_t no_rows[1] = {0};
         ns_batch b = {.n_tokens = n, .n_seqs = 2, .tokens = tok, .positions = pos, .seq_start = ss, .seq_len = sl,
-                      .page_table = &pt[0][0], .max_pages = 4};
+                      .page_table = &pt[0][0], .max_pages = 4, .logit_rows = no_rows, .n_logits = 0};
         CHECK(be->ops->set_batch(be, &b, &err) == NS_OK);
         for (int i = 0; i < n * KVH * D * 2; i++) kv[i] = frand() * 2.0f;
         ns_tensor kt = {NS_DT_F32, n, KVH * D, kv, NULL}, vt = {NS_DT_F32, n, KVH * D, kv + (size_t)n * KVH * D, NULL};
