@@ -1793,6 +1793,7 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     /* off until measured on the H200 (docs/cuda.md, v17) */
     c->dec_fuse = env_int("NS_CUDA_DEC_FUSE", 0);
     c->dec_early = env_int("NS_CUDA_DEC_EARLY", 0);
+    c->act_nc = env_int("NS_CUDA_ACT_NC", 1) != 0; /* cu_ld_act4 (cuda_internal.cuh) */
     c->pdl = env_int("NS_CUDA_PDL", 1);
     /* off by default: measured slower on H200 (docs/cuda.md, v7) */
     c->prefetch = env_int("NS_CUDA_PREFETCH", 0);

@@ -15,7 +15,8 @@
 
 /* E = head_dim / 32 elements per lane: lane holds d = lane + 32 e, so the
  * rotate-half partner of e < E/2 is e + E/2 (head_dim a multiple of 64). */
-template <int E>
+/* NC: activation loads through ld.global.nc or .cg (cu_ld_act, c->act_nc) */
+template <int E, bool NC>
 __global__ __launch_bounds__(128) void k_qk_norm_rope_store(
     float *q, float *k, const float *__restrict__ v, int T, int H, int KVH, const float *__restrict__ qn,
     const float *__restrict__ kn, float eps, const float *__restrict__ inv_freq, const int32_t *__restrict__ positions,
@@ -80,11 +81,11 @@ __global__ __launch_bounds__(128) void k_qk_norm_rope_store(
     if (early) PDL_WAIT();
     float x[E], vv[E];
 #pragma unroll
-    for (int e = 0; e < E; e++) x[e] = vec[lane + 32 * e];
+    for (int e = 0; e < E; e++) x[e] = NC ? vec[lane + 32 * e] : cu_ld_act<false>(vec + lane + 32 * e);
     if (!is_q) {
         const float *vs = v + ((size_t)t * KVH + (h - H)) * D;
 #pragma unroll
-        for (int e = 0; e < E; e++) vv[e] = vs[lane + 32 * e];
+        for (int e = 0; e < E; e++) vv[e] = cu_ld_act<NC>(vs + lane + 32 * e);
     }
     if (nw) {
         float ss = 0.f;
@@ -126,11 +127,20 @@ void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, 
     q, k, v, n_tokens, n_heads, l->n_kv_heads, q_norm, k_norm, eps, inv_freq, c->meta.positions, c->meta.tok_seq,     \
         c->meta.page_table, c->meta.pt_stride, c->kv, l->page_size_bytes, l->page_tokens, layer, *pf, (int)blocks, \
         (int)c->tape_early, l->dtype == NS_DT_FP8_E4M3 ? ns_kv_scale_offset(l, 0, 0, 0) : (size_t)0
-    switch (l->head_dim) {
-    case 64: cu_launch(c, k_qk_norm_rope_store<2>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
-    case 128: cu_launch(c, k_qk_norm_rope_store<4>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
-    case 256: cu_launch(c, k_qk_norm_rope_store<8>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
-    default: cu_check(c, cudaErrorInvalidValue, "qk_norm_rope_store: head_dim must be 64, 128 or 256"); return;
+    if (!c->act_nc) {
+        switch (l->head_dim) {
+        case 64: cu_launch(c, k_qk_norm_rope_store<2, false>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
+        case 128: cu_launch(c, k_qk_norm_rope_store<4, false>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
+        case 256: cu_launch(c, k_qk_norm_rope_store<8, false>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
+        default: cu_check(c, cudaErrorInvalidValue, "qk_norm_rope_store: head_dim must be 64, 128 or 256"); return;
+        }
+    } else {
+        switch (l->head_dim) {
+        case 64: cu_launch(c, k_qk_norm_rope_store<2, true>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
+        case 128: cu_launch(c, k_qk_norm_rope_store<4, true>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
+        case 256: cu_launch(c, k_qk_norm_rope_store<8, true>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
+        default: cu_check(c, cudaErrorInvalidValue, "qk_norm_rope_store: head_dim must be 64, 128 or 256"); return;
+        }
     }
 #undef QKRS_ARGS
     CU_LAUNCHED(c, "qk_norm_rope_store");
@@ -142,6 +152,7 @@ void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, 
  * two passes, and their norm weights are read before the PDL wait when
  * early (norm weights never come from an earlier kernel of the tape). */
 #define AR_REG 4
+template <bool NC>
 __global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out, bf16 *out_bf,
                               const float *__restrict__ w, int cols, float eps, cu_prefetch pf, int64_t rows,
                               int early) {
@@ -169,7 +180,8 @@ __global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out,
     for (int i = 0; i < AR_REG; i++) {
         const int d = threadIdx.x * 4 + i * step;
         if (d < cols) {
-            float4 a = *reinterpret_cast<const float4 *>(xr + d), b = *reinterpret_cast<const float4 *>(yr + d);
+            float4 a = NC ? *reinterpret_cast<const float4 *>(xr + d) : cu_ld_act4<false>(xr + d),
+                   b = cu_ld_act4<NC>(yr + d);
             a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
             *reinterpret_cast<float4 *>(xr + d) = a;
             xv[i] = a;
@@ -177,7 +189,8 @@ __global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out,
         }
     }
     for (int d = threadIdx.x * 4 + AR_REG * step; d < cols; d += step) {
-        float4 a = *reinterpret_cast<const float4 *>(xr + d), b = *reinterpret_cast<const float4 *>(yr + d);
+        float4 a = NC ? *reinterpret_cast<const float4 *>(xr + d) : cu_ld_act4<false>(xr + d),
+               b = cu_ld_act4<NC>(yr + d);
         a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
         *reinterpret_cast<float4 *>(xr + d) = a;
         ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
@@ -208,7 +221,7 @@ void cu_launch_add_rmsnorm(cu_impl *c, float *x, const float *y, float *out, bf1
                            int64_t rows, int cols, float eps, const cu_prefetch *pf) {
     if (rows <= 0) return;
     const unsigned extra = cu_pf_any(pf) ? CU_PF_BLOCKS : 0;
-    cu_launch(c, k_add_rmsnorm, dim3((unsigned)rows + extra), dim3(512), 0, x, y, out, out_bf, w, cols, eps, *pf, rows,
+    cu_launch(c, c->act_nc ? k_add_rmsnorm<true> : k_add_rmsnorm<false>, dim3((unsigned)rows + extra), dim3(512), 0, x, y, out, out_bf, w, cols, eps, *pf, rows,
               (int)c->tape_early);
     CU_LAUNCHED(c, "add_rmsnorm");
 }

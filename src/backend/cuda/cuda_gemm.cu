@@ -66,7 +66,7 @@ __device__ __forceinline__ void gemv_row(const gemv_segs &s, int r, const bf16 *
 /* KS warps share a row pair, each summing 1/KS of K (split-K), so short
  * matrices (few rows per SM) still put enough warps on the memory system;
  * the partial sums meet in shared memory. */
-template <int N, int KS, bool SW>
+template <int N, int KS, bool SW, bool NC>
 __global__ __launch_bounds__(128) void k_gemv(gemv_segs sg, const float *__restrict__ x, int K) {
     PDL_ENTRY();
     const int wib = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -103,8 +103,8 @@ __global__ __launch_bounds__(128) void k_gemv(gemv_segs sg, const float *__restr
             for (int u = 0; u < 4; u++) {
 #pragma unroll
                 for (int n = 0; n < N; n++) {
-                    const float4 *xv = reinterpret_cast<const float4 *>(x + (size_t)n * K) + 2 * (c + 32 * u);
-                    float4 x0 = __ldg(xv), x1 = __ldg(xv + 1);
+                    const float *xv = x + (size_t)n * K + 8 * (c + 32 * u);
+                    float4 x0 = cu_ld_act4<NC>(xv), x1 = cu_ld_act4<NC>(xv + 4);
                     acc0[n] += dot8(a[u], x0, x1);
                     acc1[n] += dot8(b[u], x0, x1);
                 }
@@ -114,8 +114,8 @@ __global__ __launch_bounds__(128) void k_gemv(gemv_segs sg, const float *__restr
             uint4 a = ld_stream(w0 + c), b = ld_stream(w1 + c);
 #pragma unroll
             for (int n = 0; n < N; n++) {
-                const float4 *xv = reinterpret_cast<const float4 *>(x + (size_t)n * K) + 2 * c;
-                float4 x0 = __ldg(xv), x1 = __ldg(xv + 1);
+                const float *xv = x + (size_t)n * K + 8 * c;
+                float4 x0 = cu_ld_act4<NC>(xv), x1 = cu_ld_act4<NC>(xv + 4);
                 acc0[n] += dot8(a, x0, x1);
                 acc1[n] += dot8(b, x0, x1);
             }
@@ -174,7 +174,11 @@ __global__ __launch_bounds__(128) void k_gemv(gemv_segs sg, const float *__restr
 
 typedef void (*gemv_fn)(gemv_segs, const float *, int);
 
-#define GEMV_ROW(N, SW) {k_gemv<N, 1, SW>, k_gemv<N, 2, SW>, k_gemv<N, 4, SW>}
+/* [NC][n - 1][ks] tables: NC = c->act_nc (cu_ld_act4) */
+#define GEMV_ROW(N, SW, NC) {k_gemv<N, 1, SW, NC>, k_gemv<N, 2, SW, NC>, k_gemv<N, 4, SW, NC>}
+#define GEMV_ROWS8(NC)                                                                                                \
+    {GEMV_ROW(1, false, NC), GEMV_ROW(2, false, NC), GEMV_ROW(3, false, NC), GEMV_ROW(4, false, NC),                  \
+     GEMV_ROW(5, false, NC), GEMV_ROW(6, false, NC), GEMV_ROW(7, false, NC), GEMV_ROW(8, false, NC)}
 
 /* gemv_warps per SM (default 128, ~17k warps on an H200): split K when
  * there are fewer row pairs, keeping >= 64 chunks of 8 per warp. */
@@ -187,9 +191,7 @@ static int choose_ks(const cu_impl *c, int64_t pairs, int k) {
 
 void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w, const int64_t *m, const float *x,
                    int n, int k) {
-    static const gemv_fn fns[8][3] = {GEMV_ROW(1, false), GEMV_ROW(2, false), GEMV_ROW(3, false),
-                                      GEMV_ROW(4, false), GEMV_ROW(5, false), GEMV_ROW(6, false),
-                                      GEMV_ROW(7, false), GEMV_ROW(8, false)};
+    static const gemv_fn fns[2][8][3] = {GEMV_ROWS8(false), GEMV_ROWS8(true)};
     /* inputs beyond 8 rows: repeat in groups of 8 */
     for (int n0 = 0; n0 < n; n0 += 8) {
         int nn = n - n0 < 8 ? n - n0 : 8;
@@ -207,14 +209,15 @@ void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w
         const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
         const int64_t pairs_per_block = 4 / ks;
         const unsigned blocks = (unsigned)((pairs + pairs_per_block - 1) / pairs_per_block);
-        cu_launch(c, fns[nn - 1][ki], dim3(blocks), dim3(128), 0, sg, x + (size_t)n0 * k, k);
+        cu_launch(c, fns[c->act_nc ? 1 : 0][nn - 1][ki], dim3(blocks), dim3(128), 0, sg, x + (size_t)n0 * k, k);
         if (c->err_status != NS_OK) return;
     }
 }
 
 void cu_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf, const bf16 *wg, const bf16 *wu,
                     int64_t m, const float *x, int n, int k) {
-    static const gemv_fn fns[2][3] = {GEMV_ROW(1, true), GEMV_ROW(2, true)};
+    static const gemv_fn fns[2][2][3] = {{GEMV_ROW(1, true, false), GEMV_ROW(2, true, false)},
+                                         {GEMV_ROW(1, true, true), GEMV_ROW(2, true, true)}};
     for (int n0 = 0; n0 < n; n0 += 2) {
         int nn = n - n0 < 2 ? n - n0 : 2;
         gemv_segs sg;
@@ -231,7 +234,7 @@ void cu_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf
         const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
         const int64_t pairs_per_block = 4 / ks;
         const unsigned blocks = (unsigned)((m + pairs_per_block - 1) / pairs_per_block);
-        cu_launch(c, fns[nn - 1][ki], dim3(blocks), dim3(128), 0, sg, x + (size_t)n0 * k, k);
+        cu_launch(c, fns[c->act_nc ? 1 : 0][nn - 1][ki], dim3(blocks), dim3(128), 0, sg, x + (size_t)n0 * k, k);
         if (c->err_status != NS_OK) return;
     }
 }
@@ -374,15 +377,15 @@ __device__ __forceinline__ float4 nrm4(float4 a, float inv, float4 w) {
 /* The 8 input values of chunk ch of row xr: under NORM xr is the block's
  * normalized copy in shared memory, else the F32 input in global memory
  * (read through the read-only path; it stays in L1). */
-template <bool NORM>
-__device__ __forceinline__ void dec_xin(const float *__restrict__ xr, int ch, float4 &x0, float4 &x1) {
-    const float4 *xv = reinterpret_cast<const float4 *>(xr) + 2 * ch;
+template <bool NORM, bool NC>
+__device__ __forceinline__ void dec_xin(const float *xr, int ch, float4 &x0, float4 &x1) {
     if constexpr (NORM) {
+        const float4 *xv = reinterpret_cast<const float4 *>(xr) + 2 * ch;
         x0 = xv[0];
         x1 = xv[1];
     } else {
-        x0 = __ldg(xv);
-        x1 = __ldg(xv + 1);
+        x0 = cu_ld_act4<NC>(xr + 8 * ch);
+        x1 = cu_ld_act4<NC>(xr + 8 * ch + 4);
     }
 }
 
@@ -392,7 +395,7 @@ __device__ __forceinline__ void dec_xin(const float *__restrict__ xr, int ch, fl
  * 4j + wib, lane `lane`) sums d = 4 vt + 2048 i -- and copied to sd.xn by
  * block 0. Each thread normalizes the elements it stored (d / 4 = tid mod
  * 128 in both loops), so the first barrier only guards `part`. */
-template <int N>
+template <int N, bool NC>
 __device__ __forceinline__ void dec_norm_rows(const float *__restrict__ x, int K, const dec_side &sd, float *xs,
                                               float (*part)[16]) {
     const int wib = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -403,7 +406,7 @@ __device__ __forceinline__ void dec_norm_rows(const float *__restrict__ x, int K
         for (int j = 0; j < 4; j++) {
             float ss = 0.f;
             for (int d = (j * 128 + (int)threadIdx.x) * 4; d < K; d += 2048) {
-                float4 v = *reinterpret_cast<const float4 *>(xr + d);
+                float4 v = cu_ld_act4<NC>(xr + d);
                 *reinterpret_cast<float4 *>(xs + (size_t)n * K + d) = v;
                 ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
             }
@@ -455,7 +458,7 @@ __device__ __forceinline__ void dec_store(const gemv_segs &sg, const dec_side &s
     }
 }
 
-template <int N, int KS, bool SW, bool NORM, bool ADD>
+template <int N, int KS, bool SW, bool NORM, bool ADD, bool NC>
 __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__restrict__ x, int K, dec_side sd) {
     /* sd.early: the first weight loads go out before the PDL wait (weights
      * are never written by a kernel of the tape), so they stream during
@@ -499,7 +502,7 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
     extern __shared__ __align__(16) float xs[];
     if constexpr (NORM) {
         __shared__ float part[N][16];
-        dec_norm_rows<N>(x, K, sd, xs, part);
+        dec_norm_rows<N, NC>(x, K, sd, xs, part);
     }
     const float *xsrc = NORM ? xs : x;
     if (active) {
@@ -518,7 +521,7 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
 #pragma unroll
                 for (int n = 0; n < N; n++) {
                     float4 x0, x1;
-                    dec_xin<NORM>(xsrc + (size_t)n * K, c + 32 * u, x0, x1);
+                    dec_xin<NORM, NC>(xsrc + (size_t)n * K, c + 32 * u, x0, x1);
                     acc0[n] += dot8(a[u], x0, x1);
                     acc1[n] += dot8(b[u], x0, x1);
                 }
@@ -529,7 +532,7 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
 #pragma unroll
             for (int n = 0; n < N; n++) {
                 float4 x0, x1;
-                dec_xin<NORM>(xsrc + (size_t)n * K, c, x0, x1);
+                dec_xin<NORM, NC>(xsrc + (size_t)n * K, c, x0, x1);
                 acc0[n] += dot8(wa, x0, x1);
                 acc1[n] += dot8(wb, x0, x1);
             }
@@ -570,16 +573,17 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
 
 typedef void (*gemv_dec_fn)(gemv_segs, const float *, int, dec_side);
 
-#define GEMV_DEC_ROW(N, SW, NORM, ADD)                                                                                \
-    {k_gemv_dec<N, 1, SW, NORM, ADD>, k_gemv_dec<N, 2, SW, NORM, ADD>, k_gemv_dec<N, 4, SW, NORM, ADD>}
+#define GEMV_DEC_ROW(N, SW, NORM, ADD, NC)                                                                            \
+    {k_gemv_dec<N, 1, SW, NORM, ADD, NC>, k_gemv_dec<N, 2, SW, NORM, ADD, NC>, k_gemv_dec<N, 4, SW, NORM, ADD, NC>}
+#define GEMV_DEC_MODES(NC)                                                                                            \
+    {{GEMV_DEC_ROW(1, false, true, false, NC), GEMV_DEC_ROW(2, false, true, false, NC)},                              \
+     {GEMV_DEC_ROW(1, true, true, false, NC), GEMV_DEC_ROW(2, true, true, false, NC)},                                \
+     {GEMV_DEC_ROW(1, false, false, true, NC), GEMV_DEC_ROW(2, false, false, true, NC)}}
 
 bool cu_gemv_dec(cu_impl *c, const cu_gemv_dec_args *g) {
-    /* [mode][n - 1][ks]: 0 = norm + group, 1 = norm + gate/up SwiGLU, 2 = matmul + residual add */
-    static const gemv_dec_fn fns[3][2][3] = {
-        {GEMV_DEC_ROW(1, false, true, false), GEMV_DEC_ROW(2, false, true, false)},
-        {GEMV_DEC_ROW(1, true, true, false), GEMV_DEC_ROW(2, true, true, false)},
-        {GEMV_DEC_ROW(1, false, false, true), GEMV_DEC_ROW(2, false, false, true)},
-    };
+    /* [NC][mode][n - 1][ks]: NC = c->act_nc (cu_ld_act4); mode 0 = norm +
+     * group, 1 = norm + gate/up SwiGLU, 2 = matmul + residual add */
+    static const gemv_dec_fn fns[2][3][2][3] = {GEMV_DEC_MODES(false), GEMV_DEC_MODES(true)};
     const int mode = g->add_res ? 2 : g->swiglu ? 1 : 0;
     if (g->n < 1 || g->n > 2 || g->k % 8 || g->nseg < 1 || g->nseg > 3 || (g->swiglu && g->nseg != 2) ||
         (g->add_res && g->nseg != 1) || (mode < 2 && (g->k % 4 || !g->norm_w || !g->xn || (size_t)g->n * (size_t)g->k * 4 > CU_DEC_NORM_SMEM))) {
@@ -617,6 +621,6 @@ bool cu_gemv_dec(cu_impl *c, const cu_gemv_dec_args *g) {
     const int64_t pairs_per_block = 4 / ks;
     const unsigned blocks = (unsigned)((rows + pairs_per_block - 1) / pairs_per_block);
     const size_t smem = mode < 2 ? (size_t)g->n * (size_t)g->k * sizeof(float) : 0;
-    cu_launch(c, fns[mode][g->n - 1][ki], dim3(blocks), dim3(128), smem, sg, g->x, (int)g->k, sd);
+    cu_launch(c, fns[c->act_nc ? 1 : 0][mode][g->n - 1][ki], dim3(blocks), dim3(128), smem, sg, g->x, (int)g->k, sd);
     return !CU_LAUNCHED(c, "gemv_dec");
 }

@@ -182,6 +182,7 @@ typedef struct cu_impl {
     int fusion; /* fuse fixed op sequences of recorded tapes */
     int dec_fuse; /* with fusion: RMSNorm / residual add folded into decode GEMVs (cuda_decode.cu) */
     int dec_early; /* with dec_fuse: their first weight loads before the PDL wait after a GEMV */
+    int act_nc; /* activation loads of decode kernels through ld.global.nc (1) or ld.global.cg (0): cu_ld_act4<NC> */
     int pdl;    /* programmatic dependent launch between our kernels */
     int prefetch; /* L2 prefetch of the next GEMV's weights in small kernels */
     int split_keys; /* fewest keys per decode-attention split */
@@ -287,6 +288,31 @@ typedef struct cu_prefetch {
 } cu_prefetch;
 
 static inline bool cu_pf_any(const cu_prefetch *pf) { return pf && (pf->bytes[0] | pf->bytes[1] | pf->bytes[2]); }
+
+/* Loads of activations (what an earlier kernel of the stream wrote) in the
+ * decode kernels. With programmatic dependent launch a kernel runs while
+ * the kernel before it is still writing, which ld.global.nc (__ldg, and
+ * what const __restrict__ pointers compile to) does not allow: the
+ * read-only path need not see those stores even after the PDL wait
+ * (cuda_quant.cu's early-load defect was this). nc = 0 reads through
+ * ld.global.cg (L2, coherent) instead: NS_CUDA_ACT_NC=0 (c->act_nc picks
+ * the kernel instance); 1 (default) keeps the .nc loads of earlier
+ * versions until measured. */
+template <bool NC>
+__device__ __forceinline__ float4 cu_ld_act4(const float *p) {
+    if constexpr (NC) return __ldg(reinterpret_cast<const float4 *>(p));
+    float4 r;
+    /* volatile: stays after the PDL wait (itself volatile asm) */
+    asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "l"(p));
+    return r;
+}
+template <bool NC>
+__device__ __forceinline__ float cu_ld_act(const float *p) {
+    if constexpr (NC) return __ldg(p);
+    float r;
+    asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(r) : "l"(p));
+    return r;
+}
 
 /* Sum of v over the 32 lanes of a warp; every lane gets it. */
 __device__ __forceinline__ float cu_warp_sum(float v) {

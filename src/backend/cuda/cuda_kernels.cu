@@ -342,13 +342,14 @@ void cu_launch_kv_store(cu_impl *c, const ns_kv_layout *l, int layer, const floa
 
 /* --------------------------------------------------------------- gather */
 
+template <bool NC> /* activation loads: cu_ld_act (cuda_internal.cuh) */
 __global__ void k_gather(float *out, bf16 *out_bf, const float *__restrict__ in, const int32_t *__restrict__ rows,
                          int cols, int in_stride) {
     PDL_ENTRY();
     const int i = blockIdx.x;
     const float *src = in + (size_t)rows[i] * in_stride;
     for (int d = threadIdx.x; d < cols; d += blockDim.x) {
-        float v = src[d];
+        float v = cu_ld_act<NC>(src + d);
         out[(size_t)i * cols + d] = v;
         if (out_bf) out_bf[(size_t)i * cols + d] = __float2bfloat16_rn(v);
     }
@@ -356,7 +357,7 @@ __global__ void k_gather(float *out, bf16 *out_bf, const float *__restrict__ in,
 
 void cu_launch_gather(cu_impl *c, float *out, bf16 *out_bf, const float *in, int n_rows, int cols, int in_stride) {
     if (n_rows <= 0) return;
-    cu_launch(c, k_gather, dim3(n_rows), dim3(256), 0, out, out_bf, in, c->meta.logit_rows, cols, in_stride);
+    cu_launch(c, c->act_nc ? k_gather<true> : k_gather<false>, dim3(n_rows), dim3(256), 0, out, out_bf, in, c->meta.logit_rows, cols, in_stride);
     CU_LAUNCHED(c, "gather_rows");
 }
 
@@ -372,6 +373,7 @@ __device__ __forceinline__ void better(float &bv, int &bi, float v, int i) {
     }
 }
 
+template <bool NC> /* activation loads: cu_ld_act (cuda_internal.cuh) */
 __global__ void k_argmax(int32_t *out, const float *__restrict__ logits, int cols, int stride) {
     PDL_ENTRY();
     const float *x = logits + (size_t)blockIdx.x * stride;
@@ -379,7 +381,7 @@ __global__ void k_argmax(int32_t *out, const float *__restrict__ logits, int col
     int bi = 0x7fffffff;
     int nan = 0;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        const float v = x[i];
+        const float v = cu_ld_act<NC>(x + i);
         nan |= isnan(v);
         if (v > -INFINITY) better(bv, bi, v, i);
     }
@@ -412,7 +414,7 @@ __global__ void k_argmax(int32_t *out, const float *__restrict__ logits, int col
 
 void cu_launch_argmax(cu_impl *c, int32_t *out, const float *logits, int n_rows, int cols, int stride) {
     if (n_rows <= 0) return;
-    cu_launch(c, k_argmax, dim3(n_rows), dim3(1024), 0, out, logits, cols, stride);
+    cu_launch(c, c->act_nc ? k_argmax<true> : k_argmax<false>, dim3(n_rows), dim3(1024), 0, out, logits, cols, stride);
     CU_LAUNCHED(c, "argmax");
 }
 
