@@ -719,14 +719,18 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uin
  *                  tiles (64 KB per CTA) stay in flight during the wait
  *                  instead of one (each thread's mbarrier wait makes the
  *                  copies visible to it; no barrier needed after it);
- * DM_LOAD_BULK_EARLY the bulk copies, and in recorded decode tapes (early)
- *                  the first two tiles are issued before the PDL wait when
- *                  none of their keys is the sequence's last: that row is
- *                  the only K/V this step's kernels write for the sequence
- *                  (tapes end at every page copy or transfer, and a new
- *                  token's slot is never in a shared page), so the copies
- *                  overlap the previous kernel (q/k-norm + RoPE + store)
- *                  instead of starting after it. */
+ * DM_LOAD_BULK_EARLY (experimental, off) the bulk copies, and in recorded
+ *                  decode tapes (early) the first two tiles are issued
+ *                  before the PDL wait when none of their keys is the
+ *                  sequence's last, so they overlap the previous kernel
+ *                  (q/k-norm + RoPE + store) instead of starting after it.
+ *                  Valid only while no kernel of the tape before this one
+ *                  writes those rows: the new token's row is excluded,
+ *                  but a tape can also hold a KV page copy (OP_KV_COPY:
+ *                  copy-on-write of a partial prefix page for a sequence
+ *                  whose first step is a single token), which this mode
+ *                  could read before it finished. Not a default until
+ *                  run_tape tells the kernel the tape has no such copy. */
 enum { DM_LOAD_CPASYNC = 0, DM_LOAD_AHEAD = 1, DM_LOAD_BULK = 2, DM_LOAD_BULK_DEEP = 3, DM_LOAD_BULK_EARLY = 4 };
 #define DM_SPIN_MAX (1u << 22)
 
