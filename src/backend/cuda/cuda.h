@@ -107,10 +107,7 @@ void ns_cuda_set_attn_dec_mma(ns_backend *be, int on);
  * loaded a tile ahead, 2 = one cp.async.bulk per K/V row on an mbarrier
  * (the default; compute capability >= 9.0, 1 elsewhere), 3 = 2 with
  * the next copies issued before the wait (two tiles in flight during it;
- * >= 9.0, else 1), 4 = experimental: 2 with the first two tiles issued
- * before the PDL wait in recorded decode steps when they hold no key the
- * step stores (unsafe if the tape also copies a KV page: measurement
- * only; >= 9.0, else 1); env NS_CUDA_DEC_LOAD likewise. Same results bit for
+ * >= 9.0, else 1); env NS_CUDA_DEC_LOAD likewise. Same results bit for
  * bit; for A/B runs and tests. */
 void ns_cuda_set_attn_dec_load(ns_backend *be, int mode);
 void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager);

@@ -718,20 +718,10 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uin
  *                  done with tile k - 1, then tile k is waited for, so two
  *                  tiles (64 KB per CTA) stay in flight during the wait
  *                  instead of one (each thread's mbarrier wait makes the
- *                  copies visible to it; no barrier needed after it);
- * DM_LOAD_BULK_EARLY (experimental, off) the bulk copies, and in recorded
- *                  decode tapes (early) the first two tiles are issued
- *                  before the PDL wait when none of their keys is the
- *                  sequence's last, so they overlap the previous kernel
- *                  (q/k-norm + RoPE + store) instead of starting after it.
- *                  Valid only while no kernel of the tape before this one
- *                  writes those rows: the new token's row is excluded,
- *                  but a tape can also hold a KV page copy (OP_KV_COPY:
- *                  copy-on-write of a partial prefix page for a sequence
- *                  whose first step is a single token), which this mode
- *                  could read before it finished. Not a default until
- *                  run_tape tells the kernel the tape has no such copy. */
-enum { DM_LOAD_CPASYNC = 0, DM_LOAD_AHEAD = 1, DM_LOAD_BULK = 2, DM_LOAD_BULK_DEEP = 3, DM_LOAD_BULK_EARLY = 4 };
+ *                  copies visible to it; no barrier needed after it).
+ * (A mode 4 that issued the first tiles before the PDL wait was tried
+ * and removed: docs/cuda.md v16.) */
+enum { DM_LOAD_CPASYNC = 0, DM_LOAD_AHEAD = 1, DM_LOAD_BULK = 2, DM_LOAD_BULK_DEEP = 3 };
 #define DM_SPIN_MAX (1u << 22)
 
 __device__ __forceinline__ void dm_mbar_init(uint32_t bar, uint32_t count) {
@@ -1028,22 +1018,10 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
     }
 
     auto issue = [&](int it) { dm_issue<D, LOAD>(p, s, kvh, k0, k1, it, Ks, Vs, bars, pg, k_off, v_off); };
-    int pre = 0; /* tiles issued before the PDL wait */
-    if constexpr (LOAD == DM_LOAD_BULK_EARLY) {
-        /* tile it's keys are all below L - 1 */
-        if (early && n_tiles > 0 && k0 + DM_TK <= L - 1) {
-            issue(0);
-            pre = 1;
-            if (n_tiles > 1 && k0 + 2 * DM_TK <= L - 1) {
-                issue(1);
-                pre = 2;
-            }
-        }
-    }
     if (early) PDL_WAIT();
-    if (pre < 1 && n_tiles > 0) issue(0);
+    if (n_tiles > 0) issue(0);
     if (!BULK) cp_async_commit();
-    if (pre < 2 && n_tiles > 1) issue(1);
+    if (n_tiles > 1) issue(1);
     if (!BULK) cp_async_commit();
 
     uint32_t qh[NI][2], ql[NI][2];
@@ -1122,10 +1100,10 @@ static bool launch_decode_mma_t(cu_impl *c, const attn_params &p, dim3 grid) {
 }
 
 /* The K/V copy mode (cuda.h ns_cuda_set_attn_dec_load); bulk copies need
- * compute capability 9.0, below it modes 2-4 run as mode 1. */
+ * compute capability 9.0, below it modes 2-3 run as mode 1. */
 static int decode_load_mode(cu_impl *c) {
     int mode = cu_attn_switch(&c->attn_dec_load, "NS_CUDA_DEC_LOAD", CU_ATTN_DEC_LOAD_MAX, CU_ATTN_DEC_LOAD_DEFAULT);
-    if (mode == DM_LOAD_BULK || mode == DM_LOAD_BULK_DEEP || mode == DM_LOAD_BULK_EARLY) {
+    if (mode == DM_LOAD_BULK || mode == DM_LOAD_BULK_DEEP) {
         if (c->attn_dec_cc9 == 0) {
             int major = 0;
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
@@ -1142,7 +1120,6 @@ static bool launch_decode_mma(cu_impl *c, const attn_params &p, dim3 grid) {
     case DM_LOAD_AHEAD: return launch_decode_mma_t<D, DM_LOAD_AHEAD>(c, p, grid);
     case DM_LOAD_BULK: return launch_decode_mma_t<D, DM_LOAD_BULK>(c, p, grid);
     case DM_LOAD_BULK_DEEP: return launch_decode_mma_t<D, DM_LOAD_BULK_DEEP>(c, p, grid);
-    case DM_LOAD_BULK_EARLY: return launch_decode_mma_t<D, DM_LOAD_BULK_EARLY>(c, p, grid);
     default: return launch_decode_mma_t<D, DM_LOAD_CPASYNC>(c, p, grid);
     }
 }

@@ -215,8 +215,8 @@ typedef struct cu_impl {
     size_t moe_ws_bytes;
     int moe_fuse; /* CU_SW_*: decode router + top-k in one launch (NS_CUDA_MOE_FUSE=0: off) */
     int moe_ggemv; /* CU_SW_*: grouped GEMVs for a few rows per expert (NS_CUDA_MOE_GGEMV=1; default: 16-row tiles) */
-
     int moe_qggemv; /* CU_SW_*: quantized experts, a few rows per expert: grouped GEMVs on the blocks (NS_CUDA_MOE_QGGEMV=0: bf16 copies + tiles) */
+
     /* quantized weights (cuda_quant.cu): activation and dequantization
      * scratch, created by the first quantized weight's upload */
     struct cu_quant *quant;
@@ -421,7 +421,7 @@ int cu_attn_switch(int *field, const char *env, int max, int def);
 #define CU_ATTN_SM90_DEFAULT 8
 #define CU_ATTN_DEC_LOAD_DEFAULT 2
 #define CU_ATTN_DEC_MMA_MAX 2
-#define CU_ATTN_DEC_LOAD_MAX 4
+#define CU_ATTN_DEC_LOAD_MAX 3
 /* grid (G / 2, n_tiles, KVH); returns false on a launch error (recorded). */
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles);
 /* GEMV over up to 3 weight matrices sharing the F32 input x [n, k]:
@@ -530,8 +530,6 @@ typedef struct cu_qmoe {
  * gate/up GEMV with SwiGLU into h [Tc K, F], quantizes h, gathered down
  * GEMV into y [Tc K, H] (combined by the caller). False on a launch error. */
 bool cu_quant_moe_gemv(cu_impl *c, const cu_qmoe &m, const float *x, int Tc, const int32_t *ids, float *h, float *y);
-/* Grouped path: every expert with counts[e] > 0 dequantized to bf16 into
- * deq ([3][E][F H]) and bftab[3E] pointed at the copies (all of them). */
 /* Batched decode: the TK slots' rows of x gathered in sorted order
  * (rows[p] = slot, offs the experts' segments) and quantized, grouped
  * gate/up GEMVs on each chosen expert's blocks into h [TK, F] (sorted),
@@ -539,6 +537,8 @@ bool cu_quant_moe_gemv(cu_impl *c, const cu_qmoe &m, const float *x, int Tc, con
  * reads it through pos). xq must hold TK + 4 rows of max(H, F). */
 bool cu_quant_moe_grouped(cu_impl *c, const cu_qmoe &m, const float *x, int TK, const int32_t *rows,
                           const int32_t *offs, float *h, float *y);
+/* Grouped path: every expert with counts[e] > 0 dequantized to bf16 into
+ * deq ([3][E][F H]) and bftab[3E] pointed at the copies (all of them). */
 bool cu_quant_moe_dequant(cu_impl *c, const cu_qmoe &m, const int32_t *counts, bf16 *deq, const bf16 **bftab);
 
 #endif
