@@ -168,6 +168,222 @@ __device__ __forceinline__ void f8_merge(const f8_params &p, int di, int kvh, in
     if (tid == 0) p.cnt[(size_t)di * p.KVH + kvh] = 0;
 }
 
+/* Tiling of k_attn_decode_fp8 (QREG: see there). */
+template <int D, int GB, bool QREG>
+struct f8_shape {
+    static constexpr int LCH = D / 16;              /* 16-byte copies per row (head dim 16: one) */
+    static constexpr int CB = D >= 32 ? 16 : 8;     /* bytes per score chunk */
+    static constexpr int CH = D / CB;               /* score chunks per row */
+    static constexpr bool QR = QREG && D <= 128 && GB * CB <= 64;
+    static constexpr int TPK = QR ? CH : CH >= 4 ? 4 : CH; /* threads per key for the scores */
+    static constexpr int CPT = CH / TPK;            /* chunks per thread per key */
+    static constexpr int KPP = 128 / TPK;           /* keys per pass */
+    static constexpr int DPL = D >= 32 ? D / 32 : 1; /* V dims per lane (lanes past D idle) */
+    static constexpr int QG = QR ? GB : 1, QC = QR ? CB : 1; /* q registers per thread */
+    static_assert(KPP <= F8_TK && F8_TK % KPP == 0, "a pass covers part of a tile");
+};
+
+/* Stages keys [kb, min(kb + F8_TK, k1)) of sequence s, kv head kvh: K and
+ * V code rows (two threads per row, 16-byte cp.async, zero-filled past k1)
+ * and each row's page-head scales; one commit group. */
+template <int D>
+__device__ __forceinline__ void f8_issue(const f8_params &p, int s, int kvh, int kb, int k1, uint8_t *Kd, uint8_t *Vd,
+                                         float *ksd, float *vsd) {
+    constexpr int LCH = D / 16;
+    const int r = threadIdx.x >> 1, half = threadIdx.x & 1;
+    const bool ok = kb + r < k1;
+    const uint8_t *pg = p.kv, *kr = p.kv, *vr = p.kv;
+    if (ok) {
+        const int pos = kb + r;
+        int pi, slot;
+        if (p.P_shift >= 0) {
+            pi = pos >> p.P_shift;
+            slot = pos & (p.P - 1);
+        } else {
+            pi = pos / p.P;
+            slot = pos - pi * p.P;
+        }
+        pg = p.kv + (size_t)p.page_table[(size_t)s * p.pt_stride + pi] * p.page_bytes;
+        kr = pg + p.k_off + (size_t)kvh * p.seg_bytes + (size_t)slot * D;
+        vr = pg + p.v_off + (size_t)kvh * p.seg_bytes + (size_t)slot * D;
+    }
+    uint8_t *kd = Kd + r * D, *vd = Vd + r * D;
+    const int c_lo = LCH >= 2 ? half * (LCH / 2) : 0, c_hi = LCH >= 2 ? c_lo + LCH / 2 : 1 - half;
+#pragma unroll
+    for (int ch = c_lo; ch < c_hi; ch++) {
+        f8_cp16(kd + ch * 16, kr + ch * 16, ok ? 16 : 0);
+        f8_cp16(vd + ch * 16, vr + ch * 16, ok ? 16 : 0);
+    }
+    if (half == 0) {
+        f8_cp4(ksd + r, ok ? pg + p.ks_off + (size_t)kvh * 4 : p.kv, ok ? 4 : 0);
+        f8_cp4(vsd + r, ok ? pg + p.vs_off + (size_t)kvh * 4 : p.kv, ok ? 4 : 0);
+    }
+    f8_commit();
+}
+
+/* Scores of a staged tile: sc[j][kl] = (q_j . code_kl) * s_kl (q already
+ * times scale * log2 e), -inf past nk. TPK threads per key; without QR odd
+ * keys start at the other half of the row, so the 8 keys of a warp spread
+ * over all banks. */
+template <int D, int GB, bool INT, bool QREG>
+__device__ __forceinline__ void f8_scores(const uint8_t *Kt, const float *kst, int nk, const float (*qs)[D],
+                                          const float (&qreg)[f8_shape<D, GB, QREG>::QG][f8_shape<D, GB, QREG>::QC],
+                                          float (*sc)[F8_TK]) {
+    using S = f8_shape<D, GB, QREG>;
+    constexpr int CB = S::CB, TPK = S::TPK, CPT = S::CPT, KPP = S::KPP;
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int pass = 0; pass < F8_TK / KPP; pass++) {
+        const int kl = pass * KPP + tid / TPK, sub = tid % TPK;
+        float dt[GB];
+#pragma unroll
+        for (int j = 0; j < GB; j++) dt[j] = 0.f;
+#pragma unroll
+        for (int i = 0; i < CPT; i++) {
+            const int ci = sub + TPK * ((i + kl) % CPT);
+            uint32_t w[CB / 4];
+            if constexpr (CB == 16) {
+                const uint4 kc = reinterpret_cast<const uint4 *>(Kt + kl * D)[ci];
+                w[0] = kc.x;
+                w[1] = kc.y;
+                w[2] = kc.z;
+                w[3] = kc.w;
+            } else {
+                const uint2 kc = reinterpret_cast<const uint2 *>(Kt + kl * D)[ci];
+                w[0] = kc.x;
+                w[1] = kc.y;
+            }
+#pragma unroll
+            for (int e = 0; e < CB / 4; e++) {
+                float f[4];
+                f8x4_to_float<INT>(w[e], f);
+                const int d = ci * CB + 4 * e;
+#pragma unroll
+                for (int j = 0; j < GB; j++) {
+                    float4 qq;
+                    if constexpr (S::QR)
+                        qq = make_float4(qreg[j][4 * e], qreg[j][4 * e + 1], qreg[j][4 * e + 2], qreg[j][4 * e + 3]);
+                    else
+                        qq = *reinterpret_cast<const float4 *>(&qs[j][d]);
+                    dt[j] = fmaf(f[0], qq.x, fmaf(f[1], qq.y, fmaf(f[2], qq.z, fmaf(f[3], qq.w, dt[j]))));
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < GB; j++) {
+#pragma unroll
+            for (int o = 1; o < TPK; o <<= 1) dt[j] += __shfl_xor_sync(0xffffffffu, dt[j], o);
+        }
+        if (sub == 0) {
+            const float ks = INT ? kst[kl] * 256.0f : kst[kl];
+#pragma unroll
+            for (int j = 0; j < GB; j++) sc[j][kl] = kl < nk ? dt[j] * ks : -INFINITY;
+        }
+    }
+}
+
+/* Online softmax of a tile's scores, warp w owning heads w, w + 4, ...:
+ * sc becomes 2^(score - m), ms/ls the running max and sum, al the factor
+ * the accumulators are rescaled by. */
+template <int GB>
+__device__ __forceinline__ void f8_softmax(float (*sc)[F8_TK], float *ms, float *ls, float *al) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int j = warp; j < GB; j += 4) {
+        float mx = -INFINITY;
+        for (int i = lane; i < F8_TK; i += 32) mx = fmaxf(mx, sc[j][i]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float m_old = ms[j], m_new = fmaxf(m_old, mx);
+        float sum = 0.f;
+        for (int i = lane; i < F8_TK; i += 32) {
+            const float e = exp2f(sc[j][i] - m_new);
+            sc[j][i] = e;
+            sum += e;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        __syncwarp();
+        if (lane == 0) {
+            const float a = exp2f(m_old - m_new);
+            al[j] = a;
+            ls[j] = ls[j] * a + sum;
+            ms[j] = m_new;
+        }
+    }
+}
+
+/* PV of a staged tile: warp w takes keys w, w + 4, ...; lane owns DPL
+ * dims; the V scale rides on the probability. */
+template <int D, int GB, bool INT, int DPL>
+__device__ __forceinline__ void f8_pv(const uint8_t *Vt, const float *vst, int nk, const float (*sc)[F8_TK],
+                                      const float *al, float (&acc)[GB][DPL]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < GB; j++) {
+        const float a = al[j];
+#pragma unroll
+        for (int e = 0; e < DPL; e++) acc[j][e] *= a;
+    }
+    for (int kl = warp; kl < nk && lane * DPL < D; kl += 4) {
+        float v[DPL];
+        const uint8_t *vr = Vt + kl * D + lane * DPL;
+        if constexpr (DPL <= 2) {
+            float f[4];
+            f8x4_to_float<INT>(DPL == 1 ? (uint32_t)*vr : (uint32_t)*reinterpret_cast<const uint16_t *>(vr), f);
+#pragma unroll
+            for (int e = 0; e < DPL; e++) v[e] = f[e];
+        } else {
+#pragma unroll
+            for (int w4 = 0; w4 < DPL / 4; w4++) {
+                float f[4];
+                f8x4_to_float<INT>(reinterpret_cast<const uint32_t *>(vr)[w4], f);
+#pragma unroll
+                for (int e = 0; e < 4; e++) v[4 * w4 + e] = f[e];
+            }
+        }
+        const float vs = INT ? vst[kl] * 256.0f : vst[kl];
+#pragma unroll
+        for (int j = 0; j < GB; j++) {
+            const float pj = sc[j][kl] * vs;
+#pragma unroll
+            for (int e = 0; e < DPL; e++) acc[j][e] = fmaf(pj, v[e], acc[j][e]);
+        }
+    }
+}
+
+/* The 4 warps' sums of a head group -> out (one split) or the split's
+ * partial (o, m, l) in p.ws. Contains a block barrier. */
+template <int D, int GB, int DPL>
+__device__ __forceinline__ void f8_finish(const f8_params &p, const float (&acc)[GB][DPL], float (*red)[GB][D],
+                                          const float *ms, const float *ls, int di, int t, int h_first, int split,
+                                          int nsp) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (lane * DPL < D) {
+#pragma unroll
+        for (int j = 0; j < GB; j++)
+#pragma unroll
+            for (int e = 0; e < DPL; e++) red[warp][j][lane * DPL + e] = acc[j][e];
+    }
+    __syncthreads();
+    for (int i = tid; i < GB * D; i += 128) {
+        const int j = i / D, d = i % D, h = h_first + j;
+        const float o = red[0][j][d] + red[1][j][d] + red[2][j][d] + red[3][j][d];
+        if (nsp == 1) {
+            const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
+            const float v = o / ls[j];
+            p.out[off] = v;
+            if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
+        } else {
+            float *w = p.ws + (((size_t)di * p.H + h) * nsp + split) * F8_WS_ROW(D);
+            w[d] = o;
+            if (d == 0) {
+                w[D] = ms[j];
+                w[D + 1] = ls[j];
+            }
+        }
+    }
+}
+
 /* grid (splits, kv heads, decode rows), 128 threads; GB query heads of the
  * group per pass (G / GB passes over the split's keys). QREG (head dims up
  * to 128, GB * 16 <= 64): one 16-byte chunk of a K row per thread, the
@@ -176,20 +392,13 @@ __device__ __forceinline__ void f8_merge(const f8_params &p, int di, int kvh, in
 template <int D, int GB, bool INT, bool QREG>
 __global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
     PDL_ENTRY();
-    constexpr int LCH = D / 16;              /* 16-byte copies per row (head dim 16: one) */
-    constexpr int CB = D >= 32 ? 16 : 8;     /* bytes per score chunk */
-    constexpr int CH = D / CB;               /* score chunks per row */
-    constexpr bool QR = QREG && D <= 128 && GB * CB <= 64;
-    constexpr int TPK = QR ? CH : CH >= 4 ? 4 : CH; /* threads per key for the scores */
-    constexpr int CPT = CH / TPK;            /* chunks per thread per key */
-    constexpr int KPP = 128 / TPK;           /* keys per pass */
-    constexpr int DPL = D >= 32 ? D / 32 : 1; /* V dims per lane (lanes past D idle) */
-    static_assert(KPP <= F8_TK && F8_TK % KPP == 0, "a pass covers part of a tile");
+    using S = f8_shape<D, GB, QREG>;
+    constexpr int DPL = S::DPL;
     extern __shared__ __align__(16) uint8_t dsm[];
-    uint8_t *Kst = dsm;                                    /* [2][F8_TK][D] */
-    uint8_t *Vst = Kst + 2 * F8_TK * D;                    /* [2][F8_TK][D] */
+    uint8_t *Kst = dsm;                                          /* [2][F8_TK][D] */
+    uint8_t *Vst = Kst + 2 * F8_TK * D;                          /* [2][F8_TK][D] */
     float *kss = reinterpret_cast<float *>(Vst + 2 * F8_TK * D); /* [2][F8_TK] */
-    float *vss = kss + 2 * F8_TK;                          /* [2][F8_TK] */
+    float *vss = kss + 2 * F8_TK;                                /* [2][F8_TK] */
     __shared__ __align__(16) float qs[GB][D];
     __shared__ float sc[GB][F8_TK];
     __shared__ float ms[GB], ls[GB], al[GB];
@@ -200,39 +409,11 @@ __global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
     const int L = p.seq_len[s], t = p.seq_start[s];
     const int chunk = (((L + nsp - 1) / nsp) + F8_TK - 1) / F8_TK * F8_TK;
     const int k0 = split * chunk, k1 = min(L, k0 + chunk);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x;
     const int n_tiles = k1 > k0 ? (k1 - k0 + F8_TK - 1) / F8_TK : 0;
-
     auto issue = [&](int it, int buf) {
-        const int kb = k0 + it * F8_TK, r = tid >> 1, half = tid & 1;
-        const bool ok = kb + r < k1;
-        const uint8_t *pg = p.kv, *kr = p.kv, *vr = p.kv;
-        if (ok) {
-            const int pos = kb + r;
-            int pi, slot;
-            if (p.P_shift >= 0) {
-                pi = pos >> p.P_shift;
-                slot = pos & (p.P - 1);
-            } else {
-                pi = pos / p.P;
-                slot = pos - pi * p.P;
-            }
-            pg = p.kv + (size_t)p.page_table[(size_t)s * p.pt_stride + pi] * p.page_bytes;
-            kr = pg + p.k_off + (size_t)kvh * p.seg_bytes + (size_t)slot * D;
-            vr = pg + p.v_off + (size_t)kvh * p.seg_bytes + (size_t)slot * D;
-        }
-        uint8_t *kd = Kst + (buf * F8_TK + r) * D, *vd = Vst + (buf * F8_TK + r) * D;
-        const int c_lo = LCH >= 2 ? half * (LCH / 2) : 0, c_hi = LCH >= 2 ? c_lo + LCH / 2 : 1 - half;
-#pragma unroll
-        for (int ch = c_lo; ch < c_hi; ch++) {
-            f8_cp16(kd + ch * 16, kr + ch * 16, ok ? 16 : 0);
-            f8_cp16(vd + ch * 16, vr + ch * 16, ok ? 16 : 0);
-        }
-        if (half == 0) {
-            f8_cp4(kss + buf * F8_TK + r, ok ? pg + p.ks_off + (size_t)kvh * 4 : p.kv, ok ? 4 : 0);
-            f8_cp4(vss + buf * F8_TK + r, ok ? pg + p.vs_off + (size_t)kvh * 4 : p.kv, ok ? 4 : 0);
-        }
-        f8_commit();
+        f8_issue<D>(p, s, kvh, k0 + it * F8_TK, k1, Kst + buf * F8_TK * D, Vst + buf * F8_TK * D, kss + buf * F8_TK,
+                    vss + buf * F8_TK);
     };
 
     for (int hg = 0; hg < p.G / GB; hg++) {
@@ -251,16 +432,15 @@ __global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
         for (int j = 0; j < GB; j++)
 #pragma unroll
             for (int e = 0; e < DPL; e++) acc[j][e] = 0.f;
-        float qreg[QR ? GB : 1][QR ? CB : 1];
-        if constexpr (QR) { /* this thread's chunk of every key: dims [sub * CB, sub * CB + CB) */
+        float qreg[S::QG][S::QC];
+        if constexpr (S::QR) { /* this thread's chunk of every key: dims [sub * CB, sub * CB + CB) */
             __syncthreads();
-            const int d0 = (tid % TPK) * CB;
+            const int d0 = (tid % S::TPK) * S::CB;
 #pragma unroll
             for (int j = 0; j < GB; j++)
 #pragma unroll
-                for (int e = 0; e < CB; e++) qreg[j][e] = qs[j][d0 + e];
+                for (int e = 0; e < S::CB; e++) qreg[j][e] = qs[j][d0 + e];
         }
-
         for (int it = 0; it < n_tiles; it++) {
             const int buf = it & 1, kb = k0 + it * F8_TK, nk = min(F8_TK, k1 - kb);
             if (it + 1 < n_tiles) {
@@ -270,142 +450,14 @@ __global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
                 f8_wait<0>();
             }
             __syncthreads();
-            const uint8_t *Kt = Kst + buf * F8_TK * D, *Vt = Vst + buf * F8_TK * D;
-            const float *kst = kss + buf * F8_TK, *vst = vss + buf * F8_TK;
-            /* scores: TPK threads per key; odd keys start at the other half
-             * of the row so the 8 keys of a warp spread over all banks */
-#pragma unroll
-            for (int pass = 0; pass < F8_TK / KPP; pass++) {
-                const int kl = pass * KPP + tid / TPK, sub = tid % TPK;
-                float dt[GB];
-#pragma unroll
-                for (int j = 0; j < GB; j++) dt[j] = 0.f;
-#pragma unroll
-                for (int i = 0; i < CPT; i++) {
-                    const int ci = sub + TPK * ((i + kl) % CPT);
-                    uint32_t w[CB / 4];
-                    if constexpr (CB == 16) {
-                        const uint4 kc = reinterpret_cast<const uint4 *>(Kt + kl * D)[ci];
-                        w[0] = kc.x;
-                        w[1] = kc.y;
-                        w[2] = kc.z;
-                        w[3] = kc.w;
-                    } else {
-                        const uint2 kc = reinterpret_cast<const uint2 *>(Kt + kl * D)[ci];
-                        w[0] = kc.x;
-                        w[1] = kc.y;
-                    }
-#pragma unroll
-                    for (int e = 0; e < CB / 4; e++) {
-                        float f[4];
-                        f8x4_to_float<INT>(w[e], f);
-                        const int d = ci * CB + 4 * e;
-#pragma unroll
-                        for (int j = 0; j < GB; j++) {
-                            float4 qq;
-                            if constexpr (QR)
-                                qq = make_float4(qreg[j][4 * e], qreg[j][4 * e + 1], qreg[j][4 * e + 2], qreg[j][4 * e + 3]);
-                            else
-                                qq = *reinterpret_cast<const float4 *>(&qs[j][d]);
-                            dt[j] = fmaf(f[0], qq.x, fmaf(f[1], qq.y, fmaf(f[2], qq.z, fmaf(f[3], qq.w, dt[j]))));
-                        }
-                    }
-                }
-#pragma unroll
-                for (int j = 0; j < GB; j++) {
-#pragma unroll
-                    for (int o = 1; o < TPK; o <<= 1) dt[j] += __shfl_xor_sync(0xffffffffu, dt[j], o);
-                }
-                if (sub == 0) {
-                    const float ks = INT ? kst[kl] * 256.0f : kst[kl];
-#pragma unroll
-                    for (int j = 0; j < GB; j++) sc[j][kl] = kl < nk ? dt[j] * ks : -INFINITY;
-                }
-            }
+            f8_scores<D, GB, INT, QREG>(Kst + buf * F8_TK * D, kss + buf * F8_TK, nk, qs, qreg, sc);
             __syncthreads();
-            /* online softmax per head: warp w owns heads w, w+4, ... */
-            for (int j = warp; j < GB; j += 4) {
-                float mx = -INFINITY;
-                for (int i = lane; i < F8_TK; i += 32) mx = fmaxf(mx, sc[j][i]);
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-                const float m_old = ms[j], m_new = fmaxf(m_old, mx);
-                float sum = 0.f;
-                for (int i = lane; i < F8_TK; i += 32) {
-                    const float e = exp2f(sc[j][i] - m_new);
-                    sc[j][i] = e;
-                    sum += e;
-                }
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-                __syncwarp();
-                if (lane == 0) {
-                    const float a = exp2f(m_old - m_new);
-                    al[j] = a;
-                    ls[j] = ls[j] * a + sum;
-                    ms[j] = m_new;
-                }
-            }
+            f8_softmax<GB>(sc, ms, ls, al);
             __syncthreads();
-            /* PV: warp w takes keys w, w+4, ...; lane owns DPL dims; the V
-             * scale rides on the probability */
-#pragma unroll
-            for (int j = 0; j < GB; j++) {
-                const float a = al[j];
-#pragma unroll
-                for (int e = 0; e < DPL; e++) acc[j][e] *= a;
-            }
-            for (int kl = warp; kl < nk && lane * DPL < D; kl += 4) {
-                float v[DPL];
-                const uint8_t *vr = Vt + kl * D + lane * DPL;
-                if constexpr (DPL <= 2) {
-                    float f[4];
-                    f8x4_to_float<INT>(DPL == 1 ? (uint32_t)*vr : (uint32_t)*reinterpret_cast<const uint16_t *>(vr), f);
-#pragma unroll
-                    for (int e = 0; e < DPL; e++) v[e] = f[e];
-                } else {
-#pragma unroll
-                    for (int w4 = 0; w4 < DPL / 4; w4++) {
-                        float f[4];
-                        f8x4_to_float<INT>(reinterpret_cast<const uint32_t *>(vr)[w4], f);
-#pragma unroll
-                        for (int e = 0; e < 4; e++) v[4 * w4 + e] = f[e];
-                    }
-                }
-                const float vs = INT ? vst[kl] * 256.0f : vst[kl];
-#pragma unroll
-                for (int j = 0; j < GB; j++) {
-                    const float pj = sc[j][kl] * vs;
-#pragma unroll
-                    for (int e = 0; e < DPL; e++) acc[j][e] = fmaf(pj, v[e], acc[j][e]);
-                }
-            }
+            f8_pv<D, GB, INT, DPL>(Vst + buf * F8_TK * D, vss + buf * F8_TK, nk, sc, al, acc);
             __syncthreads(); /* sc and this K/V buffer are rewritten next */
         }
-        if (lane * DPL < D) {
-#pragma unroll
-            for (int j = 0; j < GB; j++)
-#pragma unroll
-                for (int e = 0; e < DPL; e++) red[warp][j][lane * DPL + e] = acc[j][e];
-        }
-        __syncthreads();
-        for (int i = tid; i < GB * D; i += 128) {
-            const int j = i / D, d = i % D, h = h_first + j;
-            const float o = red[0][j][d] + red[1][j][d] + red[2][j][d] + red[3][j][d];
-            if (nsp == 1) {
-                const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
-                const float v = o / ls[j];
-                p.out[off] = v;
-                if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
-            } else {
-                float *w = p.ws + (((size_t)di * p.H + h) * nsp + split) * F8_WS_ROW(D);
-                w[d] = o;
-                if (d == 0) {
-                    w[D] = ms[j];
-                    w[D + 1] = ls[j];
-                }
-            }
-        }
+        f8_finish<D, GB, DPL>(p, acc, red, ms, ls, di, t, h_first, split, nsp);
         __syncthreads(); /* qs, ms, ls, red are reused by the next head group */
     }
     if (nsp > 1) f8_merge<D>(p, di, kvh, t, nsp);
