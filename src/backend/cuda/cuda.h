@@ -81,7 +81,9 @@ void ns_cuda_set_pdl(ns_backend *be, int on);
 void ns_cuda_set_prefetch(ns_backend *be, int on);
 /* Small kernels of decode tapes (add+RMSNorm, q/k-norm+RoPE+KV store,
  * decode attention) read constants and batch metadata before their PDL
- * wait, overlapping the previous kernel: on (default) or off. */
+ * wait, overlapping the previous kernel: on or off (default since the
+ * 2026-12-01 run B: with them on, head-dim-64/128 models decoded wrong;
+ * env NS_CUDA_EARLY_LOADS=1 turns them on). */
 void ns_cuda_set_early_loads(ns_backend *be, int on);
 /* Prefill attention on Hopper (wgmma, warp-specialized; head dim 128,
  * even GQA ratio, compute capability 9.0): 0 = off (the mma.sync kernel);
