@@ -383,15 +383,15 @@ __device__ __forceinline__ void chunk_dot(const qraw &r, int c, int xe, const qx
  * the N activation rows (every lane gets the sums). Per lane, U units of
  * each row are loaded before any is used (2-4 KB in flight per warp), and
  * the two rows share the activation loads.
- * EARLY (NS_CUDA_QGEMV_EARLY=1): the kernel has not waited for the
- * previous one (the activations' quantization) yet; the first round of
- * weight loads is issued, then every lane of the warp executes the PDL
- * wait at the same point, converged (lanes with no block of their own
- * included), and only then is any activation read, through coherent
- * loads (xl4/xl). */
-template <int T, int N, bool EARLY>
+ * CG: the activations are read through coherent loads (xl4/xl).
+ * early (NS_CUDA_QGEMV_EARLY=1, only with CG): the kernel has not waited
+ * for the previous one (the activations' quantization) yet; the first
+ * round of weight loads is issued, then every lane of the warp executes
+ * the PDL wait at the same point, converged (lanes with no block of their
+ * own included), and only then is any activation read. */
+template <int T, int N, bool CG>
 __device__ __forceinline__ void rows_dot2(const qview &v0, int64_t r0, const qview &v1, int64_t r1, const qx &x,
-                                          float (&a0)[N], float (&a1)[N]) {
+                                          float (&a0)[N], float (&a1)[N], bool early) {
     constexpr int QE = QT<T>::QE, CPB = QT<T>::CPB, U = QT<T>::U;
     /* lane l takes unit l % CPB of blocks l / CPB, + 32 / CPB, ...: its
      * unit inside a block never changes, and there is no division in the
@@ -403,7 +403,7 @@ __device__ __forceinline__ void rows_dot2(const qview &v0, int64_t r0, const qvi
 #pragma unroll
     for (int n = 0; n < N; n++) a0[n] = a1[n] = 0.f;
     for (int bl = first, round = 0;; bl += BS * U, round++) {
-        if (!EARLY && bl >= nb) break;
+        if (!early && bl >= nb) break;
         qraw p[U], q[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -413,7 +413,7 @@ __device__ __forceinline__ void rows_dot2(const qview &v0, int64_t r0, const qvi
                 chunk_load<T>(v1, b1 + b, c, q[u]);
             }
         }
-        if constexpr (EARLY) {
+        if (CG && early) {
             if (round == 0) {
                 __syncwarp();
                 PDL_WAIT();
@@ -424,8 +424,8 @@ __device__ __forceinline__ void rows_dot2(const qview &v0, int64_t r0, const qvi
         for (int u = 0; u < U; u++) {
             const int b = bl + BS * u;
             if (b < nb) {
-                chunk_dot<T, N, EARLY>(p[u], c, b * QE, x, a0);
-                chunk_dot<T, N, EARLY>(q[u], c, b * QE, x, a1);
+                chunk_dot<T, N, CG>(p[u], c, b * QE, x, a0);
+                chunk_dot<T, N, CG>(q[u], c, b * QE, x, a1);
             }
         }
     }
@@ -444,7 +444,7 @@ struct qsegs {
     float *o[3];
     bf16 *obf;
     int end[3]; /* cumulative row ends */
-    int early;  /* run the EARLY kernels: weights loaded before the PDL wait (see qgemv_early) */
+    int early;  /* weights loaded before the PDL wait (see qgemv_early; CG kernels only) */
 };
 
 /* Segment, row inside it and its row count for concatenated row r. */
@@ -460,9 +460,10 @@ __device__ __forceinline__ qview seg_of(const qsegs &sg, int64_t r, float *&o, i
 
 /* One warp per pair of weight rows: rows 2p and 2p+1 of the concatenated
  * segments, or (SwiGLU) row p of gate and of up. */
-template <int T, int N, bool SW, bool EARLY>
+template <int T, int N, bool SW, bool CG>
 __global__ __launch_bounds__(128, N == 1 ? (int)QT<T>::MINB : N == 2 ? (int)QT<T>::MINB * 3 / 4 : N <= 4 ? 3 : 2) void k_qgemv(qsegs sg, qx x) {
-    if constexpr (EARLY) PDL_TRIGGER(); /* rows_dot2 waits */
+    const bool early = CG && sg.early != 0;
+    if (early) PDL_TRIGGER(); /* rows_dot2 waits */
     else PDL_ENTRY();
     const int64_t pair = (int64_t)blockIdx.x * 4 + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
@@ -470,7 +471,8 @@ __global__ __launch_bounds__(128, N == 1 ? (int)QT<T>::MINB : N == 2 ? (int)QT<T
     if constexpr (SW) {
         const int M = sg.end[0];
         if (pair >= M) return; /* whole warps leave together; no barrier follows */
-        rows_dot2<T, N, EARLY>(make_view<T>(sg.w[0], sg.nbt[0]), pair, make_view<T>(sg.w[1], sg.nbt[1]), pair, x, a0, a1);
+        rows_dot2<T, N, CG>(make_view<T>(sg.w[0], sg.nbt[0]), pair, make_view<T>(sg.w[1], sg.nbt[1]), pair, x, a0, a1,
+                            early);
         if (lane == 0) {
 #pragma unroll
             for (int n = 0; n < N; n++) {
@@ -491,7 +493,7 @@ __global__ __launch_bounds__(128, N == 1 ? (int)QT<T>::MINB : N == 2 ? (int)QT<T
         int64_t la, lb;
         int Ma, Mb;
         const qview va = seg_of<T>(sg, ra, oa, la, Ma), vb = seg_of<T>(sg, rb, ob, lb, Mb);
-        rows_dot2<T, N, EARLY>(va, la, vb, lb, x, a0, a1);
+        rows_dot2<T, N, CG>(va, la, vb, lb, x, a0, a1, early);
         if (lane == 0) {
 #pragma unroll
             for (int n = 0; n < N; n++) {
@@ -527,12 +529,12 @@ static int type_index(ns_dtype dt) {
      QG_ROW(NS_DT_Q5_K, SW, EA), QG_ROW(NS_DT_Q6_K, SW, EA), QG_ROW(NS_DT_Q4_1, SW, EA),                     \
      QG_ROW(NS_DT_Q5_0, SW, EA), QG_ROW(NS_DT_Q5_1, SW, EA)}
 
-static qgemv_fn pick_gemv(ns_dtype dt, int n, bool sw, bool early) {
+static qgemv_fn pick_gemv(ns_dtype dt, int n, bool sw, bool cg) {
     static const qgemv_fn fns[2][2][8][8] = {{QG_TYPES(false, false), QG_TYPES(true, false)},
                                              {QG_TYPES(false, true), QG_TYPES(true, true)}};
     const int ti = type_index(dt);
     if (ti < 0 || n < 1 || n > CU_QGEMV_MAX) return NULL;
-    return fns[early][sw][ti][n - 1];
+    return fns[cg][sw][ti][n - 1];
 }
 
 /* Quantizes rows [0, n) of x (n <= CU_QGEMV_MAX, k <= x_k) into the
@@ -572,6 +574,11 @@ static int qgemv_early(const cu_impl *c) {
     return env && c->tape_early;
 }
 
+/* The CG kernels (coherent activation loads) run for early loads and
+ * with NS_CUDA_ACT_NC=0 (c->act_nc, the switch of the other decode
+ * kernels' activation loads); otherwise the .nc ones. */
+static bool qgemv_cg(const cu_impl *c, const qsegs &sg) { return sg.early || !c->act_nc; }
+
 static size_t nblocks(const ns_tensor *w) {
     qlayout l;
     if (!layout_of((ns_dtype)w->dtype, &l)) return 0;
@@ -598,7 +605,7 @@ void cu_quant_gemv_multi(cu_impl *c, int nseg, float *const *out, const ns_tenso
             }
             sg.end[s] = end;
         }
-        const qgemv_fn fn = pick_gemv(dt, nn, false, sg.early != 0);
+        const qgemv_fn fn = pick_gemv(dt, nn, false, qgemv_cg(c, sg));
         if (!fn) {
             cu_check(c, cudaErrorInvalidValue, "quantized GEMV: unsupported type");
             return;
@@ -629,7 +636,7 @@ void cu_quant_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *
         sg.obf = out_bf ? out_bf + (size_t)n0 * m : NULL;
         sg.end[0] = (int)m;
         sg.end[1] = sg.end[2] = (int)(2 * m);
-        const qgemv_fn fn = pick_gemv((ns_dtype)wg->dtype, nn, true, sg.early != 0);
+        const qgemv_fn fn = pick_gemv((ns_dtype)wg->dtype, nn, true, qgemv_cg(c, sg));
         if (!fn) {
             cu_check(c, cudaErrorInvalidValue, "quantized GEMV: unsupported type");
             return;
@@ -823,7 +830,7 @@ __global__ __launch_bounds__(128) void k_qmoe_gu(const uint8_t *const *__restric
     const size_t nbt = (size_t)F * (size_t)(x.K / QT<T>::QE);
     float g[1], u[1];
     rows_dot2<T, 1, false>(make_view<T>(tab[e], nbt), f, make_view<T>(tab[E + e], nbt), f, qx_row(x, slot / K), g,
-                           u);
+                           u, false);
     if ((threadIdx.x & 31) == 0) h[(size_t)slot * F + f] = g[0] / (1.0f + expf(-g[0])) * u[0];
 }
 
@@ -842,7 +849,7 @@ __global__ __launch_bounds__(128) void k_qmoe_down(const uint8_t *const *__restr
     const int e = ids[slot];
     const qview v = make_view<T>(tab[2 * E + e], (size_t)H * (size_t)(hq.K / QT<T>::QE));
     float a0[1], a1[1];
-    rows_dot2<T, 1, false>(v, r, v, r1, qx_row(hq, slot), a0, a1);
+    rows_dot2<T, 1, false>(v, r, v, r1, qx_row(hq, slot), a0, a1, false);
     if ((threadIdx.x & 31) == 0) {
         y[(size_t)slot * H + r] = a0[0];
         if (r1 != r) y[(size_t)slot * H + r1] = a1[0];
@@ -861,7 +868,7 @@ template <int T, int N>
 __device__ __forceinline__ void ggu_pass(const qview &vg, const qview &vu, int f, const qx &x, int p0, int F,
                                          float *__restrict__ h) {
     float g[N], u[N];
-    rows_dot2<T, N, false>(vg, f, vu, f, qx_row(x, p0), g, u);
+    rows_dot2<T, N, false>(vg, f, vu, f, qx_row(x, p0), g, u, false);
     if ((threadIdx.x & 31) == 0) {
 #pragma unroll
         for (int j = 0; j < N; j++) h[(size_t)(p0 + j) * F + f] = g[j] / (1.0f + expf(-g[j])) * u[j];
@@ -894,7 +901,7 @@ template <int T, int N>
 __device__ __forceinline__ void gdown_pass(const qview &v, int r, int r1, const qx &hq, int p0, int H,
                                            float *__restrict__ y) {
     float a0[N], a1[N];
-    rows_dot2<T, N, false>(v, r, v, r1, qx_row(hq, p0), a0, a1);
+    rows_dot2<T, N, false>(v, r, v, r1, qx_row(hq, p0), a0, a1, false);
     if ((threadIdx.x & 31) == 0) {
 #pragma unroll
         for (int j = 0; j < N; j++) {
