@@ -501,6 +501,7 @@ static void exec_op_be(ns_backend *be, const cu_op *op) {
     case OP_KV_COPY:
         if (!c->kv) break;
         cu_launch_kv_copy(c, l, op->i0, op->i1, op->i2);
+        c->pdl_anchor = c->pdl_anchors != 0;
         break;
     case OP_ARGMAX: {
         const ns_tensor *lg = &op->a;
@@ -1073,6 +1074,7 @@ static ns_status cu_tensor_upload(ns_backend *be, ns_tensor *t, const float *src
     if (t->dtype != NS_DT_F32) return ns_fail(err, NS_ERR_INVALID, "tensor_upload: tensor is not F32");
     flush(be);
     cu_check(c, cudaMemcpyAsync(t->data, src, ns_tensor_bytes(t), cudaMemcpyHostToDevice, c->stream), "upload");
+    c->pdl_anchor = c->pdl_anchors != 0;
     cu_check(c, cudaStreamSynchronize(c->stream), "upload");
     cu_note_write(c, t);
     return report(c, err);
@@ -1237,6 +1239,7 @@ static void cu_compute_after(ns_backend *be, uint64_t f) {
     if (cu_fence_done(be, f)) return;
     flush(be);
     cu_check(c, cudaStreamWaitEvent(c->stream, c->fence_ev[f % CU_FENCES], 0), "fence: compute waits");
+    c->pdl_anchor = c->pdl_anchors != 0; /* a promoted page: the next kernel waits for the event */
 }
 
 static void cu_kv_page_copy(ns_backend *be, int32_t dst_page, int32_t src_page, int32_t n_slots) {
@@ -1420,6 +1423,7 @@ static ns_status cu_set_batch(ns_backend *be, const ns_batch *b, ns_error *err) 
     }
     cu_check(c, cudaEventRecord(c->staging_done, c->stream), "set_batch event");
     c->staging_pending = true;
+    c->pdl_anchor = c->pdl_anchors != 0; /* the step's first kernel waits for these copies */
     /* Pure decode steps are recorded: fused at flush, and captured into
      * a graph / replayed when graphs are on. */
     c->recording = b->n_seqs > 0 && n_dec == b->n_seqs && b->n_tokens <= 1024;
@@ -1794,6 +1798,8 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     c->dec_fuse = env_int("NS_CUDA_DEC_FUSE", 0);
     c->dec_early = env_int("NS_CUDA_DEC_EARLY", 0);
     c->act_nc = env_int("NS_CUDA_ACT_NC", 1) != 0; /* cu_ld_act4 (cuda_internal.cuh) */
+    /* cu_launch: a kernel launched right after a copy does not use PDL */
+    c->pdl_anchors = env_int("NS_CUDA_PDL_ANCHOR", 1);
     c->pdl = env_int("NS_CUDA_PDL", 1);
     /* off by default: measured slower on H200 (docs/cuda.md, v7) */
     c->prefetch = env_int("NS_CUDA_PREFETCH", 0);

@@ -183,6 +183,8 @@ typedef struct cu_impl {
     int dec_fuse; /* with fusion: RMSNorm / residual add folded into decode GEMVs (cuda_decode.cu) */
     int dec_early; /* with dec_fuse: their first weight loads before the PDL wait after a GEMV */
     int act_nc; /* activation loads of decode kernels through ld.global.nc (1) or ld.global.cg (0): cu_ld_act4<NC> */
+    int pdl_anchors; /* NS_CUDA_PDL_ANCHOR (default 1): the first launch after a copy drops the PDL attribute */
+    bool pdl_anchor; /* set after a copy on the stream, cleared by cu_launch */
     int pdl;    /* programmatic dependent launch between our kernels */
     int prefetch; /* L2 prefetch of the next GEMV's weights in small kernels */
     int split_keys; /* fewest keys per decode-attention split */
@@ -361,7 +363,12 @@ static inline void cu_launch(cu_impl *c, void (*kernel)(KArgs...), dim3 grid, di
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = c->pdl ? 1 : 0;
+    /* pdl_anchor: the stream's last operation is a copy (set_batch's
+     * metadata, an upload, a KV page copy): this launch fully waits for it,
+     * so no kernel of the PDL chain that follows can start -- and read
+     * before its wait -- ahead of the copy. */
+    cfg.numAttrs = c->pdl && !c->pdl_anchor ? 1 : 0;
+    c->pdl_anchor = false;
     cu_check(c, cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...), "kernel launch");
 }
 
