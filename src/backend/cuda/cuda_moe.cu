@@ -955,31 +955,44 @@ static const bf16 *moe_x_bf(cu_impl *c, const ns_tensor *in, int64_t r0, int64_t
     return scratch;
 }
 
-static void moe_chunk(cu_impl *c, const cu_moe_table &mt, const bf16 *router, float *out, const ns_tensor *in,
-                      int64_t r0, int Tc, int E, int K, bool norm, int H, int F, const moe_ws &w) {
-    const float *x = (const float *)in->data + (size_t)r0 * H;
-    const bf16 *const *tab = mt.dev;
-    cu_qmoe q; /* quantized experts: cuda_quant.cu's kernels */
+/* Step 1: router logits and top k of Tc token rows x into w.ids / w.wts
+ * (and, for the grouped path, w.counts). False on a launch error. */
+static bool moe_route(cu_impl *c, const float *x, const bf16 *router, int Tc, int E, int K, bool norm, int H,
+                      bool gemv, const moe_ws &w) {
+    const dim3 rgrid((unsigned)((E + 7) / 8), (unsigned)((Tc + RT - 1) / RT));
+    if (gemv && Tc <= RT && c->moe_fuse == CU_SW_ON) {
+        cu_launch(c, k_moe_logits<true>, rgrid, dim3(256), 0, x, router, Tc, H, E, w.logits, (int32_t *)NULL, K,
+                  (int)norm, w.ids, w.wts, w.done);
+        return !CU_LAUNCHED(c, "moe router+top-k");
+    }
+    cu_launch(c, k_moe_logits<false>, rgrid, dim3(256), 0, x, router, Tc, H, E, w.logits,
+              gemv ? (int32_t *)NULL : w.counts, K, (int)norm, (int32_t *)NULL, (float *)NULL, (int32_t *)NULL);
+    if (CU_LAUNCHED(c, "moe router")) return false;
+    cu_launch(c, k_moe_topk, dim3((unsigned)((Tc + 7) / 8)), dim3(256), 0, (const float *)w.logits, Tc, E, K,
+              (int)norm, w.ids, w.wts, gemv ? (int32_t *)NULL : w.counts);
+    return !CU_LAUNCHED(c, "moe top-k");
+}
+
+/* What cuda_quant.cu's expert kernels need of a quantized table and the
+ * scratch (borrowed: the table and w own everything it points to). */
+static cu_qmoe qmoe_of(const cu_moe_table &mt, int E, int K, int H, int F, const moe_ws &w) {
+    cu_qmoe q;
     memset(&q, 0, sizeof q);
     q.tab = (const void *const *)mt.dev;
     for (int s = 0; s < 3; s++) q.dt[s] = mt.dt[s];
     q.E = E, q.K = K, q.H = H, q.F = F;
     q.xq = w.xq, q.xd = w.xd, q.xs = w.xs;
+    return q;
+}
+
+static void moe_chunk(cu_impl *c, const cu_moe_table &mt, const bf16 *router, float *out, const ns_tensor *in,
+                      int64_t r0, int Tc, int E, int K, bool norm, int H, int F, const moe_ws &w) {
+    const float *x = (const float *)in->data + (size_t)r0 * H;
+    const bf16 *const *tab = mt.dev;
+    const cu_qmoe q = qmoe_of(mt, E, K, H, F, w); /* quantized experts: cuda_quant.cu's kernels */
     const int TK = Tc * K;
     const bool gemv = Tc <= CU_MOE_GEMV_MAX;
-    const dim3 rgrid((unsigned)((E + 7) / 8), (unsigned)((Tc + RT - 1) / RT));
-    if (gemv && Tc <= RT && c->moe_fuse == CU_SW_ON) {
-        cu_launch(c, k_moe_logits<true>, rgrid, dim3(256), 0, x, router, Tc, H, E, w.logits, (int32_t *)NULL, K,
-                  (int)norm, w.ids, w.wts, w.done);
-        if (CU_LAUNCHED(c, "moe router+top-k")) return;
-    } else {
-        cu_launch(c, k_moe_logits<false>, rgrid, dim3(256), 0, x, router, Tc, H, E, w.logits,
-                  gemv ? (int32_t *)NULL : w.counts, K, (int)norm, (int32_t *)NULL, (float *)NULL, (int32_t *)NULL);
-        if (CU_LAUNCHED(c, "moe router")) return;
-        cu_launch(c, k_moe_topk, dim3((unsigned)((Tc + 7) / 8)), dim3(256), 0, (const float *)w.logits, Tc, E, K,
-                  (int)norm, w.ids, w.wts, gemv ? (int32_t *)NULL : w.counts);
-        if (CU_LAUNCHED(c, "moe top-k")) return;
-    }
+    if (!moe_route(c, x, router, Tc, E, K, norm, H, gemv, w)) return;
     if (gemv && mt.quant) {
         /* gathered GEMVs on the chosen experts' blocks into y, then the
          * combine in ascending expert order */
