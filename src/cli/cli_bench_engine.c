@@ -780,16 +780,20 @@ static ns_status bench_run(bench *B, ns_error *err) {
         for (int bi = 0; bi < (bmax > 1 ? 2 : 1); bi++) {
             static const struct {
                 const char *name;
-                int div, dec, qreg;
-            } var[] = {{"defaults (splits / 8)", 8, 0, 0}, {"integer code decode", 8, 1, 0}, {"q in registers", 8, 0, 1},
-                       {"integer decode + q in registers", 8, 1, 1}, {"splits / 1", 1, 0, 0},
-                       {"splits / 4", 4, 0, 0}, {"splits / 16", 16, 0, 0}};
+                int div, dec, qreg, mma;
+            } var[] = {{"defaults (splits / 8, q in registers)", 8, 0, 1, 0},
+                       {"tensor cores", 8, 0, 1, 1},
+                       {"tensor cores, splits / 4", 4, 0, 1, 1},
+                       {"q from shared memory", 8, 0, 0, 0},
+                       {"integer code decode", 8, 1, 1, 0},
+                       {"splits / 4", 4, 0, 1, 0}};
             printf("ablation fp8, decode ctx %d batch %d (ms/step):", ctx, bs[bi]);
             for (size_t i = 0; i < sizeof var / sizeof var[0]; i++) {
                 dec_result r;
                 ns_cuda_set_fp8_split_div(B->be, var[i].div);
                 ns_cuda_set_fp8_dec(B->be, var[i].dec);
                 ns_cuda_set_fp8_qreg(B->be, var[i].qreg);
+                ns_cuda_set_fp8_mma(B->be, var[i].mma);
                 rc = run_decode(B, ctx, bs[bi], B->o.steps, 3, &r, err);
                 if (rc != NS_OK) return rc;
                 if (r.skipped) printf(" %s skipped;", var[i].name);
@@ -797,7 +801,8 @@ static ns_status bench_run(bench *B, ns_error *err) {
             }
             ns_cuda_set_fp8_split_div(B->be, 8);
             ns_cuda_set_fp8_dec(B->be, 0);
-            ns_cuda_set_fp8_qreg(B->be, 0);
+            ns_cuda_set_fp8_qreg(B->be, 1);
+            ns_cuda_set_fp8_mma(B->be, 0);
             printf("\n");
             fflush(stdout);
         }

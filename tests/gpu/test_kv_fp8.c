@@ -460,18 +460,23 @@ TEST(test_fp8_decode_attention) {
     const int32_t ctx[] = {1, 15, 16, 17, 4095, 4097, 129}, one[] = {1, 1, 1, 1, 1, 1, 1};
     const attn_cfg cfgs[] = {{128, 2, 8, 16}, {128, 1, 8, 16}, {128, 2, 2, 16}, {64, 2, 8, 32},
                              {256, 2, 8, 16}, {32, 2, 4, 16}, {16, 4, 8, 16}};
-    static const char *const names[4] = {"", " (integer decode)", " (q in registers)", " (integer decode, q in registers)"};
-    for (int mode = 0; mode < 4; mode++) {
-        ns_cuda_set_fp8_dec(gpu, mode & 1);
-        ns_cuda_set_fp8_qreg(gpu, mode >> 1);
+    static const char *const names[5] = {" (q in registers)", " (integer decode, q in registers)",
+                                         " (q from shared memory)", " (integer decode, q from shared memory)",
+                                         " (tensor cores)"};
+    for (int mode = 0; mode < 5; mode++) {
+        ns_cuda_set_fp8_dec(gpu, mode < 4 ? mode & 1 : 0);
+        ns_cuda_set_fp8_qreg(gpu, mode < 4 ? !(mode >> 1) : 1);
+        ns_cuda_set_fp8_mma(gpu, mode == 4);
         for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
             char what[96];
             snprintf(what, sizeof what, "decode GQA%d%s", cfgs[i].H / cfgs[i].KVH, names[mode]);
-            attention_case(&cfgs[i], ctx, one, 7, 1e-4, 1e-3, mode ? 2 : 4, what);
+            /* the tensor cores split q and p into bf16 hi + lo: ~1e-5 (as the bf16 mma decode) */
+            attention_case(&cfgs[i], ctx, one, 7, 1e-4, 1e-3, mode == 0 || mode == 4 ? 4 : 2, what);
         }
     }
     ns_cuda_set_fp8_dec(gpu, 0);
-    ns_cuda_set_fp8_qreg(gpu, 0);
+    ns_cuda_set_fp8_qreg(gpu, 1);
+    ns_cuda_set_fp8_mma(gpu, 0);
 }
 
 /* Prefill chunks of 1, 15, 16, 17, 4095, 4097 after prefixes crossing
@@ -488,11 +493,15 @@ TEST(test_fp8_prefill_attention) {
     attention_case(&d64, sfin, sn, 5, 1e-2, 3e-2, 1, "prefill pages of 32");
 }
 
-/* A 40000-token prefix: a 17-row chunk and a decode row on top of it. */
+/* A 40000-token prefix: a 17-row chunk and a decode row on top of it;
+ * decode also on the tensor cores (ns_cuda_set_fp8_mma). */
 TEST(test_fp8_attention_40k) {
     const attn_cfg cf = {128, 2, 8, 16};
     const int32_t fin[] = {40017, 40001, 5}, n[] = {17, 1, 1};
     attention_case(&cf, fin, n, 3, 1e-2, 3e-2, 2, "prefix 40000: chunk 17 + decode");
+    ns_cuda_set_fp8_mma(gpu, 1);
+    attention_case(&cf, fin, n, 3, 1e-2, 3e-2, 2, "prefix 40000: chunk 17 + decode (tensor cores)");
+    ns_cuda_set_fp8_mma(gpu, 0);
 }
 
 /* ------------------------------------------------------------ models */

@@ -54,10 +54,17 @@ void ns_cuda_set_fp8_dec(ns_backend *be, int mode);
  * the keys); env NS_CUDA_FP8_SPLIT_DIV likewise. Process-wide. */
 void ns_cuda_set_fp8_split_div(ns_backend *be, int div);
 /* FP8 KV decode attention: 1 = each thread keeps its q values in registers
- * (head dims <= 128, up to 4 query heads per pass), 0 = q read from shared
- * memory per use (default); env NS_CUDA_FP8_QREG likewise. Process-wide;
+ * (head dims <= 128, up to 4 query heads per pass; default), 0 = q read
+ * from shared memory per use; env NS_CUDA_FP8_QREG likewise. Process-wide;
  * same results up to fp32 summation order. */
 void ns_cuda_set_fp8_qreg(ns_backend *be, int on);
+/* FP8 KV decode attention on the tensor cores (each staged FP8 tile
+ * converted to bf16, then the bf16 mma decode's tile step; head dims 64
+ * and 128, up to 8 query heads per kv head, else the CUDA-core kernel):
+ * 1 = on, 0 = off (default until measured); env NS_CUDA_FP8_MMA likewise.
+ * Process-wide; same results up to fp32 summation order (q and p split
+ * into bf16 hi + lo as in the bf16 kernel). */
+void ns_cuda_set_fp8_mma(ns_backend *be, int on);
 
 /* CUDA graphs for decode steps: on (default) or off. */
 void ns_cuda_set_graphs(ns_backend *be, int on);

@@ -25,8 +25,13 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_kv_fp8.cuh"
 
 #define LOG2E 1.4426950408889634f
 /* Floats per split partial in p.ws: o[D], m, l, padded to 16 bytes so the
@@ -1053,6 +1058,173 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
     }
     if (!BULK) cp_async_wait<0>();
     dm_finish<D>(p, dsm, o, m_0, m_1, l_0, l_1, di, kvh, t, split, nsp);
+}
+
+/* ------------------------------------------ decode on tensor cores, FP8 KV */
+
+/* k_attn_decode_mma over an FP8 pool (cuda_attn_fp8.cu, cuda_kv_fp8.cuh):
+ * the codes of each 64-key tile and their page-head scales stream through
+ * DM_ST raw stages (cp.async); after a tile lands, the block converts it
+ * into one bf16 K/V tile (value = e4m3 * scale, exact: the scales are
+ * powers of two and an e4m3 value has 4 significant bits), and the bf16
+ * kernel's tile step, finish and split merge run unchanged on it. Half the
+ * HBM bytes of the bf16 pool; the conversion is ~3 instructions per code. */
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem, int src_bytes) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+
+/* Raw codes and scales of tile `it` into stage it % DM_ST: rows of D
+ * bytes, D / 16 threads per row (one 16-byte copy each), zero-filled past
+ * k1 (codes and scales, so the converted rows are zeros). */
+template <int D>
+__device__ __forceinline__ void dm8_issue(const attn_params &p, int s, int kvh, int k0, int k1, int it, uint8_t *Kr,
+                                          uint8_t *Vr, float *Ksc, float *Vsc, size_t k_off, size_t v_off,
+                                          size_t ks_off, size_t vs_off) {
+    constexpr int CHR = D / 16;
+    const int tid = threadIdx.x, cc = tid % CHR, kb = k0 + it * DM_TK, st = it % DM_ST;
+    for (int r = tid / CHR; r < DM_TK; r += 128 / CHR) {
+        const bool ok = kb + r < k1;
+        const int page = ok ? kv_page(p, s, kb + r) : 0;
+        const uint8_t *kr = ok ? kv_row_at(p, page, kb + r, kvh, k_off) : p.kv;
+        const uint8_t *vr = ok ? kr + (v_off - k_off) : p.kv;
+        cp_async16(Kr + (st * DM_TK + r) * D + cc * 16, kr + cc * 16, ok ? 16 : 0);
+        cp_async16(Vr + (st * DM_TK + r) * D + cc * 16, vr + cc * 16, ok ? 16 : 0);
+        if (cc == 0) {
+            const uint8_t *pg = p.kv + (size_t)page * p.page_bytes + (size_t)kvh * 4;
+            cp_async4(Ksc + st * DM_TK + r, ok ? pg + ks_off : p.kv, ok ? 4 : 0);
+            cp_async4(Vsc + st * DM_TK + r, ok ? pg + vs_off : p.kv, ok ? 4 : 0);
+        }
+    }
+}
+
+/* Stage st's codes -> the bf16 tile (rows padded to LD), value * scale. */
+template <int D>
+__device__ __forceinline__ void dm8_convert(const uint8_t *Kr, const uint8_t *Vr, const float *Ksc, const float *Vsc,
+                                            int st, bf16 *Kb, bf16 *Vb) {
+    constexpr int LD = D + 8, CHR = D / 16;
+    for (int c = threadIdx.x; c < 2 * DM_TK * CHR; c += 128) {
+        const bool is_v = c >= DM_TK * CHR;
+        const int cr = is_v ? c - DM_TK * CHR : c, r = cr / CHR, cc = cr % CHR;
+        const uint4 u = *reinterpret_cast<const uint4 *>((is_v ? Vr : Kr) + (st * DM_TK + r) * D + cc * 16);
+        const float sc = (is_v ? Vsc : Ksc)[st * DM_TK + r];
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+        uint32_t o[8];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((w[e] >> (16 * h)) & 0xffffu),
+                                                                  __NV_E4M3);
+                const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&hr));
+                o[2 * e + h] = pack_bf16(f.x * sc, f.y * sc);
+            }
+        }
+        uint4 *dst = reinterpret_cast<uint4 *>((is_v ? Vb : Kb) + r * LD + cc * 16);
+        dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+        dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+    }
+}
+
+template <int D>
+__global__ __launch_bounds__(128, 2) void k_attn_decode_mma_fp8(attn_params p, size_t k_off, size_t v_off,
+                                                                 size_t ks_off, size_t vs_off) {
+    PDL_ENTRY();
+    constexpr int LD = D + 8, NI = D / 16;
+    extern __shared__ __align__(16) uint8_t dsm[];
+    bf16 *Kb = reinterpret_cast<bf16 *>(dsm);                  /* [DM_TK][LD] */
+    bf16 *Vb = Kb + DM_TK * LD;                                /* [DM_TK][LD] */
+    uint8_t *Kr = reinterpret_cast<uint8_t *>(Vb + DM_TK * LD); /* [DM_ST][DM_TK][D] codes */
+    uint8_t *Vr = Kr + DM_ST * DM_TK * D;
+    float *Ksc = reinterpret_cast<float *>(Vr + DM_ST * DM_TK * D); /* [DM_ST][DM_TK] */
+    float *Vsc = Ksc + DM_ST * DM_TK;
+
+    const int split = blockIdx.x, kvh = blockIdx.y, di = blockIdx.z, nsp = gridDim.x;
+    const int s = p.dec_seqs[di];
+    const int L = p.seq_len[s], t = p.seq_start[s];
+    const int chunk = (((L + nsp - 1) / nsp) + DM_TK - 1) / DM_TK * DM_TK;
+    const int k0 = split * chunk, k1 = min(L, k0 + chunk);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n_tiles = k1 > k0 ? (k1 - k0 + DM_TK - 1) / DM_TK : 0;
+    auto issue = [&](int it) { dm8_issue<D>(p, s, kvh, k0, k1, it, Kr, Vr, Ksc, Vsc, k_off, v_off, ks_off, vs_off); };
+    if (n_tiles > 0) issue(0);
+    cp_async_commit();
+    if (n_tiles > 1) issue(1);
+    cp_async_commit();
+
+    uint32_t qh[NI][2], ql[NI][2];
+    dm_load_q<D>(p, t, kvh * p.G, p.G, qh, ql);
+    float o[NI][4];
+#pragma unroll
+    for (int i = 0; i < NI; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m_0 = -INFINITY, m_1 = -INFINITY, l_0 = 0.f, l_1 = 0.f;
+
+    for (int it = 0; it < n_tiles; it++) {
+        cp_async_wait<1>();
+        __syncthreads(); /* tile it landed; every warp is done with the bf16 tile of it - 1 */
+        if (it + 2 < n_tiles) issue(it + 2);
+        cp_async_commit();
+        dm8_convert<D>(Kr, Vr, Ksc, Vsc, it % DM_ST, Kb, Vb);
+        __syncthreads();
+        dm_tile<D>(Kb + warp * 16 * LD, Vb + warp * 16 * LD, qh, ql, o, m_0, m_1, l_0, l_1,
+                   k0 + it * DM_TK + warp * 16 + (lane >> 2), k1);
+    }
+    cp_async_wait<0>();
+    dm_finish<D>(p, dsm, o, m_0, m_1, l_0, l_1, di, kvh, t, split, nsp);
+}
+
+template <int D>
+static void launch_decode_mma_fp8(cu_impl *c, const attn_params &p, dim3 grid, size_t ks_off, size_t vs_off) {
+    static bool attr_done = false;
+    const int smem = 2 * DM_TK * (D + 8) * 2 + 2 * DM_ST * DM_TK * D + 2 * DM_ST * DM_TK * 4;
+    if (!attr_done) {
+        if (cu_check(c, cudaFuncSetAttribute(k_attn_decode_mma_fp8<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                     "fp8 decode mma smem attribute"))
+            return;
+        attr_done = true;
+    }
+    cu_launch(c, k_attn_decode_mma_fp8<D>, grid, dim3(128), (size_t)smem, p, p.k_off, p.v_off, ks_off, vs_off);
+    CU_LAUNCHED(c, "fp8 decode attention (tensor cores)");
+}
+
+bool cu_attn_decode_mma_fp8_ok(int head_dim, int G) { return (head_dim == 64 || head_dim == 128) && G <= 8; }
+
+void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
+                            int n_heads, float scale, int nsp, float *ws, int32_t *cnt) {
+    const cu_meta *m = &c->meta;
+    const int D = l->head_dim;
+    attn_params p;
+    memset(&p, 0, sizeof p);
+    p.q = q;
+    p.out = out;
+    p.out_bf = out_bf;
+    p.kv = c->kv;
+    p.page_bytes = l->page_size_bytes;
+    p.head_bytes = (size_t)l->page_tokens * D; /* 1-byte codes: kv_row's slot stride is head_bytes / P = D */
+    p.k_off = ns_kv_offset(l, layer, 0, 0, 0);
+    p.v_off = ns_kv_offset(l, layer, 1, 0, 0);
+    p.seq_start = m->seq_start;
+    p.seq_len = m->seq_len;
+    p.page_table = m->page_table;
+    p.dec_seqs = m->dec_seqs;
+    p.pt_stride = m->pt_stride;
+    p.P = l->page_tokens;
+    p.P_shift = -1;
+    for (int b = 0; b < 31; b++)
+        if ((1 << b) == p.P) p.P_shift = b;
+    p.H = n_heads;
+    p.KVH = l->n_kv_heads;
+    p.G = n_heads / l->n_kv_heads;
+    p.q_stride = n_heads * D;
+    p.scale_log2 = scale * LOG2E;
+    p.ws = ws;
+    p.cnt = cnt;
+    p.n_tokens = m->n_tokens;
+    const dim3 grid((unsigned)nsp, (unsigned)l->n_kv_heads, (unsigned)m->n_dec);
+    const size_t ks_off = ns_kv_scale_offset(l, layer, 0, 0), vs_off = ns_kv_scale_offset(l, layer, 1, 0);
+    if (D == 64) launch_decode_mma_fp8<64>(c, p, grid, ks_off, vs_off);
+    else if (D == 128) launch_decode_mma_fp8<128>(c, p, grid, ks_off, vs_off);
+    else cu_check(c, cudaErrorInvalidValue, "fp8 decode mma: head_dim must be 64 or 128");
 }
 
 /* ============================================================ launcher */

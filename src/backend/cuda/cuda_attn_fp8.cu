@@ -518,19 +518,38 @@ extern "C" void ns_cuda_set_fp8_split_div(ns_backend *be, int div) {
 }
 
 /* NS_CUDA_FP8_QREG / ns_cuda_set_fp8_qreg: 1 = q in registers (see
- * k_attn_decode_fp8), 0 = q read from shared memory (default until
- * measured). Process-wide. */
+ * k_attn_decode_fp8; default: run B, 32k B1 8.05 ms/step against 12.10
+ * with q from shared memory, B8 18.7 against 35.3), 0 = q read from
+ * shared memory. Process-wide. */
 static int g_fp8_qreg = -1;
 static int fp8_qreg(void) {
     if (g_fp8_qreg < 0) {
         const char *e = getenv("NS_CUDA_FP8_QREG");
-        g_fp8_qreg = e && atoi(e) == 1 ? 1 : 0;
+        g_fp8_qreg = e && atoi(e) == 0 ? 0 : 1;
     }
     return g_fp8_qreg;
 }
 
 extern "C" void ns_cuda_set_fp8_qreg(ns_backend *be, int on) {
-    g_fp8_qreg = on == 1 ? 1 : 0;
+    g_fp8_qreg = on == 0 ? 0 : 1;
+    cu_bump_generation((cu_impl *)be->impl);
+}
+
+/* NS_CUDA_FP8_MMA / ns_cuda_set_fp8_mma: 1 = decode rows on the tensor
+ * cores where the shape allows (cu_attn_decode_mma_fp8 in
+ * cuda_attention.cu), 0 = the CUDA-core kernel here (default until
+ * measured). Process-wide. */
+static int g_fp8_mma = -1;
+static int fp8_mma(void) {
+    if (g_fp8_mma < 0) {
+        const char *e = getenv("NS_CUDA_FP8_MMA");
+        g_fp8_mma = e && atoi(e) == 1 ? 1 : 0;
+    }
+    return g_fp8_mma;
+}
+
+extern "C" void ns_cuda_set_fp8_mma(ns_backend *be, int on) {
+    g_fp8_mma = on == 1 ? 1 : 0;
     cu_bump_generation((cu_impl *)be->impl);
 }
 
@@ -622,6 +641,10 @@ static void decode_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_
         if (!reserve_partials(c, (size_t)m->n_dec * n_heads * nsp * F8_WS_ROW(D), (size_t)m->n_dec * KVH)) return;
         p.ws = c->attn_ws;
         p.cnt = c->attn_cnt;
+    }
+    if (fp8_mma() == 1 && cu_attn_decode_mma_fp8_ok(D, p.G)) {
+        cu_attn_decode_mma_fp8(c, l, out, out_bf, q, layer, n_heads, scale, nsp, p.ws, p.cnt);
+        return;
     }
     const dim3 grid((unsigned)nsp, (unsigned)KVH, (unsigned)m->n_dec);
     switch (D) {

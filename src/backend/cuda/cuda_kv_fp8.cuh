@@ -75,6 +75,14 @@ void cu_kv_fp8_fill_random(cu_impl *c, const ns_kv_layout *l, uint64_t seed);
  * "dequantized once for a long suffix prefill" of the design brief). */
 void cu_attention_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
                       int n_heads, float scale);
+/* FP8 decode rows on the tensor cores (cuda_attention.cu: the bf16 mma
+ * decode's tile step on a bf16 tile converted from each staged FP8 tile):
+ * whether it covers this shape (head dim 64 or 128, G <= 8), and the
+ * launch over the step's decode rows with nsp splits (partials in ws,
+ * counters cnt, as cu_attention's). */
+bool cu_attn_decode_mma_fp8_ok(int head_dim, int G);
+void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
+                            int n_heads, float scale, int nsp, float *ws, int32_t *cnt);
 /* Frees cuda_attn_fp8.cu's scratch (backend destroy). */
 void cu_kv_fp8_free(cu_impl *c);
 
