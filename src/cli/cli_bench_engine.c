@@ -802,7 +802,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
             ns_cuda_set_fp8_split_div(B->be, 8);
             ns_cuda_set_fp8_dec(B->be, 0);
             ns_cuda_set_fp8_qreg(B->be, 1);
-            ns_cuda_set_fp8_mma(B->be, 0);
+            ns_cuda_set_fp8_mma(B->be, 2);
             printf("\n");
             fflush(stdout);
         }

@@ -476,7 +476,7 @@ TEST(test_fp8_decode_attention) {
     }
     ns_cuda_set_fp8_dec(gpu, 0);
     ns_cuda_set_fp8_qreg(gpu, 1);
-    ns_cuda_set_fp8_mma(gpu, 0);
+    ns_cuda_set_fp8_mma(gpu, 2);
 }
 
 /* Prefill chunks of 1, 15, 16, 17, 4095, 4097 after prefixes crossing
@@ -494,14 +494,17 @@ TEST(test_fp8_prefill_attention) {
 }
 
 /* A 40000-token prefix: a 17-row chunk and a decode row on top of it;
- * decode also on the tensor cores (ns_cuda_set_fp8_mma). */
+ * decode on CUDA cores, on the tensor cores and the default choice
+ * between them (ns_cuda_set_fp8_mma). */
 TEST(test_fp8_attention_40k) {
     const attn_cfg cf = {128, 2, 8, 16};
     const int32_t fin[] = {40017, 40001, 5}, n[] = {17, 1, 1};
-    attention_case(&cf, fin, n, 3, 1e-2, 3e-2, 2, "prefix 40000: chunk 17 + decode");
+    ns_cuda_set_fp8_mma(gpu, 0);
+    attention_case(&cf, fin, n, 3, 1e-2, 3e-2, 2, "prefix 40000: chunk 17 + decode (CUDA cores)");
     ns_cuda_set_fp8_mma(gpu, 1);
     attention_case(&cf, fin, n, 3, 1e-2, 3e-2, 2, "prefix 40000: chunk 17 + decode (tensor cores)");
-    ns_cuda_set_fp8_mma(gpu, 0);
+    ns_cuda_set_fp8_mma(gpu, 2);
+    attention_case(&cf, fin, n, 3, 1e-2, 3e-2, 2, "prefix 40000: chunk 17 + decode (auto)");
 }
 
 /* ------------------------------------------------------------ models */

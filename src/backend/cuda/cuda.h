@@ -61,10 +61,12 @@ void ns_cuda_set_fp8_qreg(ns_backend *be, int on);
 /* FP8 KV decode attention on the tensor cores (each staged FP8 tile
  * converted to bf16, then the bf16 mma decode's tile step; head dims 64
  * and 128, up to 8 query heads per kv head, else the CUDA-core kernel):
- * 1 = on, 0 = off (default until measured); env NS_CUDA_FP8_MMA likewise.
- * Process-wide; same results up to fp32 summation order (q and p split
- * into bf16 hi + lo as in the bf16 kernel). */
-void ns_cuda_set_fp8_mma(ns_backend *be, int on);
+ * 0 = never, 1 = always, 2 = auto (default: when the step's decode has
+ * >= 64 splits, i.e. long contexts and few sequences, where it measured
+ * faster); env NS_CUDA_FP8_MMA likewise. Process-wide; same results up to
+ * fp32 summation order (q and p split into bf16 hi + lo as in the bf16
+ * kernel). */
+void ns_cuda_set_fp8_mma(ns_backend *be, int mode);
 
 /* CUDA graphs for decode steps: on (default) or off. */
 void ns_cuda_set_graphs(ns_backend *be, int on);

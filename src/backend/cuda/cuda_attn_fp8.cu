@@ -535,21 +535,25 @@ extern "C" void ns_cuda_set_fp8_qreg(ns_backend *be, int on) {
     cu_bump_generation((cu_impl *)be->impl);
 }
 
-/* NS_CUDA_FP8_MMA / ns_cuda_set_fp8_mma: 1 = decode rows on the tensor
- * cores where the shape allows (cu_attn_decode_mma_fp8 in
- * cuda_attention.cu), 0 = the CUDA-core kernel here (default until
- * measured). Process-wide. */
+/* NS_CUDA_FP8_MMA / ns_cuda_set_fp8_mma: decode rows on the tensor cores
+ * (cu_attn_decode_mma_fp8 in cuda_attention.cu, where the shape allows) or
+ * on the CUDA-core kernel here: 0 = never, 1 = always, 2 = auto (default):
+ * tensor cores when set_batch chose >= 64 splits (long contexts, few
+ * sequences). Run C, 32k context: batch 1 (256 splits) 6.63 ms/step on the
+ * tensor cores against 8.07 on CUDA cores; batch 8 (32 splits) 21.35
+ * against 18.21. Process-wide. */
 static int g_fp8_mma = -1;
 static int fp8_mma(void) {
     if (g_fp8_mma < 0) {
         const char *e = getenv("NS_CUDA_FP8_MMA");
-        g_fp8_mma = e && atoi(e) == 1 ? 1 : 0;
+        const int v = e ? atoi(e) : 2;
+        g_fp8_mma = v >= 0 && v <= 2 ? v : 2;
     }
     return g_fp8_mma;
 }
 
-extern "C" void ns_cuda_set_fp8_mma(ns_backend *be, int on) {
-    g_fp8_mma = on == 1 ? 1 : 0;
+extern "C" void ns_cuda_set_fp8_mma(ns_backend *be, int mode) {
+    g_fp8_mma = mode >= 0 && mode <= 2 ? mode : 2;
     cu_bump_generation((cu_impl *)be->impl);
 }
 
@@ -642,7 +646,8 @@ static void decode_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_
         p.ws = c->attn_ws;
         p.cnt = c->attn_cnt;
     }
-    if (fp8_mma() == 1 && cu_attn_decode_mma_fp8_ok(D, p.G)) {
+    const int mma = fp8_mma();
+    if ((mma == 1 || (mma == 2 && m->n_splits >= 64)) && cu_attn_decode_mma_fp8_ok(D, p.G)) {
         cu_attn_decode_mma_fp8(c, l, out, out_bf, q, layer, n_heads, scale, nsp, p.ws, p.cnt);
         return;
     }
