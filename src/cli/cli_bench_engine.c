@@ -781,12 +781,10 @@ static ns_status bench_run(bench *B, ns_error *err) {
             static const struct {
                 const char *name;
                 int div, dec, qreg, mma;
-            } var[] = {{"defaults (splits / 8, q in registers)", 8, 0, 1, 0},
+            } var[] = {{"defaults (auto: tensor cores at >= 64 splits)", 8, 0, 1, 2},
                        {"tensor cores", 8, 0, 1, 1},
-                       {"tensor cores, splits / 4", 4, 0, 1, 1},
-                       {"q from shared memory", 8, 0, 0, 0},
-                       {"integer code decode", 8, 1, 1, 0},
-                       {"splits / 4", 4, 0, 1, 0}};
+                       {"CUDA cores", 8, 0, 1, 0},
+                       {"CUDA cores, splits / 4", 4, 0, 1, 0}};
             printf("ablation fp8, decode ctx %d batch %d (ms/step):", ctx, bs[bi]);
             for (size_t i = 0; i < sizeof var / sizeof var[0]; i++) {
                 dec_result r;
