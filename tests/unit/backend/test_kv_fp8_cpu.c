@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "test.h"
+#include "fp8_gate.h"
 #include "util/fp8.h"
 
 #define OK(x)                                                          \
@@ -35,11 +36,6 @@ static float frand(void) {
 
 enum { L = 2, KVH = 2, D = 32, P = 16, H = 4 };
 
-/* Accuracy gate of FP8 KV against an unquantized KV (same bounds in
- * tests/gpu/test_kv_fp8.c, against BF16 KV there). */
-#define FP8_MAX_DLP 0.5
-#define FP8_MAX_KL 0.05
-#define FP8_MEAN_KL 0.01
 
 static ns_kv_layout fp8_layout(int pages) {
     ns_kv_layout l = {.n_pages = pages, .page_tokens = P, .n_layers = L, .n_kv_heads = KVH, .head_dim = D,
@@ -268,15 +264,6 @@ TEST(fp8_page_copy_carries_scales) {
     be->ops->destroy(be);
 }
 
-/* log-softmax of row x [V] into lp */
-static void log_softmax(const float *x, int32_t V, double *lp) {
-    double mx = -INFINITY, s = 0;
-    for (int32_t i = 0; i < V; i++) mx = fmax(mx, x[i]);
-    for (int32_t i = 0; i < V; i++) s += exp(x[i] - mx);
-    const double lse = mx + log(s);
-    for (int32_t i = 0; i < V; i++) lp[i] = x[i] - lse;
-}
-
 /* Runs tiny-qwen3 over ids (prefill in chunks of 7: pages fill across
  * steps) with KV dtype dt; logits of every position into lg [n, V]. */
 static int run_model(ns_model *m, ns_dtype dt, const int32_t *ids, int32_t n, float *lg) {
@@ -336,8 +323,7 @@ static void model_accuracy(const char *name) {
     json_t *g = json_load_file(test_shared_path(rel), 0, &je);
     CHECKF(g != NULL, "goldens: %s", je.text);
     const int32_t V = m->cfg.vocab_size;
-    double worst_dlp = 0, worst_kl = 0, sum_kl = 0;
-    int positions = 0;
+    fp8_gate gate = {0};
     json_t *ps = json_object_get(g, "prompts");
     for (size_t pi = 0; g && pi < json_array_size(ps); pi++) {
         json_t *ids_j = json_object_get(json_array_get(ps, pi), "prompt_ids");
@@ -347,37 +333,17 @@ static void model_accuracy(const char *name) {
         for (int32_t i = 0; i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(ids_j, (size_t)i));
         float *a = malloc(sizeof(float) * (size_t)n * V), *b = malloc(sizeof(float) * (size_t)n * V);
         double *la = malloc(sizeof(double) * V), *lb = malloc(sizeof(double) * V);
-        if (run_model(m, NS_DT_F32, ids, n, a) == 0 && run_model(m, NS_DT_FP8_E4M3, ids, n, b) == 0) {
-            for (int32_t t = 0; t < n; t++) {
-                log_softmax(a + (size_t)t * V, V, la);
-                log_softmax(b + (size_t)t * V, V, lb);
-                int32_t top = 0;
-                double kl = 0;
-                for (int32_t i = 0; i < V; i++) {
-                    if (la[i] > la[top]) top = i;
-                    kl += exp(la[i]) * (la[i] - lb[i]);
-                }
-                if (getenv("FP8_DEBUG"))
-                    printf("#     prompt %zu pos %d: top %d lp %.4f dlp %.4f kl %.4g\n", pi, t, top, la[top],
-                           la[top] - lb[top], kl);
-                worst_dlp = fmax(worst_dlp, fabs(la[top] - lb[top]));
-                worst_kl = fmax(worst_kl, kl);
-                sum_kl += kl;
-                positions++;
-            }
-        }
+        if (run_model(m, NS_DT_F32, ids, n, a) == 0 && run_model(m, NS_DT_FP8_E4M3, ids, n, b) == 0)
+            fp8_gate_add(&gate, a, b, n, V, la, lb);
         free(ids);
         free(a);
         free(b);
         free(la);
         free(lb);
     }
-    printf("#   %s: fp8 vs f32 KV over %d positions: max |dlogprob(top)| %.4g, max KL %.3g, mean KL %.3g\n", name,
-           positions, worst_dlp, worst_kl, positions ? sum_kl / positions : 0.0);
-    CHECK(positions > 0);
-    CHECKF(worst_dlp <= FP8_MAX_DLP, "max |dlogprob| %g", worst_dlp);
-    CHECKF(worst_kl <= FP8_MAX_KL, "max KL %g", worst_kl);
-    CHECKF(sum_kl / positions <= FP8_MEAN_KL, "mean KL %g", sum_kl / positions);
+    char what[96];
+    snprintf(what, sizeof what, "%s: fp8 vs f32 KV", name);
+    fp8_gate_check(&gate, what);
     json_decref(g);
     ns_model_free(m);
     be->ops->destroy(be);
