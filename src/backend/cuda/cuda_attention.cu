@@ -30,13 +30,11 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "backend/cuda/cuda_attn_common.cuh"
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/cuda_kv_fp8.cuh"
 
 #define LOG2E 1.4426950408889634f
-/* Floats per split partial in p.ws: o[D], m, l, padded to 16 bytes so the
- * merge reads o as float4. */
-#define CU_WS_ROW(D) ((D) + 4)
 
 struct attn_params {
     const float *q;
@@ -119,10 +117,6 @@ __device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
 
 #define PF_BM 64
 #define PF_BN 64
@@ -378,120 +372,6 @@ __device__ __forceinline__ void load_v(const bf16 *src, float v[DPL]) {
         v[1] = __uint_as_float(u & 0xffff0000u);
     } else {
         v[0] = __bfloat162float(src[0]);
-    }
-}
-
-/* Split-KV merge, run by every CTA of (sequence di, kv head kvh) after
- * it wrote its partial (o, m, l) per query head to p.ws: the last split to
- * finish merges all splits' partials: o = sum o_s 2^(m_s-M) / sum l_s
- * 2^(m_s-M), writing out (and out_bf) of token row t. Saves a combine
- * launch per layer. The counter resets itself, so the next launch (or
- * graph replay) starts from zero. Contains block barriers: every thread
- * of the CTA calls it. */
-template <int D>
-__device__ __forceinline__ void decode_merge(const attn_params &p, int di, int kvh, int t, int nsp) {
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    __shared__ int is_last;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) is_last = atomicAdd(p.cnt + (size_t)di * p.KVH + kvh, 1) == nsp - 1;
-    __syncthreads();
-    if (is_last) {
-        __threadfence();
-        /* warp w owns heads w, w+4, ...: lanes over splits find M,
-         * the split weights 2^(m_s - M) and their sum; then every
-         * thread sums its (head, dim) outputs over the splits with
-         * independent loads. One block barrier in all. */
-        __shared__ float wbuf[1024]; /* [8][128] split weights, or [1024] for one head */
-        __shared__ float lsum[8];
-        float (*wsp)[128] = reinterpret_cast<float (*)[128]>(wbuf);
-        const bool small = nsp <= 128 && p.G <= 8;
-        if (small) {
-            for (int j = warp; j < p.G; j += 4) {
-                const float *wb = p.ws + ((size_t)di * p.H + kvh * p.G + j) * nsp * CU_WS_ROW(D);
-                float mloc = -INFINITY;
-                for (int sp = lane; sp < nsp; sp += 32) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * CU_WS_ROW(D) + D));
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
-                float lloc = 0.f;
-                for (int sp = lane; sp < nsp; sp += 32) {
-                    const float m = __ldcg(wb + (size_t)sp * CU_WS_ROW(D) + D);
-                    const float w = m == -INFINITY ? 0.f : exp2f(m - mloc);
-                    wsp[j][sp] = w;
-                    lloc += __ldcg(wb + (size_t)sp * CU_WS_ROW(D) + D + 1) * w;
-                }
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) lloc += __shfl_xor_sync(0xffffffffu, lloc, o);
-                if (lane == 0) lsum[j] = lloc;
-            }
-            __syncthreads();
-            /* one float4 of one head per thread, 16 splits' loads in
-             * flight: this CTA is the last of the layer's attention, so
-             * its dependent L2 loads are on the step's critical path */
-            for (int i = tid; i < p.G * (D / 4); i += 128) {
-                const int j = i / (D / 4), d = (i % (D / 4)) * 4, h = kvh * p.G + j;
-                const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * CU_WS_ROW(D) + d;
-                float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 16
-                for (int sp = 0; sp < nsp; sp++) {
-                    const float4 v = __ldcg(reinterpret_cast<const float4 *>(wb + (size_t)sp * CU_WS_ROW(D)));
-                    const float w = wsp[j][sp];
-                    o.x = fmaf(v.x, w, o.x);
-                    o.y = fmaf(v.y, w, o.y);
-                    o.z = fmaf(v.z, w, o.z);
-                    o.w = fmaf(v.w, w, o.w);
-                }
-                const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
-                const float inv = 1.0f / lsum[j];
-                const float4 v = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
-                *reinterpret_cast<float4 *>(p.out + off) = v;
-                if (p.out_bf) {
-                    uint2 u;
-                    u.x = pack_bf16(v.x, v.y);
-                    u.y = pack_bf16(v.z, v.w);
-                    *reinterpret_cast<uint2 *>(p.out_bf + off) = u;
-                }
-            }
-        } else {
-            /* many splits: per head, threads over splits */
-            float *wbig = wbuf;
-            __shared__ float red2[4];
-            for (int j = 0; j < p.G; j++) {
-                const int h = kvh * p.G + j;
-                const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * CU_WS_ROW(D);
-                float mloc = -INFINITY;
-                for (int sp = tid; sp < nsp; sp += 128) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * CU_WS_ROW(D) + D));
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
-                if (lane == 0) red2[warp] = mloc;
-                __syncthreads();
-                const float M = fmaxf(fmaxf(red2[0], red2[1]), fmaxf(red2[2], red2[3]));
-                __syncthreads();
-                float lloc = 0.f;
-                for (int sp = tid; sp < nsp; sp += 128) {
-                    const float m = __ldcg(wb + (size_t)sp * CU_WS_ROW(D) + D);
-                    const float w = m == -INFINITY ? 0.f : exp2f(m - M);
-                    wbig[sp] = w;
-                    lloc += __ldcg(wb + (size_t)sp * CU_WS_ROW(D) + D + 1) * w;
-                }
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) lloc += __shfl_xor_sync(0xffffffffu, lloc, o);
-                if (lane == 0) red2[warp] = lloc;
-                __syncthreads();
-                const float Ls = (red2[0] + red2[1]) + (red2[2] + red2[3]);
-                for (int d = tid; d < D; d += 128) {
-                    float o = 0.f;
-#pragma unroll 8
-                    for (int sp = 0; sp < nsp; sp++) o += __ldcg(wb + (size_t)sp * CU_WS_ROW(D) + d) * wbig[sp];
-                    const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
-                    const float v = o / Ls;
-                    p.out[off] = v;
-                    if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
-                }
-                __syncthreads(); /* wbig and red2 are reused by the next head */
-            }
-        }
-        if (tid == 0) p.cnt[(size_t)di * p.KVH + kvh] = 0;
     }
 }
 
@@ -1355,6 +1235,30 @@ extern "C" void ns_cuda_set_attn_dec_load(ns_backend *be, int mode) {
     set_attn_switch(be, &cu_impl::attn_dec_load, mode, CU_ATTN_DEC_LOAD_MAX, CU_ATTN_DEC_LOAD_DEFAULT);
 }
 
+bool cu_attn_reserve_partials(cu_impl *c, size_t need, size_t need_cnt) {
+    if (need <= c->attn_ws_floats && need_cnt <= c->attn_cnt_n) return true;
+    if (c->capturing) {
+        c->capture_failed = true;
+        return false;
+    }
+    cu_check(c, cudaStreamSynchronize(c->stream), "sync");
+    if (c->attn_ws) cudaFree(c->attn_ws);
+    if (c->attn_cnt) cudaFree(c->attn_cnt);
+    c->attn_ws = NULL;
+    c->attn_cnt = NULL;
+    c->attn_ws_floats = 0;
+    c->attn_cnt_n = 0;
+    const size_t want = need * 2, want_cnt = need_cnt * 2 + 64;
+    if (cu_check(c, cudaMalloc(&c->attn_ws, want * 4), "cudaMalloc(attention partials)") ||
+        cu_check(c, cudaMalloc(&c->attn_cnt, want_cnt * 4), "cudaMalloc(attention counters)") ||
+        cu_check(c, cudaMemset(c->attn_cnt, 0, want_cnt * 4), "memset(attention counters)"))
+        return false;
+    c->attn_ws_floats = want;
+    c->attn_cnt_n = want_cnt;
+    cu_bump_generation(c); /* graphs may hold the old addresses */
+    return true;
+}
+
 void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer, int n_heads,
                   float scale) {
     const cu_meta *m = &c->meta;
@@ -1445,29 +1349,9 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
             (D == 64 || D == 128) && G <= 8 && (dm == 2 || (dm == 1 && (m->n_splits >= 32 || m->n_dec >= 16)));
         int nsp = use_mma ? decode_mma_splits(m->n_splits) : m->n_splits;
         if (nsp > 1) {
-            size_t need = (size_t)m->n_dec * n_heads * nsp * CU_WS_ROW(D);
-            size_t need_cnt = (size_t)m->n_dec * l->n_kv_heads;
-            if (need > c->attn_ws_floats || need_cnt > c->attn_cnt_n) {
-                if (c->capturing) {
-                    c->capture_failed = true;
-                    return;
-                }
-                cu_check(c, cudaStreamSynchronize(c->stream), "sync");
-                if (c->attn_ws) cudaFree(c->attn_ws);
-                if (c->attn_cnt) cudaFree(c->attn_cnt);
-                c->attn_ws = NULL;
-                c->attn_cnt = NULL;
-                c->attn_ws_floats = 0;
-                c->attn_cnt_n = 0;
-                size_t want = need * 2, want_cnt = need_cnt * 2 + 64;
-                if (cu_check(c, cudaMalloc(&c->attn_ws, want * 4), "cudaMalloc(attention partials)") ||
-                    cu_check(c, cudaMalloc(&c->attn_cnt, want_cnt * 4), "cudaMalloc(attention counters)") ||
-                    cu_check(c, cudaMemset(c->attn_cnt, 0, want_cnt * 4), "memset(attention counters)"))
-                    return;
-                c->attn_ws_floats = want;
-                c->attn_cnt_n = want_cnt;
-                cu_bump_generation(c); /* graphs may hold the old addresses */
-            }
+            if (!cu_attn_reserve_partials(c, (size_t)m->n_dec * n_heads * nsp * CU_WS_ROW(D),
+                                          (size_t)m->n_dec * l->n_kv_heads))
+                return;
             p.ws = c->attn_ws;
             p.cnt = c->attn_cnt;
         }

@@ -8,7 +8,10 @@
  *   memory with cp.async, two stages deep. The scale is folded in once per
  *   key, not per element: score = (q . code_k) * s_k, and the probability
  *   is multiplied by s_v before PV. Splits are merged by the last CTA of
- *   the (sequence, kv head), as in cuda_attention.cu's decode kernel.
+ *   the (sequence, kv head) with the bf16 kernels' decode_merge
+ *   (cuda_attn_common.cuh). At >= 64 splits (long context, few sequences)
+ *   the decode rows go to cu_attn_decode_mma_fp8 (tensor cores,
+ *   cuda_attention.cu) instead: NS_CUDA_FP8_MMA.
  * - Prefill tiles (more than one new token): the pages the prefilling
  *   sequences reference are dequantized once per layer into a compact
  *   bf16 copy (scratch pool of one layer, remapped page table), and the
@@ -26,12 +29,11 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "backend/cuda/cuda_attn_common.cuh"
 #include "backend/cuda/cuda_kv_fp8.cuh"
 
 #define F8_TK 64            /* keys per tile */
-#define F8_WS_ROW(D) ((D) + 4) /* floats per split partial: o[D], m, l, pad */
-#define F8_MERGE_W 2048     /* split weights the merge keeps in shared memory: G * splits */
-#define F8_MAX_G 32
+#define CU_WS_ROW(D) ((D) + 4) /* floats per split partial: o[D], m, l, pad */
 #define F8_LOG2E 1.4426950408889634f
 
 struct f8_params {
@@ -105,67 +107,6 @@ __device__ __forceinline__ void f8x4_to_float(uint32_t w, float (&v)[4]) {
         v[2] = b.x;
         v[3] = b.y;
     }
-}
-
-/* The last CTA of (decode row di, kv head kvh) to finish merges the
- * splits' partials (o, m, l) of the group's heads into row t of out; the
- * counter resets itself for the next launch or graph replay. Contains
- * block barriers: every thread calls it. */
-template <int D>
-__device__ __forceinline__ void f8_merge(const f8_params &p, int di, int kvh, int t, int nsp) {
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    __shared__ int is_last;
-    __shared__ float wsp[F8_MERGE_W];
-    __shared__ float lsum[F8_MAX_G];
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) is_last = atomicAdd(p.cnt + (size_t)di * p.KVH + kvh, 1) == nsp - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    for (int j = warp; j < p.G; j += 4) {
-        const float *wb = p.ws + ((size_t)di * p.H + kvh * p.G + j) * nsp * F8_WS_ROW(D);
-        float mloc = -INFINITY;
-        for (int sp = lane; sp < nsp; sp += 32) mloc = fmaxf(mloc, __ldcg(wb + (size_t)sp * F8_WS_ROW(D) + D));
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mloc = fmaxf(mloc, __shfl_xor_sync(0xffffffffu, mloc, o));
-        float lloc = 0.f;
-        for (int sp = lane; sp < nsp; sp += 32) {
-            const float m = __ldcg(wb + (size_t)sp * F8_WS_ROW(D) + D);
-            const float w = m == -INFINITY ? 0.f : exp2f(m - mloc);
-            wsp[j * nsp + sp] = w;
-            lloc += __ldcg(wb + (size_t)sp * F8_WS_ROW(D) + D + 1) * w;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) lloc += __shfl_xor_sync(0xffffffffu, lloc, o);
-        if (lane == 0) lsum[j] = lloc;
-    }
-    __syncthreads();
-    for (int i = tid; i < p.G * (D / 4); i += 128) {
-        const int j = i / (D / 4), d = (i % (D / 4)) * 4, h = kvh * p.G + j;
-        const float *wb = p.ws + ((size_t)di * p.H + h) * nsp * F8_WS_ROW(D) + d;
-        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-        for (int sp = 0; sp < nsp; sp++) {
-            const float4 v = __ldcg(reinterpret_cast<const float4 *>(wb + (size_t)sp * F8_WS_ROW(D)));
-            const float w = wsp[j * nsp + sp];
-            o.x = fmaf(v.x, w, o.x);
-            o.y = fmaf(v.y, w, o.y);
-            o.z = fmaf(v.z, w, o.z);
-            o.w = fmaf(v.w, w, o.w);
-        }
-        const float inv = 1.0f / lsum[j];
-        const size_t off = (size_t)t * p.q_stride + (size_t)h * D + d;
-        const float4 v = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
-        *reinterpret_cast<float4 *>(p.out + off) = v;
-        if (p.out_bf) {
-            p.out_bf[off] = __float2bfloat16_rn(v.x);
-            p.out_bf[off + 1] = __float2bfloat16_rn(v.y);
-            p.out_bf[off + 2] = __float2bfloat16_rn(v.z);
-            p.out_bf[off + 3] = __float2bfloat16_rn(v.w);
-        }
-    }
-    if (tid == 0) p.cnt[(size_t)di * p.KVH + kvh] = 0;
 }
 
 /* Tiling of k_attn_decode_fp8 (QREG: see there). */
@@ -374,7 +315,7 @@ __device__ __forceinline__ void f8_finish(const f8_params &p, const float (&acc)
             p.out[off] = v;
             if (p.out_bf) p.out_bf[off] = __float2bfloat16_rn(v);
         } else {
-            float *w = p.ws + (((size_t)di * p.H + h) * nsp + split) * F8_WS_ROW(D);
+            float *w = p.ws + (((size_t)di * p.H + h) * nsp + split) * CU_WS_ROW(D);
             w[d] = o;
             if (d == 0) {
                 w[D] = ms[j];
@@ -460,7 +401,7 @@ __global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
         f8_finish<D, GB, DPL>(p, acc, red, ms, ls, di, t, h_first, split, nsp);
         __syncthreads(); /* qs, ms, ls, red are reused by the next head group */
     }
-    if (nsp > 1) f8_merge<D>(p, di, kvh, t, nsp);
+    if (nsp > 1) decode_merge<D>(p, di, kvh, t, nsp);
 }
 
 template <int D, int GB, bool INT, bool QREG>
@@ -580,33 +521,6 @@ static void launch_decode_fp8_d(cu_impl *c, const f8_params &p, dim3 grid) {
     }
 }
 
-/* The split partials and counters are cu_impl's (shared with the bf16
- * decode kernels, which never run concurrently on the stream). False when
- * they cannot grow (error or capture failure recorded). */
-static bool reserve_partials(cu_impl *c, size_t need, size_t need_cnt) {
-    if (need <= c->attn_ws_floats && need_cnt <= c->attn_cnt_n) return true;
-    if (c->capturing) {
-        c->capture_failed = true;
-        return false;
-    }
-    cu_check(c, cudaStreamSynchronize(c->stream), "sync");
-    if (c->attn_ws) cudaFree(c->attn_ws);
-    if (c->attn_cnt) cudaFree(c->attn_cnt);
-    c->attn_ws = NULL;
-    c->attn_cnt = NULL;
-    c->attn_ws_floats = 0;
-    c->attn_cnt_n = 0;
-    const size_t want = need * 2, want_cnt = need_cnt * 2 + 64;
-    if (cu_check(c, cudaMalloc(&c->attn_ws, want * 4), "cudaMalloc(attention partials)") ||
-        cu_check(c, cudaMalloc(&c->attn_cnt, want_cnt * 4), "cudaMalloc(attention counters)") ||
-        cu_check(c, cudaMemset(c->attn_cnt, 0, want_cnt * 4), "memset(attention counters)"))
-        return false;
-    c->attn_ws_floats = want;
-    c->attn_cnt_n = want_cnt;
-    cu_bump_generation(c); /* graphs may hold the old addresses */
-    return true;
-}
-
 static void decode_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
                        int n_heads, float scale) {
     const cu_meta *m = &c->meta;
@@ -640,9 +554,9 @@ static void decode_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_
     p.cnt = c->attn_cnt;
     int nsp = m->n_splits > 0 ? m->n_splits : 1;
     if (nsp >= 64) nsp = nsp / fp8_split_div() > 0 ? nsp / fp8_split_div() : 1;
-    while (nsp > 1 && nsp * p.G > F8_MERGE_W) nsp >>= 1;
+    if (nsp > 1024) nsp = 1024; /* decode_merge's bound (set_batch never asks for more) */
     if (nsp > 1) {
-        if (!reserve_partials(c, (size_t)m->n_dec * n_heads * nsp * F8_WS_ROW(D), (size_t)m->n_dec * KVH)) return;
+        if (!cu_attn_reserve_partials(c, (size_t)m->n_dec * n_heads * nsp * CU_WS_ROW(D), (size_t)m->n_dec * KVH)) return;
         p.ws = c->attn_ws;
         p.cnt = c->attn_cnt;
     }
@@ -805,11 +719,6 @@ static void prefill_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out
 
 void cu_attention_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
                       int n_heads, float scale) {
-    const int G = n_heads / l->n_kv_heads;
-    if (G > F8_MAX_G) {
-        cu_set_error(c, NS_ERR_UNSUPPORTED, "fp8 attention: %d query heads per kv head (at most %d)", G, F8_MAX_G);
-        return;
-    }
     if (c->meta.n_tiles > 0) prefill_fp8(c, l, out, out_bf, q, layer, n_heads, scale);
     if (c->meta.n_dec > 0) decode_fp8(c, l, out, out_bf, q, layer, n_heads, scale);
 }
