@@ -147,4 +147,95 @@ static inline uint8_t *random_weight(ns_dtype dt, int64_t rows, int64_t cols) {
     return w;
 }
 
+#ifdef GPU_TEST_PAIRS
+/* Opt-in (define GPU_TEST_PAIRS before the include, after test.h): a
+ * tensor on both backends and its helpers, shared by test_ops.c and
+ * test_kv_fp8.c. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Relative L2 error of a against ref; a NaN anywhere is infinitely wrong. */
+static inline double rel_l2(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)ref[i];
+        if (isnan(a[i]) || isnan(ref[i])) return INFINITY;
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+#define OK(expr)                                                                          \
+    do {                                                                                  \
+        ns_error _e = {0};                                                                \
+        ns_status _s = (expr);                                                            \
+        if (_s != NS_OK) {                                                                \
+            fprintf(stdout, "#   %s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, _e.msg); \
+            t_cur_failed++;                                                               \
+        }                                                                                 \
+    } while (0)
+/* the expression must use &_e as its ns_error */
+
+/* An F32 tensor of the same shape on the CPU (c) and the GPU (g). */
+typedef struct {
+    ns_tensor c, g;
+    int64_t rows, cols;
+} pair;
+
+static inline void pair_alloc(pair *p, int64_t rows, int64_t cols) {
+    memset(p, 0, sizeof *p);
+    p->rows = rows;
+    p->cols = cols;
+    OK(cpu->ops->tensor_alloc(cpu, &p->c, NS_DT_F32, rows, cols, &_e));
+    OK(gpu->ops->tensor_alloc(gpu, &p->g, NS_DT_F32, rows, cols, &_e));
+}
+
+static inline void pair_upload(pair *p, const float *x) {
+    OK(cpu->ops->tensor_upload(cpu, &p->c, x, &_e));
+    OK(gpu->ops->tensor_upload(gpu, &p->g, x, &_e));
+}
+
+static inline void pair_set(pair *p, const float *x) { pair_upload(p, x); }
+
+/* NaN into both sides: an element an op does not write fails the check. */
+static inline void pair_poison(pair *p) {
+    size_t n = (size_t)(p->rows * p->cols);
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+    pair_upload(p, x);
+    free(x);
+}
+
+/* NaN into the GPU side only (the CPU side keeps its reference). */
+static inline void pair_poison_gpu(pair *p) {
+    size_t n = (size_t)(p->rows * p->cols);
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+    OK(gpu->ops->tensor_upload(gpu, &p->g, x, &_e));
+    free(x);
+}
+
+static inline void pair_free(pair *p) {
+    if (p->c.data) cpu->ops->tensor_free(cpu, &p->c);
+    if (p->g.data) gpu->ops->tensor_free(gpu, &p->g);
+}
+
+/* The page ids 0..pages-1 in a random order (malloc'd, the caller frees
+ * it): page tables built from it leave no sequence contiguous in the
+ * pool. */
+static inline int32_t *shuffled_pages(int pages) {
+    int32_t *perm = malloc((size_t)pages * 4);
+    for (int i = 0; i < pages; i++) perm[i] = i;
+    for (int i = pages - 1; i > 0; i--) {
+        int j = (int)(next_u64() % (uint64_t)(i + 1));
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    return perm;
+}
+#endif /* GPU_TEST_PAIRS */
+
 #endif

@@ -36,63 +36,12 @@
 #include "fp8_gate.h"
 
 #define GPU_TEST_SEED 0x0f8e4d3c2b1a0918ULL
+#define GPU_TEST_PAIRS
 #include "gpu_test.h"
 
 /* the accuracy gate's bounds: tests/fp8_gate.h */
 /* teacher-forced top-1 agreement of FP8 with BF16 KV over 128 greedy steps after a 4200-token prompt */
 #define FP8_MIN_AGREE 0.85
-
-#define OK(expr)                                                                              \
-    do {                                                                                      \
-        ns_error _e = {0};                                                                    \
-        ns_status _s = (expr);                                                                \
-        if (_s != NS_OK) {                                                                    \
-            fprintf(stdout, "#   %s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, _e.msg); \
-            t_cur_failed++;                                                                   \
-        }                                                                                     \
-    } while (0)
-
-typedef struct {
-    ns_tensor c, g;
-    int64_t rows, cols;
-} pair;
-
-static void pair_alloc(pair *p, int64_t rows, int64_t cols) {
-    memset(p, 0, sizeof *p);
-    p->rows = rows;
-    p->cols = cols;
-    OK(cpu->ops->tensor_alloc(cpu, &p->c, NS_DT_F32, rows, cols, &_e));
-    OK(gpu->ops->tensor_alloc(gpu, &p->g, NS_DT_F32, rows, cols, &_e));
-}
-
-static void pair_set(pair *p, const float *x) {
-    OK(cpu->ops->tensor_upload(cpu, &p->c, x, &_e));
-    OK(gpu->ops->tensor_upload(gpu, &p->g, x, &_e));
-}
-
-static void pair_poison(pair *p) {
-    size_t n = (size_t)(p->rows * p->cols);
-    float *x = malloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++) x[i] = NAN;
-    pair_set(p, x);
-    free(x);
-}
-
-static void pair_free(pair *p) {
-    if (p->c.data) cpu->ops->tensor_free(cpu, &p->c);
-    if (p->g.data) gpu->ops->tensor_free(gpu, &p->g);
-}
-
-static double rel_l2(const float *a, const float *ref, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(a[i]) || isnan(ref[i])) return INFINITY;
-        const double d = (double)a[i] - (double)ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
 
 /* Random rows [n, cols]; row r scaled by 1 + (r * 7 % 5) so magnitudes
  * grow inside pages and page-head scales grow mid-page. */
@@ -334,19 +283,6 @@ static void check_by_seq(pair *out, const batch_buf *bb, double tol, double row_
     fprintf(stdout, "#   %-56s worst sequence %.3g, worst row %.3g\n", what, worst_seq, worst_row);
     free(a);
     free(b);
-}
-
-/* The page ids 0..pages-1 shuffled (caller frees). */
-static int32_t *shuffled_pages(int pages) {
-    int32_t *perm = malloc((size_t)pages * 4);
-    for (int i = 0; i < pages; i++) perm[i] = i;
-    for (int i = pages - 1; i > 0; i--) {
-        int j = (int)(next_u64() % (uint64_t)(i + 1));
-        int32_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
-    return perm;
 }
 
 /* Sequences with final contexts fin[s] of which n[s] are new in the last

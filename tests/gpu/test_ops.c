@@ -22,6 +22,7 @@
 #include "test.h"
 
 #define GPU_TEST_SEED 0x1234567887654321ULL
+#define GPU_TEST_PAIRS
 #include "gpu_test.h"
 
 static float bf16_round(float f) {
@@ -50,65 +51,6 @@ static float *rand_vec(size_t n, float scale, int bf_exact) {
     return x;
 }
 
-static double rel_l2(const float *a, const float *ref, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - (double)ref[i];
-        if (isnan(a[i]) || isnan(ref[i])) return INFINITY;
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-#define OK(expr)                                                                          \
-    do {                                                                                  \
-        ns_error _e = {0};                                                                \
-        ns_status _s = (expr);                                                            \
-        if (_s != NS_OK) {                                                                \
-            fprintf(stdout, "#   %s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, _e.msg); \
-            t_cur_failed++;                                                               \
-        }                                                                                 \
-    } while (0)
-/* the expression must use &_e as its ns_error */
-
-typedef struct {
-    ns_tensor c, g;
-    int64_t rows, cols;
-} pair;
-
-static void pair_alloc(pair *p, int64_t rows, int64_t cols) {
-    memset(p, 0, sizeof *p);
-    p->rows = rows;
-    p->cols = cols;
-    OK(cpu->ops->tensor_alloc(cpu, &p->c, NS_DT_F32, rows, cols, &_e));
-    OK(gpu->ops->tensor_alloc(gpu, &p->g, NS_DT_F32, rows, cols, &_e));
-}
-
-static void pair_upload(pair *p, const float *x) {
-    OK(cpu->ops->tensor_upload(cpu, &p->c, x, &_e));
-    OK(gpu->ops->tensor_upload(gpu, &p->g, x, &_e));
-}
-
-static void pair_poison(pair *p) {
-    size_t n = (size_t)(p->rows * p->cols);
-    float *x = malloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++) x[i] = NAN;
-    pair_upload(p, x);
-    free(x);
-}
-
-static void pair_set(pair *p, const float *x) { pair_upload(p, x); }
-
-/* NaN into the GPU side only (the CPU side keeps its reference). */
-static void pair_poison_gpu(pair *p) {
-    size_t n = (size_t)(p->rows * p->cols);
-    float *x = malloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++) x[i] = NAN;
-    OK(gpu->ops->tensor_upload(gpu, &p->g, x, &_e));
-    free(x);
-}
-
 /* Downloads both and checks rel L2 <= tol over the first rows. */
 static double pair_check(pair *p, int64_t rows, double tol, const char *what) {
     size_t n = (size_t)(rows * p->cols);
@@ -123,11 +65,6 @@ static double pair_check(pair *p, int64_t rows, double tol, const char *what) {
     free(a);
     free(b);
     return e;
-}
-
-static void pair_free(pair *p) {
-    if (p->c.data) cpu->ops->tensor_free(cpu, &p->c);
-    if (p->g.data) gpu->ops->tensor_free(gpu, &p->g);
 }
 
 /* BF16 weight with the same (bf16-exact) values on both backends. */
@@ -577,21 +514,6 @@ static void attention_run(attn_bufs *ab, const batch_buf *bb, const attn_cfg *cf
     char buf[120];
     snprintf(buf, sizeof buf, "attention D=%d H=%d KVH=%d P=%d %s", cf->D, cf->H, cf->KVH, cf->P, what);
     pair_check(&ab->out, T, tol, buf);
-}
-
-/* The page ids 0..pages-1 in a random order (malloc'd, the caller frees
- * it): page tables built from it leave no sequence contiguous in the
- * pool. */
-static int32_t *shuffled_pages(int pages) {
-    int32_t *perm = malloc((size_t)pages * 4);
-    for (int i = 0; i < pages; i++) perm[i] = i;
-    for (int i = pages - 1; i > 0; i--) {
-        int j = (int)(next_u64() % (uint64_t)(i + 1));
-        int32_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
-    return perm;
 }
 
 static void attention_step(const batch_buf *bb, const attn_cfg *cf, int layer, double tol, const char *what) {
