@@ -1067,26 +1067,25 @@ static void launch_decode_mma_fp8(cu_impl *c, const attn_params &p, dim3 grid, s
     CU_LAUNCHED(c, "fp8 decode attention (tensor cores)");
 }
 
-bool cu_attn_decode_mma_fp8_ok(int head_dim, int G) { return (head_dim == 64 || head_dim == 128) && G <= 8; }
-
-void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
-                            int n_heads, float scale, int nsp, float *ws, int32_t *cnt) {
+/* The fields of attn_params every decode/prefill launch fills the same way
+ * from the step's metadata and the pool's geometry (the rest is zeroed):
+ * the caller adds its element layout (head_bytes, k_off, v_off) and its
+ * workspace. */
+static void attn_params_init(attn_params &p, const cu_impl *c, const ns_kv_layout *l, const float *q, float *out,
+                             bf16 *out_bf, int n_heads, float scale) {
     const cu_meta *m = &c->meta;
-    const int D = l->head_dim;
-    attn_params p;
     memset(&p, 0, sizeof p);
     p.q = q;
     p.out = out;
     p.out_bf = out_bf;
     p.kv = c->kv;
     p.page_bytes = l->page_size_bytes;
-    p.head_bytes = (size_t)l->page_tokens * D; /* 1-byte codes: kv_row's slot stride is head_bytes / P = D */
-    p.k_off = ns_kv_offset(l, layer, 0, 0, 0);
-    p.v_off = ns_kv_offset(l, layer, 1, 0, 0);
     p.seq_start = m->seq_start;
     p.seq_len = m->seq_len;
     p.page_table = m->page_table;
+    p.tiles = m->tiles;
     p.dec_seqs = m->dec_seqs;
+    p.tok_seq = m->tok_seq;
     p.pt_stride = m->pt_stride;
     p.P = l->page_tokens;
     p.P_shift = -1;
@@ -1095,11 +1094,24 @@ void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 
     p.H = n_heads;
     p.KVH = l->n_kv_heads;
     p.G = n_heads / l->n_kv_heads;
-    p.q_stride = n_heads * D;
+    p.q_stride = n_heads * l->head_dim;
     p.scale_log2 = scale * LOG2E;
+    p.n_tokens = m->n_tokens;
+}
+
+bool cu_attn_decode_mma_fp8_ok(int head_dim, int G) { return (head_dim == 64 || head_dim == 128) && G <= 8; }
+
+void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
+                            int n_heads, float scale, int nsp, float *ws, int32_t *cnt) {
+    const cu_meta *m = &c->meta;
+    const int D = l->head_dim;
+    attn_params p;
+    attn_params_init(p, c, l, q, out, out_bf, n_heads, scale);
+    p.head_bytes = (size_t)l->page_tokens * D; /* 1-byte codes: kv_row's slot stride is head_bytes / P = D */
+    p.k_off = ns_kv_offset(l, layer, 0, 0, 0);
+    p.v_off = ns_kv_offset(l, layer, 1, 0, 0);
     p.ws = ws;
     p.cnt = cnt;
-    p.n_tokens = m->n_tokens;
     const dim3 grid((unsigned)nsp, (unsigned)l->n_kv_heads, (unsigned)m->n_dec);
     const size_t ks_off = ns_kv_scale_offset(l, layer, 0, 0), vs_off = ns_kv_scale_offset(l, layer, 1, 0);
     if (D == 64) launch_decode_mma_fp8<64>(c, p, grid, ks_off, vs_off);
@@ -1264,33 +1276,12 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
     const cu_meta *m = &c->meta;
     const int D = l->head_dim;
     attn_params p;
-    p.q = q;
-    p.out = out;
-    p.out_bf = out_bf;
-    p.kv = c->kv;
-    p.page_bytes = l->page_size_bytes;
+    attn_params_init(p, c, l, q, out, out_bf, n_heads, scale);
     p.head_bytes = (size_t)l->page_tokens * D * 2;
     p.k_off = ((size_t)layer * 2 + 0) * l->n_kv_heads * p.head_bytes;
     p.v_off = ((size_t)layer * 2 + 1) * l->n_kv_heads * p.head_bytes;
-    p.seq_start = m->seq_start;
-    p.seq_len = m->seq_len;
-    p.page_table = m->page_table;
-    p.tiles = m->tiles;
-    p.dec_seqs = m->dec_seqs;
-    p.tok_seq = m->tok_seq;
-    p.pt_stride = m->pt_stride;
-    p.P = l->page_tokens;
-    p.P_shift = -1;
-    for (int b = 0; b < 31; b++)
-        if ((1 << b) == p.P) p.P_shift = b;
-    p.H = n_heads;
-    p.KVH = l->n_kv_heads;
-    p.G = n_heads / l->n_kv_heads;
-    p.q_stride = n_heads * D;
-    p.scale_log2 = scale * LOG2E;
     p.ws = c->attn_ws;
     p.cnt = c->attn_cnt;
-    p.n_tokens = m->n_tokens;
 
     const bool dec_ok = D == 16 || D == 32 || D == 64 || D == 128 || D == 256;
     if (!dec_ok) {
