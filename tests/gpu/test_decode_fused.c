@@ -8,15 +8,17 @@
  * the normalized buffer reused as the projection output) are recorded as a
  * decode step on random never-zero inputs and run with the switch on:
  * eagerly (profiled, to see the fused kernels really ran), captured into a
- * graph and replayed with new inputs. Every output must be bit-identical
- * to the same tape run with the switch off (the older fusions and plain
- * kernels), and within bf16 GEMV tolerance of the CPU reference. Shapes
- * cover 1 and 2 rows, hidden sizes with and without a multiple of 2048
- * (the norm's tail), an odd segment (a row pair straddling two matrices)
- * and a hidden size of 1024 (the pattern must stand aside).
+ * graph and replayed with new inputs. Every output must equal the same
+ * tape run with the switch off (the older fusions and plain kernels) to
+ * float rounding (rel L2 <= 1e-6: the norm folds scale the sums by 1/rms
+ * at the end instead of normalizing the input; the GEMV + add alone is
+ * bit-identical), and be within bf16 GEMV tolerance of the CPU reference.
+ * Shapes cover 1 and 2 rows, hidden sizes with and without a multiple of
+ * 2048, an odd segment (a row pair straddling two matrices) and a hidden
+ * size of 1024 (the small models' width).
  * Model level: a dummy Qwen3-shaped and a Qwen3-MoE-shaped model decode
- * six steps at batch 1 and 2 with the switch on and off: logits
- * bit-identical, and close to the CPU backend.
+ * six steps at batch 1 and 2 with the switch on and off: logits equal to
+ * float rounding (rel L2 <= 1e-5), and close to the CPU backend.
  */
 #include <jansson.h>
 #include <math.h>
@@ -227,9 +229,10 @@ static void chain_run(ns_backend *be, chain *ch, const float *x0, const float *a
  * so the tape is new): A eager with events (the profile must name the
  * three fused kernels, or only GEMV + add when !expect_fused), A eager,
  * A captured, B replayed twice; all of it again with the early weight
- * loads on (ns_cuda_set_dec_early). Every switch-on output must be bit-identical to the switch-off output of
- * its inputs, and within 1e-4 of the CPU (F32 activations, bf16 weights
- * on both: only the summation order differs). */
+ * loads on (ns_cuda_set_dec_early). Every switch-on output must equal
+ * the switch-off output of its inputs to rel L2 1e-6, and be within 1e-4
+ * of the CPU (F32 activations, bf16 weights on both: only the summation
+ * order differs). */
 static void chain_check(int n, int64_t H, int64_t FF, int64_t mq, int64_t mk, bool expect_fused) {
     chain ch;
     chain_init(&ch, n, H, FF, mq, mk);
@@ -269,9 +272,9 @@ static void chain_check(int n, int64_t H, int64_t FF, int64_t mq, int64_t mk, bo
             }
             for (int j = 0; j < N_OUT; j++) {
                 const size_t cnt = (size_t)(outs[j]->rows * outs[j]->cols);
-                CHECKF(memcmp(on[j], off[s][j], cnt * 4) == 0,
-                       "n=%d H=%lld early=%d output %d, run %d: switch on differs from off (rel L2 %.3g)", n,
-                       (long long)H, early, j, r, rel_l2(on[j], off[s][j], cnt));
+                const double d = rel_l2(on[j], off[s][j], cnt);
+                CHECKF(d <= 1e-6, "n=%d H=%lld early=%d output %d, run %d: switch on differs from off (rel L2 %.3g)",
+                       n, (long long)H, early, j, r, d);
                 double e = rel_l2(on[j], ref[s][j], cnt);
                 CHECKF(e <= 1e-4, "n=%d H=%lld output %d, run %d: cuda vs cpu rel L2 %.3g", n, (long long)H, j, r,
                        e);
@@ -303,11 +306,11 @@ TEST(test_chain_odd_shapes) {
     chain_check(1, 1064, 1000, 1064, 135, true);
     chain_check(2, 1064, 1000, 1064, 135, true);
 }
-/* hidden 1024: the unfused RMSNorm is the warp kernel there, which the
- * fused prologue does not reproduce: the norm patterns must stand aside
- * (the residual add still folds into the GEMV) */
-TEST(test_chain_hidden_1024_unfused_norm) {
-    chain_check(1, 1024, 1000, 1024, 256, false);
+/* hidden 1024 (Qwen3-0.6B's width): the unfused RMSNorm is the warp
+ * kernel there; the folds apply all the same */
+TEST(test_chain_hidden_1024) {
+    chain_check(1, 1024, 1000, 1024, 256, true);
+    chain_check(2, 1024, 1000, 1024, 256, true);
 }
 
 /* ------------------------------------------ attention block, op level */
@@ -510,7 +513,7 @@ static void model_check(const char *cfg_text, const char *what, int ns, int earl
         sc[i].ctx = 0;
     }
     memcpy(so, sc, sizeof sc);
-    double worst_cpu = 0, worst_off_cpu = 0;
+    double worst_cpu = 0, worst_off_cpu = 0, worst_on_off = 0;
     int bitwise = 1, repeatable = 1;
     const size_t row = (size_t)ns * V;
     if (rc == NS_OK) rc = step(ec, sc, ns, prompt, nn, &err);
@@ -554,8 +557,10 @@ static void model_check(const char *cfg_text, const char *what, int ns, int earl
         const double e = rel_l2(ln, lc + k * row, row);
         if (memcmp(lo + k * row, ln, row * 4) != 0) {
             bitwise = 0;
-            printf("#   %s step %d: switch on vs off rel L2 %.3g (on vs cpu %.3g, off vs cpu %.3g)\n", what, k,
-                   rel_l2(ln, lo + k * row, row), e, rel_l2(lo + k * row, lc + k * row, row));
+            const double d = rel_l2(ln, lo + k * row, row);
+            if (d > worst_on_off) worst_on_off = d;
+            printf("#   %s step %d: switch on vs off rel L2 %.3g (on vs cpu %.3g, off vs cpu %.3g)\n", what, k, d, e,
+                   rel_l2(lo + k * row, lc + k * row, row));
         }
         if (e > worst_cpu) worst_cpu = e;
     }
@@ -564,12 +569,12 @@ static void model_check(const char *cfg_text, const char *what, int ns, int earl
     ns_cuda_set_dec_fuse(gpu, 0);
     ns_cuda_set_dec_early(gpu, 0);
     CHECKF(rc == NS_OK, "%s decode: %s", what, err.msg);
-    printf("#   %s, %d seqs, early loads %s: switch on vs off %s; cuda vs cpu worst rel L2 %.3g (switch off: %.3g, "
-           "%s)\n",
-           what, ns, early ? "on" : "off", bitwise ? "bit-identical" : "DIFFERENT", worst_cpu, worst_off_cpu,
-           repeatable ? "repeatable" : "NOT REPEATABLE");
+    printf("#   %s, %d seqs, early loads %s: switch on vs off %s (worst rel L2 %.3g); cuda vs cpu worst rel L2 %.3g "
+           "(switch off: %.3g, %s)\n",
+           what, ns, early ? "on" : "off", bitwise ? "bit-identical" : "rounding apart", worst_on_off, worst_cpu,
+           worst_off_cpu, repeatable ? "repeatable" : "NOT REPEATABLE");
     CHECKF(repeatable, "%s: the switch-off decode is not repeatable (not the switch's doing)", what);
-    CHECKF(bitwise, "%s: decode logits with the switch on differ from off", what);
+    CHECKF(worst_on_off <= 1e-5, "%s: decode logits with the switch on differ from off: %.3g", what, worst_on_off);
     CHECKF(worst_cpu <= 2e-2, "%s: cuda decode logits differ from cpu: %.3g", what, worst_cpu);
     free(lc);
     free(lo);
@@ -607,7 +612,7 @@ int main(void) {
     RUN(test_chain_batch1);
     RUN(test_chain_batch2);
     RUN(test_chain_odd_shapes);
-    RUN(test_chain_hidden_1024_unfused_norm);
+    RUN(test_chain_hidden_1024);
     RUN(test_attention_block_fused_vs_unfused);
     RUN(test_model_qwen3_batch1);
     RUN(test_model_qwen3_batch2);

@@ -904,6 +904,14 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
 
     auto issue = [&](int it) { dm_issue<D, LOAD>(p, s, kvh, k0, k1, it, Ks, Vs, bars, pg, k_off, v_off); };
     if (early) PDL_WAIT();
+    /* The new token's K/V row was stored by the kernel before, through the
+     * generic proxy; the bulk copies read through the async proxy, and the
+     * PTX memory model orders the two only across a proxy fence. With the
+     * wait first (!early) the shared::cta fence above happened to follow
+     * it; on the early path it preceded the wait, so nothing ordered the
+     * copies after the store: the suspected cause of the timing-dependent
+     * fused-decode errors with early loads (docs/cuda.md v17, v18). */
+    if (BULK) asm volatile("fence.proxy.async.global;\n" ::: "memory");
     if (n_tiles > 0) issue(0);
     if (!BULK) cp_async_commit();
     if (n_tiles > 1) issue(1);

@@ -653,6 +653,10 @@ __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(const __grid_const
                                                               const __grid_constant__ CUtensorMap tmap) {
 #if S9_ENABLED
     PDL_ENTRY();
+    /* the chunk's K/V rows were stored by the kernel before through the
+     * generic proxy; the TMA loads read through the async proxy, which the
+     * PTX memory model orders after them only across a proxy fence */
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
     extern __shared__ uint8_t s9_raw[];
     uint8_t *smem = reinterpret_cast<uint8_t *>(((uintptr_t)s9_raw + 1023) & ~(uintptr_t)1023);
     uint64_t *bars = reinterpret_cast<uint64_t *>(smem + 2 * S9_Q_BYTES + 2 * S9_STAGES * S9_KV_BYTES);

@@ -344,24 +344,24 @@ void cu_gemm(cu_impl *c, float *out, const bf16 *in_bf, const float *in_f32, con
  * costs a launch, a PDL wait and a latency chain (~3-4 us in a graph).
  * These variants of k_gemv fold them in (cuda_decode.cu matches the tape
  * patterns; NS_CUDA_DEC_FUSE switches them):
- * - NORM: the input is the residual x; every block computes sum(x^2) with
- *   the reduction tree of k_rmsnorm_block at 512 threads (four "virtual
- *   threads" per thread, the same per-thread partials, the same warp
- *   butterflies and the same final 16-lane sum), so inv and every
- *   normalized value (x * inv) * w are bit-identical to the unfused op; the
- *   block keeps the normalized rows in shared memory (N x K floats, at
- *   most CU_DEC_NORM_SMEM bytes) and the dot products read them from
- *   there, which keeps the loop's registers those of k_gemv. Block 0 also
- *   writes the
- *   normalized rows to xn, as the unfused RMSNorm leaves them (nothing
- *   after the group need know the difference).
+ * - NORM: the input is the residual x (not normalized). The dot products
+ *   run on x * w (w the norm weight, read beside x through L1), and each
+ *   warp sums x^2 from the very x values it loads: with one warp per row
+ *   pair (KS = 1) the lanes cover all of K, with KS > 1 the K-slices'
+ *   sums meet in shared memory with the dot products. Every warp sums in
+ *   the same order, so every row gets the same inv = 1 / sqrt(mean + eps)
+ *   (deterministic), and the epilogue scales the sums by it:
+ *   y = inv * (W . (x * w)) instead of W . ((x * inv) * w) -- equal up to
+ *   float rounding (~1e-7 relative), not bit-identical to the unfused ops.
+ *   Warp 0 of block 0 also writes the normalized rows to xn, as the
+ *   unfused RMSNorm leaves them. No prologue: v17's first version
+ *   normalized the row in every block before its dot products (two
+ *   barriers, 16 KB of shared memory) and was 1.5 ms per step slower.
  * - ADD: the epilogue also does res += out (the residual add that follows
  *   the output and down projections), res[i] = res[i] + y as k_add4 does.
- * The weight loads of a lane's first iteration are issued before the norm
- * prologue, so the x read and the block reduction overlap the first HBM
- * round trip; with `early` (NS_CUDA_DEC_EARLY, only after another GEMV,
- * see cuda_decode.cu) even before the PDL wait. The dot products run in
- * k_gemv's order, so the sums are bit-identical too. */
+ * With `early` (NS_CUDA_DEC_EARLY, only after another GEMV, see
+ * cuda_decode.cu) the weight loads of a lane's first iteration are issued
+ * before the PDL wait. */
 struct dec_side {
     const float *nw; /* NORM: norm weight [K] */
     float *xn;       /* NORM: normalized rows out [N, K] */
@@ -370,64 +370,35 @@ struct dec_side {
     int early;  /* first weight loads before the PDL wait */
 };
 
-__device__ __forceinline__ float4 nrm4(float4 a, float inv, float4 w) {
-    return make_float4((a.x * inv) * w.x, (a.y * inv) * w.y, (a.z * inv) * w.z, (a.w * inv) * w.w);
-}
+__device__ __forceinline__ float4 mul4(float4 a, float4 w) { return make_float4(a.x * w.x, a.y * w.y, a.z * w.z, a.w * w.w); }
+__device__ __forceinline__ float sq4(float4 a) { return a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w; }
 
-/* The 8 input values of chunk ch of row xr: under NORM xr is the block's
- * normalized copy in shared memory, else the F32 input in global memory
- * (read through the read-only path; it stays in L1). */
+/* The 8 input values of chunk ch of row xr (F32, read through cu_ld_act4);
+ * under NORM also ss += their squares, and they come back times the norm
+ * weights. */
 template <bool NORM, bool NC>
-__device__ __forceinline__ void dec_xin(const float *xr, int ch, float4 &x0, float4 &x1) {
+__device__ __forceinline__ void dec_xin(const float *xr, const float *nw, int ch, float4 &x0, float4 &x1, float &ss) {
+    x0 = cu_ld_act4<NC>(xr + 8 * ch);
+    x1 = cu_ld_act4<NC>(xr + 8 * ch + 4);
     if constexpr (NORM) {
-        const float4 *xv = reinterpret_cast<const float4 *>(xr) + 2 * ch;
-        x0 = xv[0];
-        x1 = xv[1];
-    } else {
-        x0 = cu_ld_act4<NC>(xr + 8 * ch);
-        x1 = cu_ld_act4<NC>(xr + 8 * ch + 4);
+        ss += sq4(x0) + sq4(x1);
+        x0 = mul4(x0, __ldg(reinterpret_cast<const float4 *>(nw) + 2 * ch));
+        x1 = mul4(x1, __ldg(reinterpret_cast<const float4 *>(nw) + 2 * ch + 1));
     }
 }
 
-/* NORM prologue of k_gemv_dec (all threads of the block): the N rows of
- * x [N, K] normalized into xs (shared, [N][K]) with k_rmsnorm_block's
- * 512-thread reduction tree -- virtual thread j*128 + tid (virtual warp
- * 4j + wib, lane `lane`) sums d = 4 vt + 2048 i -- and copied to sd.xn by
- * block 0. Each thread normalizes the elements it stored (d / 4 = tid mod
- * 128 in both loops), so the first barrier only guards `part`. */
+/* NORM: warp 0 of block 0 writes the normalized rows (x * inv) * w to xn,
+ * the unfused RMSNorm's output, for any later reader. */
 template <int N, bool NC>
-__device__ __forceinline__ void dec_norm_rows(const float *__restrict__ x, int K, const dec_side &sd, float *xs,
-                                              float (*part)[16]) {
-    const int wib = threadIdx.x / 32, lane = threadIdx.x & 31;
+__device__ __forceinline__ void dec_write_xn(const float *x, int K, const dec_side &sd, const float (&inv)[N]) {
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int n = 0; n < N; n++) {
-        const float *xr = x + (size_t)n * K;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            float ss = 0.f;
-            for (int d = (j * 128 + (int)threadIdx.x) * 4; d < K; d += 2048) {
-                float4 v = cu_ld_act4<NC>(xr + d);
-                *reinterpret_cast<float4 *>(xs + (size_t)n * K + d) = v;
-                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-            }
-            ss = cu_warp_sum(ss);
-            if (lane == 0) part[n][4 * j + wib] = ss;
+    for (int n = 0; n < N; n++)
+        for (int d = lane * 4; d < K; d += 128) {
+            const float4 v = cu_ld_act4<NC>(x + (size_t)n * K + d), w = __ldg(reinterpret_cast<const float4 *>(sd.nw + d));
+            *reinterpret_cast<float4 *>(sd.xn + (size_t)n * K + d) =
+                make_float4((v.x * inv[n]) * w.x, (v.y * inv[n]) * w.y, (v.z * inv[n]) * w.z, (v.w * inv[n]) * w.w);
         }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int n = 0; n < N; n++) {
-        float t = lane < 16 ? part[n][lane] : 0.f;
-        t = cu_warp_sum(t);
-        const float inv = 1.0f / sqrtf(t / (float)K + sd.eps);
-        for (int d = (int)threadIdx.x * 4; d < K; d += 512) {
-            float4 *p = reinterpret_cast<float4 *>(xs + (size_t)n * K + d);
-            const float4 y = nrm4(*p, inv, *reinterpret_cast<const float4 *>(sd.nw + d));
-            *p = y;
-            if (blockIdx.x == 0) *reinterpret_cast<float4 *>(sd.xn + (size_t)n * K + d) = y;
-        }
-    }
-    __syncthreads();
 }
 
 /* The epilogue of k_gemv_dec for one row pair (lane 0 of the warp that
@@ -473,9 +444,9 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
     const int row1 = SW ? pair + sg.end0 : (row0 + 1 < total ? row0 + 1 : row0);
     const int nch = K / 8;
     const int cb = kp * (nch / KS), ce = kp == KS - 1 ? nch : cb + nch / KS;
-    float acc0[N], acc1[N];
+    float acc0[N], acc1[N], ss[N];
 #pragma unroll
-    for (int n = 0; n < N; n++) acc0[n] = acc1[n] = 0.f;
+    for (int n = 0; n < N; n++) acc0[n] = acc1[n] = ss[n] = 0.f;
     const bf16 *W0 = NULL, *W1 = NULL;
     float *O0 = NULL, *O1 = NULL;
     int l0 = 0, l1 = 0, M0 = 0, M1 = 0;
@@ -498,13 +469,6 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
         }
     }
     if (sd.early) PDL_WAIT();
-    /* NORM: the normalized rows, [N][K] floats of dynamic shared memory */
-    extern __shared__ __align__(16) float xs[];
-    if constexpr (NORM) {
-        __shared__ float part[N][16];
-        dec_norm_rows<N, NC>(x, K, sd, xs, part);
-    }
-    const float *xsrc = NORM ? xs : x;
     if (active) {
         /* k_gemv's loop (loads at the top of each iteration), the first
          * iteration's loads already issued above */
@@ -521,7 +485,7 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
 #pragma unroll
                 for (int n = 0; n < N; n++) {
                     float4 x0, x1;
-                    dec_xin<NORM, NC>(xsrc + (size_t)n * K, c + 32 * u, x0, x1);
+                    dec_xin<NORM, NC>(x + (size_t)n * K, sd.nw, c + 32 * u, x0, x1, ss[n]);
                     acc0[n] += dot8(a[u], x0, x1);
                     acc1[n] += dot8(b[u], x0, x1);
                 }
@@ -532,7 +496,7 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
 #pragma unroll
             for (int n = 0; n < N; n++) {
                 float4 x0, x1;
-                dec_xin<NORM, NC>(xsrc + (size_t)n * K, c, x0, x1);
+                dec_xin<NORM, NC>(x + (size_t)n * K, sd.nw, c, x0, x1, ss[n]);
                 acc0[n] += dot8(wa, x0, x1);
                 acc1[n] += dot8(wb, x0, x1);
             }
@@ -543,32 +507,52 @@ __global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__r
             for (int o = 16; o > 0; o >>= 1) {
                 acc0[n] += __shfl_xor_sync(0xffffffffu, acc0[n], o);
                 acc1[n] += __shfl_xor_sync(0xffffffffu, acc1[n], o);
+                if constexpr (NORM) ss[n] += __shfl_xor_sync(0xffffffffu, ss[n], o);
             }
         }
     }
+    /* the warp that stores its pair (with KS > 1, the first of its K
+     * slices, which collects the others' sums) */
+    bool owner = active;
     if constexpr (KS > 1) {
-        __shared__ float kpart[4][2][N];
+        __shared__ float kpart[4][3][N];
         if (lane == 0) {
 #pragma unroll
             for (int n = 0; n < N; n++) {
                 kpart[wib][0][n] = acc0[n];
                 kpart[wib][1][n] = acc1[n];
+                kpart[wib][2][n] = ss[n];
             }
         }
         __syncthreads();
-        if (kp != 0) return;
+        owner = owner && kp == 0;
+        if (owner) {
 #pragma unroll
-        for (int n = 0; n < N; n++) {
-            acc0[n] = kpart[wib][0][n];
-            acc1[n] = kpart[wib][1][n];
+            for (int n = 0; n < N; n++) {
+                acc0[n] = kpart[wib][0][n];
+                acc1[n] = kpart[wib][1][n];
+                ss[n] = kpart[wib][2][n];
 #pragma unroll
-            for (int q = 1; q < KS; q++) {
-                acc0[n] += kpart[wib + q][0][n];
-                acc1[n] += kpart[wib + q][1][n];
+                for (int q = 1; q < KS; q++) {
+                    acc0[n] += kpart[wib + q][0][n];
+                    acc1[n] += kpart[wib + q][1][n];
+                    ss[n] += kpart[wib + q][2][n];
+                }
             }
         }
     }
-    if (active && lane == 0) dec_store<N, SW, ADD>(sg, sd, acc0, acc1, O0, O1, l0, l1, M0, M1, row1 != row0);
+    if (!owner) return;
+    if constexpr (NORM) {
+        float inv[N];
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            inv[n] = 1.0f / sqrtf(ss[n] / (float)K + sd.eps);
+            acc0[n] *= inv[n];
+            acc1[n] *= inv[n];
+        }
+        if (blockIdx.x == 0 && wib == 0) dec_write_xn<N, NC>(x, K, sd, inv);
+    }
+    if (lane == 0) dec_store<N, SW, ADD>(sg, sd, acc0, acc1, O0, O1, l0, l1, M0, M1, row1 != row0);
 }
 
 typedef void (*gemv_dec_fn)(gemv_segs, const float *, int, dec_side);
@@ -586,7 +570,7 @@ bool cu_gemv_dec(cu_impl *c, const cu_gemv_dec_args *g) {
     static const gemv_dec_fn fns[2][3][2][3] = {GEMV_DEC_MODES(false), GEMV_DEC_MODES(true)};
     const int mode = g->add_res ? 2 : g->swiglu ? 1 : 0;
     if (g->n < 1 || g->n > 2 || g->k % 8 || g->nseg < 1 || g->nseg > 3 || (g->swiglu && g->nseg != 2) ||
-        (g->add_res && g->nseg != 1) || (mode < 2 && (g->k % 4 || !g->norm_w || !g->xn || (size_t)g->n * (size_t)g->k * 4 > CU_DEC_NORM_SMEM))) {
+        (g->add_res && g->nseg != 1) || (mode < 2 && (!g->norm_w || !g->xn))) {
         cu_check(c, cudaErrorInvalidValue, "gemv_dec: unsupported shape");
         return false;
     }
@@ -620,7 +604,6 @@ bool cu_gemv_dec(cu_impl *c, const cu_gemv_dec_args *g) {
     const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
     const int64_t pairs_per_block = 4 / ks;
     const unsigned blocks = (unsigned)((rows + pairs_per_block - 1) / pairs_per_block);
-    const size_t smem = mode < 2 ? (size_t)g->n * (size_t)g->k * sizeof(float) : 0;
-    cu_launch(c, fns[c->act_nc ? 1 : 0][mode][g->n - 1][ki], dim3(blocks), dim3(128), smem, sg, g->x, (int)g->k, sd);
+    cu_launch(c, fns[c->act_nc ? 1 : 0][mode][g->n - 1][ki], dim3(blocks), dim3(128), 0, sg, g->x, (int)g->k, sd);
     return !CU_LAUNCHED(c, "gemv_dec");
 }

@@ -442,7 +442,8 @@ void cu_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf
 /* Decode GEMVs with a neighbouring row op folded in (cuda_gemm.cu; the
  * tape patterns are matched in cuda_decode.cu, switch NS_CUDA_DEC_FUSE):
  * norm_w set: x is the residual [n, k], the input is rmsnorm(x) * norm_w
- * (bit-identical to the unfused RMSNorm), also written to xn [n, k];
+ * (equal to the unfused RMSNorm up to float rounding: the sums are
+ * scaled by 1/rms at the end), also written to xn [n, k];
  * swiglu: 2 segments gate/up, sw_out = silu(gate) * up (+ bf16 shadow);
  * res set (1 segment): res += out, after out is written. n is 1 or 2.
  * Returns false on an unsupported shape or launch error (recorded). */
@@ -465,9 +466,6 @@ typedef struct cu_gemv_dec_args {
     bool early; /* first weight loads before the PDL wait (set by cu_dec_run) */
 } cu_gemv_dec_args;
 bool cu_gemv_dec(cu_impl *c, const cu_gemv_dec_args *g);
-/* The norm variants keep n x k floats in shared memory: at most this
- * (the default dynamic limit, no opt-in needed), i.e. k <= 12288 at n = 1. */
-#define CU_DEC_NORM_SMEM (48 * 1024)
 /* The tape matcher for them: when ops[i..] is one of the patterns
  * (rmsnorm + 1-3 GEMVs sharing its output; rmsnorm + gate/up GEMVs +
  * swiglu; GEMV + the residual add of its output), fills *g and *label and
