@@ -33,10 +33,27 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
-/* True when the child has exited (reaped). */
+/* True when the child (the sh wrapper) has exited (reaped). */
 static bool exited(ns_bench_server *s, int *status) {
     pid_t r = waitpid(s->pid, status, WNOHANG);
     return r == s->pid || (r < 0 && errno == ECHILD);
+}
+
+/* True when no process of the group is left: reaps every member that is
+ * our child (the wrapper, and, with the subreaper on, whatever it
+ * orphaned: the server itself when sh ran it in a subshell). Without the
+ * subreaper, orphans belong to init and only the kernel can say (a
+ * zombie init never reaps counts as alive: we then wait the grace out). */
+static bool group_gone(const ns_bench_server *s) {
+    for (;;) {
+        int st;
+        pid_t r = waitpid(-s->pid, &st, WNOHANG);
+        if (r > 0) continue;
+        if (r < 0 && errno == EINTR) continue;
+        if (r == 0) return false; /* a child of ours in the group still runs */
+        break;                    /* ECHILD: none left among our children */
+    }
+    return s->subreaper || (kill(-s->pid, 0) < 0 && errno == ESRCH);
 }
 
 static bool ready(ns_hc *hc, const char *root) {
@@ -60,8 +77,15 @@ static bool ready(ns_hc *hc, const char *root) {
     return false;
 }
 
-ns_status ns_bench_server_start(ns_bench_server *s, double timeout_s, ns_error *err) {
+ns_status ns_bench_server_spawn(ns_bench_server *s, ns_error *err) {
     if (s->pid > 0) return NS_OK;
+    /* Orphans of the group become our children, so that stop can wait for
+     * (and reap) the server itself and not only the sh wrapper, which dies
+     * at the first SIGTERM. Without this, stop saw sh gone within a
+     * millisecond and SIGKILLed the server in the middle of its graceful
+     * shutdown, before its SSD tier was durable (the restart-resume
+     * scenario then found nothing cached, about one run in 15). */
+    if (!s->subreaper) s->subreaper = prctl(PR_SET_CHILD_SUBREAPER, 1L, 0L, 0L, 0L) == 0;
     int fd = open(s->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) return ns_fail(err, NS_ERR_IO, "cannot open the server log %s", s->log_path);
     pid_t pid = fork();
@@ -93,6 +117,13 @@ ns_status ns_bench_server_start(ns_bench_server *s, double timeout_s, ns_error *
     close(fd);
     setpgid(pid, pid); /* also here: no race with the first kill */
     s->pid = pid;
+    return NS_OK;
+}
+
+ns_status ns_bench_server_start(ns_bench_server *s, double timeout_s, ns_error *err) {
+    if (s->pid > 0) return NS_OK;
+    ns_status src = ns_bench_server_spawn(s, err);
+    if (src != NS_OK) return src;
     ns_error e2 = {0};
     ns_hc *hc = ns_hc_new(&e2);
     if (!hc) {
@@ -105,7 +136,7 @@ ns_status ns_bench_server_start(ns_bench_server *s, double timeout_s, ns_error *
     for (;;) {
         if (ready(hc, s->root)) break;
         if (exited(s, &status)) {
-            s->pid = 0;
+            ns_bench_server_stop(s, 2); /* whatever the command left behind */
             rc = ns_fail(err, NS_ERR_IO, "the server command exited (status %d) before %s was ready; see %s",
                          WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), s->root, s->log_path);
             break;
@@ -124,16 +155,20 @@ ns_status ns_bench_server_start(ns_bench_server *s, double timeout_s, ns_error *
 
 void ns_bench_server_stop(ns_bench_server *s, double grace_s) {
     if (s->pid <= 0) return;
-    int status;
     kill(-s->pid, SIGTERM);
+    /* the whole group, not just sh: the server exits only after its
+     * graceful shutdown (requests finished, SSD write-behind durable) */
     const double deadline = ns_clock_now() + grace_s;
-    while (!exited(s, &status) && ns_clock_now() < deadline) sleep_ms(20);
-    if (!exited(s, &status)) {
+    bool gone;
+    while (!(gone = group_gone(s)) && ns_clock_now() < deadline) sleep_ms(20);
+    if (!gone) {
         kill(-s->pid, SIGKILL);
-        waitpid(s->pid, &status, 0);
+        /* SIGKILL is not instant either (exit closes files, a process in
+         * D state waits for its I/O): a next start must not find the old
+         * server still holding the port or the SSD directory's lock */
+        const double kill_deadline = ns_clock_now() + 10;
+        while (!group_gone(s) && ns_clock_now() < kill_deadline) sleep_ms(10);
     }
-    /* whatever else the group started */
-    kill(-s->pid, SIGKILL);
     s->pid = 0;
 }
 

@@ -104,6 +104,11 @@ check "$J" \
   'j.block_runs.every(b => b.runs.A.values.restart_s > 0 && b.runs.A.values.cached_frac_after > 0)' "not resumed from the cache after the restart" \
   '/--ssd-cache/.test(j.provenance.servers[0].command)' "the server command is not in the provenance"
 grep -q "listening on" "$TMP/rr/bench-server-A.log" || fail "no server log next to the JSON"
+# three stops (two restarts, the end), each a complete graceful shutdown:
+# the bench once took its sh wrapper's exit for the server's and SIGKILLed
+# the server before its SSD tier was durable (cached_frac_after 0, ~1 in 15)
+n=$(grep -c "serve: stopped" "$TMP/rr/bench-server-A.log")
+[ "$n" = 3 ] || fail "the bench cut a server's shutdown short: $n of 3 stops completed"
 [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$RP/health")" = 000 ] || fail "the bench left its server running"
 
 # usage errors and an unreachable server
