@@ -336,7 +336,7 @@ ns_status ns_kv_cache_create(const ns_kv_cache_opts *o, ns_kv_cache **out, ns_er
     if (rc != NS_OK) goto fail;
 
     if (o->ssd_dir) {
-        int64_t q = SSD_QUEUE_BYTES / (int64_t)kc->page_bytes;
+        int64_t q = o->ssd_queue_pages > 0 ? o->ssd_queue_pages : SSD_QUEUE_BYTES / (int64_t)kc->page_bytes;
         ns_kv_ssd_opts so = {
             .dir = o->ssd_dir,
             .seed = o->seed,
@@ -365,12 +365,39 @@ fail:
     return rc;
 }
 
+/* Shutdown: every committed full page goes to the SSD tier before the
+ * store closes, so a graceful stop keeps all completed work. One persist
+ * pass stops when the write-behind queue is full (SSD_QUEUE_BYTES: a few
+ * hundred pages of a large model, a few thousand tokens), which used to
+ * drop the rest of a long prompt's pages on every graceful stop; so
+ * persist and flush alternate until nothing is pending or a pass makes no
+ * progress (a degraded tier clears its pending pages; a failed copy
+ * leaves them: neither loops). */
+static void ssd_drain_and_close(ns_kv_cache *kc) {
+    const int64_t before = kc->n_pending;
+    int32_t left = ns_kv_cache_persist(kc, INT32_MAX);
+    while (left > 0) {
+        ns_kv_ssd_flush_result fr;
+        ns_kv_ssd_flush(kc->ssd, -1, &fr, NULL); /* the queue is empty after this */
+        const int32_t prev = left;
+        left = ns_kv_cache_persist(kc, INT32_MAX);
+        if (left >= prev) break;
+    }
+    /* one line an operator (or a supervisor) can wait for */
+    ns_kv_ssd_flush_result fr = {0};
+    ns_kv_ssd_flush(kc->ssd, -1, &fr, NULL);
+    ns_kv_ssd_stats st;
+    ns_kv_ssd_get_stats(kc->ssd, &st);
+    NS_INFO("SSD cache tier: closed, %lld pages of this model durable (%lld handed over at shutdown)%s",
+            (long long)st.records, (long long)(before - kc->n_pending),
+            st.degraded || kc->n_pending > 0 ? "; some pages could not be written (see the warnings above)" : "");
+    ns_kv_ssd_close(kc->ssd);
+    kc->ssd = NULL;
+}
+
 void ns_kv_cache_free(ns_kv_cache *kc) {
     if (!kc) return;
-    if (kc->ssd) {
-        ns_kv_cache_persist(kc, INT32_MAX);
-        ns_kv_ssd_close(kc->ssd);
-    }
+    if (kc->ssd) ssd_drain_and_close(kc);
     if (kc->async && kc->be->ops->fence_wait) kc->be->ops->fence_wait(kc->be, kc->last_fence);
     ns_prefix_index_free(kc->ix);
     ns_kv_pages_free(&kc->pool);

@@ -49,13 +49,18 @@ typedef struct ns_kv_cache_opts {
     int64_t ram_bytes;       /* host-RAM tier budget, 0 = off */
     const char *ssd_dir;     /* SSD tier directory, NULL = off */
     int64_t ssd_bytes;       /* SSD tier size cap */
+    int32_t ssd_queue_pages; /* write-behind queue bound in pages (16..65536);
+                                0 = 256 MiB worth */
 } ns_kv_cache_opts;
 
 /* Creates the cache over be's pool. An SSD tier that cannot be opened is
  * logged and left off (the server still serves); records it already holds
  * are learned into the prefix index. */
 ns_status ns_kv_cache_create(const ns_kv_cache_opts *opts, ns_kv_cache **out, ns_error *err);
-/* Frees everything; drains the SSD write-behind queue first. */
+/* Frees everything. First hands every committed full page not yet on
+ * the SSD tier to it and waits until they are durable (however many:
+ * persist and flush alternate past the write-behind queue's bound), so a
+ * graceful shutdown loses no completed work; logs how many it wrote. */
 void ns_kv_cache_free(ns_kv_cache *kc);
 
 int32_t ns_kv_cache_page_tokens(const ns_kv_cache *kc);
