@@ -586,6 +586,15 @@ int ns_cli_serve(int argc, char **argv) {
     api->recorder = NULL;
     ns_recorder_close(recorder); /* writes what is queued */
     recorder = NULL;
+    /* The SSD tier's write-behind drains in ns_sched_free (every committed
+     * page made durable): before "stopped", so that the line means the
+     * cache survives this restart; a supervisor that reads the log, or
+     * kills the process after it, loses nothing. No handler runs now. */
+    if (!abandoned && L->sched) {
+        api->sched = NULL;
+        ns_sched_free(L->sched);
+        L->sched = NULL;
+    }
     rc = load_failed ? 1 : 0;
     NS_INFO("serve: stopped");
 out:
