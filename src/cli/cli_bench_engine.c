@@ -738,6 +738,8 @@ static ns_status bench_run(bench *B, ns_error *err) {
          * constant loads are off by default, the others on) */
         const int dec_fuse = ns_cuda_get_dec_fuse(B->be);   /* NS_CUDA_DEC_FUSE */
         const int dec_early = ns_cuda_get_dec_early(B->be); /* NS_CUDA_DEC_EARLY: only with dec_fuse */
+        const int pdl_gemv = ns_cuda_get_pdl_gemv(B->be);   /* NS_CUDA_PDL_GEMV */
+        const int act_nc = ns_cuda_get_act_nc(B->be);       /* NS_CUDA_ACT_NC */
         struct {
             const char *name;
             void (*set)(ns_backend *, int);
@@ -750,7 +752,10 @@ static ns_status bench_run(bench *B, ns_error *err) {
                      {dec_fuse ? "norm/add folded into decode GEMVs off" : "norm/add folded into decode GEMVs on",
                       ns_cuda_set_dec_fuse, dec_fuse},
                      {dec_early ? "their early weight loads off" : "their early weight loads on",
-                      ns_cuda_set_dec_early, dec_early}};
+                      ns_cuda_set_dec_early, dec_early},
+                     {pdl_gemv ? "PDL between two GEMVs off" : "PDL between two GEMVs on", ns_cuda_set_pdl_gemv,
+                      pdl_gemv},
+                     {act_nc ? "activation loads .cg" : "activation loads .nc", ns_cuda_set_act_nc, act_nc}};
         dec_result base;
         rc = run_decode(B, 1024, 1, B->o.steps, 3, &base, err);
         if (rc != NS_OK) return rc;

@@ -86,6 +86,15 @@ void ns_cuda_set_dec_early(ns_backend *be, int on);
 int ns_cuda_get_dec_early(ns_backend *be);
 /* Programmatic dependent launch between kernels: on (default) or off. */
 void ns_cuda_set_pdl(ns_backend *be, int on);
+/* With PDL on: whether a GEMV launched right after another GEMV uses it
+ * too (env NS_CUDA_PDL_GEMV, default 1); 0 launches it fully ordered.
+ * Same numbers either way. */
+void ns_cuda_set_pdl_gemv(ns_backend *be, int on);
+int ns_cuda_get_pdl_gemv(ns_backend *be);
+/* Decode kernels' activation loads through ld.global.nc (1, env
+ * NS_CUDA_ACT_NC default) or ld.global.cg (0). Same numbers either way. */
+void ns_cuda_set_act_nc(ns_backend *be, int on);
+int ns_cuda_get_act_nc(ns_backend *be);
 /* L2 prefetch of the next GEMV's weights by small decode kernels. */
 void ns_cuda_set_prefetch(ns_backend *be, int on);
 /* Small kernels of decode tapes (add+RMSNorm, q/k-norm+RoPE+KV store,

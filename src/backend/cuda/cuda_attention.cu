@@ -1153,7 +1153,7 @@ static bool launch_decode_t(cu_impl *c, const attn_params &p, dim3 grid) {
             return false;
         attr_done = true;
     }
-    cu_launch(c, k_attn_decode<D, GB>, dim3(grid), dim3(128), smem, p, p.k_off, p.v_off, (int)c->tape_early);
+    cu_launch(c, k_attn_decode<D, GB>, dim3(grid), dim3(128), smem, p, p.k_off, p.v_off, cu_early(c, CU_EARLY_ATTN));
     return !CU_LAUNCHED(c, "attention decode");
 }
 
@@ -1167,7 +1167,7 @@ static bool launch_decode_mma_t(cu_impl *c, const attn_params &p, dim3 grid) {
             return false;
         attr_done = true;
     }
-    cu_launch(c, k_attn_decode_mma<D, LOAD>, dim3(grid), dim3(128), smem, p, p.k_off, p.v_off, (int)c->tape_early);
+    cu_launch(c, k_attn_decode_mma<D, LOAD>, dim3(grid), dim3(128), smem, p, p.k_off, p.v_off, cu_early(c, CU_EARLY_ATTN));
     return !CU_LAUNCHED(c, "attention decode mma");
 }
 

@@ -1801,6 +1801,7 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     /* cu_launch: a kernel launched right after a copy does not use PDL */
     c->pdl_anchors = env_int("NS_CUDA_PDL_ANCHOR", 1);
     c->pdl = env_int("NS_CUDA_PDL", 1);
+    c->pdl_gemv = env_int("NS_CUDA_PDL_GEMV", 1);
     /* off by default: measured slower on H200 (docs/cuda.md, v7) */
     c->prefetch = env_int("NS_CUDA_PREFETCH", 0);
     /* off by default since the 2026-12-01 run B (docs/cuda.md v17): with
@@ -1810,6 +1811,7 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
      * test_decode_fused's model cases not repeatable); with them off every
      * case was right. Cause not found; cost 1.6% at 1k batch 1. */
     c->early_loads = env_int("NS_CUDA_EARLY_LOADS", 0);
+    c->early_mask = env_int("NS_CUDA_EARLY_MASK", CU_EARLY_ADDNORM | CU_EARLY_QKNORM | CU_EARLY_ATTN);
     /* fewest keys per decode-attention split (a multiple of 64) */
     c->split_keys = env_int("NS_CUDA_SPLIT_KEYS", 64);
     if (c->split_keys < 64 || c->split_keys % 64) c->split_keys = 64;
@@ -1880,6 +1882,10 @@ extern "C" int ns_cuda_get_dec_fuse(ns_backend *be) { return IMPL(be)->dec_fuse;
 extern "C" void ns_cuda_set_dec_early(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::dec_early, on); }
 extern "C" int ns_cuda_get_dec_early(ns_backend *be) { return IMPL(be)->dec_early; }
 extern "C" void ns_cuda_set_pdl(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::pdl, on); }
+extern "C" void ns_cuda_set_pdl_gemv(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::pdl_gemv, on); }
+extern "C" int ns_cuda_get_pdl_gemv(ns_backend *be) { return IMPL(be)->pdl_gemv; }
+extern "C" void ns_cuda_set_act_nc(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::act_nc, on != 0); }
+extern "C" int ns_cuda_get_act_nc(ns_backend *be) { return IMPL(be)->act_nc; }
 extern "C" void ns_cuda_set_prefetch(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::prefetch, on); }
 extern "C" void ns_cuda_set_early_loads(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::early_loads, on); }
 

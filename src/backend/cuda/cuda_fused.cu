@@ -126,7 +126,7 @@ void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, 
 #define QKRS_ARGS                                                                                                     \
     q, k, v, n_tokens, n_heads, l->n_kv_heads, q_norm, k_norm, eps, inv_freq, c->meta.positions, c->meta.tok_seq,     \
         c->meta.page_table, c->meta.pt_stride, c->kv, l->page_size_bytes, l->page_tokens, layer, *pf, (int)blocks, \
-        (int)c->tape_early, l->dtype == NS_DT_FP8_E4M3 ? ns_kv_scale_offset(l, 0, 0, 0) : (size_t)0
+        cu_early(c, CU_EARLY_QKNORM), l->dtype == NS_DT_FP8_E4M3 ? ns_kv_scale_offset(l, 0, 0, 0) : (size_t)0
     if (!c->act_nc) {
         switch (l->head_dim) {
         case 64: cu_launch(c, k_qk_norm_rope_store<2, false>, dim3(blocks + extra), dim3(128), 0, QKRS_ARGS); break;
@@ -222,6 +222,6 @@ void cu_launch_add_rmsnorm(cu_impl *c, float *x, const float *y, float *out, bf1
     if (rows <= 0) return;
     const unsigned extra = cu_pf_any(pf) ? CU_PF_BLOCKS : 0;
     cu_launch(c, c->act_nc ? k_add_rmsnorm<true> : k_add_rmsnorm<false>, dim3((unsigned)rows + extra), dim3(512), 0, x, y, out, out_bf, w, cols, eps, *pf, rows,
-              (int)c->tape_early);
+              cu_early(c, CU_EARLY_ADDNORM));
     CU_LAUNCHED(c, "add_rmsnorm");
 }

@@ -209,6 +209,7 @@ void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w
         const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
         const int64_t pairs_per_block = 4 / ks;
         const unsigned blocks = (unsigned)((pairs + pairs_per_block - 1) / pairs_per_block);
+        c->gemv_next = true;
         cu_launch(c, fns[c->act_nc ? 1 : 0][nn - 1][ki], dim3(blocks), dim3(128), 0, sg, x + (size_t)n0 * k, k);
         if (c->err_status != NS_OK) return;
     }
@@ -234,6 +235,7 @@ void cu_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf
         const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
         const int64_t pairs_per_block = 4 / ks;
         const unsigned blocks = (unsigned)((m + pairs_per_block - 1) / pairs_per_block);
+        c->gemv_next = true;
         cu_launch(c, fns[c->act_nc ? 1 : 0][nn - 1][ki], dim3(blocks), dim3(128), 0, sg, x + (size_t)n0 * k, k);
         if (c->err_status != NS_OK) return;
     }
@@ -604,6 +606,7 @@ bool cu_gemv_dec(cu_impl *c, const cu_gemv_dec_args *g) {
     const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
     const int64_t pairs_per_block = 4 / ks;
     const unsigned blocks = (unsigned)((rows + pairs_per_block - 1) / pairs_per_block);
+    c->gemv_next = true;
     cu_launch(c, fns[c->act_nc ? 1 : 0][mode][g->n - 1][ki], dim3(blocks), dim3(128), 0, sg, g->x, (int)g->k, sd);
     return !CU_LAUNCHED(c, "gemv_dec");
 }

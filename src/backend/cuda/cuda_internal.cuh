@@ -186,6 +186,8 @@ typedef struct cu_impl {
     int pdl_anchors; /* NS_CUDA_PDL_ANCHOR (default 1): the first launch after a copy drops the PDL attribute */
     bool pdl_anchor; /* set after a copy on the stream, cleared by cu_launch */
     int pdl;    /* programmatic dependent launch between our kernels */
+    int pdl_gemv; /* NS_CUDA_PDL_GEMV (default 1): 0 = a GEMV launched right after a GEMV drops the PDL attribute */
+    bool gemv_next, gemv_prev; /* the launch about to happen / the last launch is a GEMV (cu_launch) */
     int prefetch; /* L2 prefetch of the next GEMV's weights in small kernels */
     int split_keys; /* fewest keys per decode-attention split */
     /* attention kernel switches (cuda.h: ns_cuda_set_attn_sm90,
@@ -204,6 +206,7 @@ typedef struct cu_impl {
     int attn_tmap_ok;
     int early_loads; /* decode tapes: small kernels read constants and metadata before the PDL wait */
     bool tape_early; /* run_tape: this tape's norm weights / RoPE frequencies are written by none of its ops */
+    int early_mask;  /* NS_CUDA_EARLY_MASK (default all): which small kernels take early loads (CU_EARLY_*) */
     uintptr_t *wr;   /* run_tape scratch: written ranges [lo, hi) pairs */
     int32_t cap_wr;
     size_t l2_bytes;
@@ -350,6 +353,12 @@ __device__ __forceinline__ void l2_prefetch(const cu_prefetch &pf, int pb) {
     }
 }
 
+/* Which small kernels read constants before their PDL wait when the tape
+ * allows it (c->tape_early): a bisection switch for the early-load fault
+ * (docs/cuda.md v17, v18), NS_CUDA_EARLY_MASK, all by default. */
+enum { CU_EARLY_ADDNORM = 1, CU_EARLY_QKNORM = 2, CU_EARLY_ATTN = 4 };
+static inline int cu_early(const cu_impl *c, int kernel) { return c->tape_early && (c->early_mask & kernel) ? 1 : 0; }
+
 /* Launches kernel on c->stream (with the PDL attribute when c->pdl) and
  * records a launch failure. */
 template <typename... KArgs, typename... Args>
@@ -367,8 +376,14 @@ static inline void cu_launch(cu_impl *c, void (*kernel)(KArgs...), dim3 grid, di
      * metadata, an upload, a KV page copy): this launch fully waits for it,
      * so no kernel of the PDL chain that follows can start -- and read
      * before its wait -- ahead of the copy. */
-    cfg.numAttrs = c->pdl && !c->pdl_anchor ? 1 : 0;
+    /* pdl_gemv == 0: a GEMV after a GEMV waits for it fully; with PDL its
+     * CTAs become resident during the first one's last wave and spin at
+     * their wait (measured in docs/cuda.md v18) */
+    const bool gemv_after_gemv = !c->pdl_gemv && c->gemv_next && c->gemv_prev;
+    cfg.numAttrs = c->pdl && !c->pdl_anchor && !gemv_after_gemv ? 1 : 0;
     c->pdl_anchor = false;
+    c->gemv_prev = c->gemv_next;
+    c->gemv_next = false;
     cu_check(c, cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...), "kernel launch");
 }
 
