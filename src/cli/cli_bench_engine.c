@@ -734,8 +734,9 @@ static ns_status bench_run(bench *B, ns_error *err) {
     }
     if (B->cuda && B->o.n_batches && B->o.n_contexts) {
         /* what each decode-path feature is worth: batch 1, 1k context,
-         * each flipped from its default in turn (prefetch and early
-         * constant loads are off by default, the others on) */
+         * each flipped from its setting in turn (prefetch is off by
+         * default, the others on) */
+        const int early = ns_cuda_get_early_loads(B->be); /* NS_CUDA_EARLY_LOADS */
         const int dec_fuse = ns_cuda_get_dec_fuse(B->be);   /* NS_CUDA_DEC_FUSE */
         const int dec_early = ns_cuda_get_dec_early(B->be); /* NS_CUDA_DEC_EARLY: only with dec_fuse */
         const int pdl_gemv = ns_cuda_get_pdl_gemv(B->be);   /* NS_CUDA_PDL_GEMV */
@@ -745,7 +746,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
             void (*set)(ns_backend *, int);
             int dflt;
         } feats[] = {{"L2 prefetch on", ns_cuda_set_prefetch, 0},
-                     {"early constant loads on", ns_cuda_set_early_loads, 0},
+                     {early ? "early constant loads off" : "early constant loads on", ns_cuda_set_early_loads, early},
                      {"programmatic dependent launch off", ns_cuda_set_pdl, 1},
                      {"fused kernels off", ns_cuda_set_fusion, 1},
                      {"CUDA graphs off", ns_cuda_set_graphs, 1},

@@ -249,12 +249,13 @@ static void chain_check(int n, int64_t H, int64_t FF, int64_t mq, int64_t mk, bo
     ns_cuda_set_dec_fuse(gpu, 0);
     for (int s = 0; s < 2; s++) chain_run(gpu, &ch, xin[s], ain[s], off[s]);
     /* pass 0: the switch alone; pass 1: with the early weight loads too */
+    const int early_default = ns_cuda_get_early_loads(gpu);
     for (int early = 0; early < 2; early++) {
         int64_t rep0, cap0, eag0, rep1, cap1, eag1;
         ns_cuda_set_dec_fuse(gpu, 1);
         ns_cuda_set_dec_early(gpu, early);
-        /* the early weight loads need the tape's early loads (off by
-         * default since run B); no q/k-norm+RoPE+store or attention here */
+        /* the early weight loads need the tape's early loads; no
+         * q/k-norm+RoPE+store or attention here */
         ns_cuda_set_early_loads(gpu, early);
         ns_cuda_graph_stats(gpu, &rep0, &cap0, &eag0);
         static const int order[5] = {0, 0, 0, 1, 1};
@@ -284,7 +285,7 @@ static void chain_check(int n, int64_t H, int64_t FF, int64_t mq, int64_t mk, bo
         ns_cuda_graph_stats(gpu, &rep1, &cap1, &eag1);
         ns_cuda_set_dec_fuse(gpu, 0);
         ns_cuda_set_dec_early(gpu, 0);
-        ns_cuda_set_early_loads(gpu, 0);
+        ns_cuda_set_early_loads(gpu, early_default);
         CHECKF(cap1 > cap0 && rep1 >= rep0 + 2,
                "n=%d H=%lld early=%d: graph captures %lld, replays %lld (expected 1 and 2)", n, (long long)H, early,
                (long long)(cap1 - cap0), (long long)(rep1 - rep0));

@@ -87,8 +87,8 @@ int ns_cuda_get_dec_early(ns_backend *be);
 /* Programmatic dependent launch between kernels: on (default) or off. */
 void ns_cuda_set_pdl(ns_backend *be, int on);
 /* With PDL on: whether a GEMV launched right after another GEMV uses it
- * too (env NS_CUDA_PDL_GEMV, default 1); 0 launches it fully ordered.
- * Same numbers either way. */
+ * too (env NS_CUDA_PDL_GEMV, default 0: fully ordered, which measured
+ * ~3% faster at 1k batch 1, docs/cuda.md v18). Same numbers either way. */
 void ns_cuda_set_pdl_gemv(ns_backend *be, int on);
 int ns_cuda_get_pdl_gemv(ns_backend *be);
 /* Decode kernels' activation loads through ld.global.nc (1, env
@@ -99,10 +99,13 @@ int ns_cuda_get_act_nc(ns_backend *be);
 void ns_cuda_set_prefetch(ns_backend *be, int on);
 /* Small kernels of decode tapes (add+RMSNorm, q/k-norm+RoPE+KV store,
  * decode attention) read constants and batch metadata before their PDL
- * wait, overlapping the previous kernel: on or off (default since the
- * 2026-12-01 run B: with them on, head-dim-64/128 models decoded wrong;
- * env NS_CUDA_EARLY_LOADS=1 turns them on). */
+ * wait, overlapping the previous kernel: on (default; env
+ * NS_CUDA_EARLY_LOADS) or off. Off from run B to v18: with them on, the
+ * q/k-norm + RoPE + store kernel read v through .nc loads that ptxas
+ * placed above its PDL wait (docs/cuda.md v18); those loads are coherent
+ * now. */
 void ns_cuda_set_early_loads(ns_backend *be, int on);
+int ns_cuda_get_early_loads(ns_backend *be);
 /* Prefill attention on Hopper (wgmma, warp-specialized; head dim 128,
  * even GQA ratio, compute capability 9.0): 0 = off (the mma.sync kernel);
  * on: 1 = S, softmax, PV in order per tile, 2 = pipelined (S of

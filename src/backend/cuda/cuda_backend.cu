@@ -1801,7 +1801,7 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     /* cu_launch: a kernel launched right after a copy does not use PDL */
     c->pdl_anchors = env_int("NS_CUDA_PDL_ANCHOR", 1);
     c->pdl = env_int("NS_CUDA_PDL", 1);
-    c->pdl_gemv = env_int("NS_CUDA_PDL_GEMV", 1);
+    c->pdl_gemv = env_int("NS_CUDA_PDL_GEMV", 0); /* v18: 0 measured 3% faster at 1k batch 1 */
     /* off by default: measured slower on H200 (docs/cuda.md, v7) */
     c->prefetch = env_int("NS_CUDA_PREFETCH", 0);
     /* off by default since the 2026-12-01 run B (docs/cuda.md v17): with
@@ -1810,7 +1810,7 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
      * (test_golden_cuda's and test_quant_cuda's fused-decode cases,
      * test_decode_fused's model cases not repeatable); with them off every
      * case was right. Cause not found; cost 1.6% at 1k batch 1. */
-    c->early_loads = env_int("NS_CUDA_EARLY_LOADS", 0);
+    c->early_loads = env_int("NS_CUDA_EARLY_LOADS", 1); /* v18: the fault was .nc loads, fixed */
     c->early_mask = env_int("NS_CUDA_EARLY_MASK", CU_EARLY_ADDNORM | CU_EARLY_QKNORM | CU_EARLY_ATTN);
     /* fewest keys per decode-attention split (a multiple of 64) */
     c->split_keys = env_int("NS_CUDA_SPLIT_KEYS", 64);
@@ -1888,6 +1888,7 @@ extern "C" void ns_cuda_set_act_nc(ns_backend *be, int on) { set_captured_settin
 extern "C" int ns_cuda_get_act_nc(ns_backend *be) { return IMPL(be)->act_nc; }
 extern "C" void ns_cuda_set_prefetch(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::prefetch, on); }
 extern "C" void ns_cuda_set_early_loads(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::early_loads, on); }
+extern "C" int ns_cuda_get_early_loads(ns_backend *be) { return IMPL(be)->early_loads; }
 
 extern "C" void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager) {
     cu_impl *c = IMPL(be);

@@ -14,8 +14,14 @@
 #include "backend/cuda/cuda_kv_fp8.cuh"
 
 /* E = head_dim / 32 elements per lane: lane holds d = lane + 32 e, so the
- * rotate-half partner of e < E/2 is e + E/2 (head_dim a multiple of 64). */
-/* NC: activation loads through ld.global.nc or .cg (cu_ld_act, c->act_nc) */
+ * rotate-half partner of e < E/2 is e + E/2 (head_dim a multiple of 64).
+ * NC: q/k loads plain or .cg (c->act_nc). v is always read with the
+ * volatile .cg load: an ld.global.nc declares its data constant for the
+ * kernel's whole life, and ptxas scheduled this kernel's .nc loads of v
+ * above the early path's griddepcontrol.wait (SASS of run E: four
+ * LDG.E.CONSTANT before the ACQBULK), so v was read before the q/k/v
+ * GEMV wrote it -- the early-load fault of docs/cuda.md v17/v18. Each
+ * element is read once: the read-only path bought nothing here. */
 template <int E, bool NC>
 __global__ __launch_bounds__(128) void k_qk_norm_rope_store(
     float *q, float *k, const float *__restrict__ v, int T, int H, int KVH, const float *__restrict__ qn,
@@ -85,7 +91,7 @@ __global__ __launch_bounds__(128) void k_qk_norm_rope_store(
     if (!is_q) {
         const float *vs = v + ((size_t)t * KVH + (h - H)) * D;
 #pragma unroll
-        for (int e = 0; e < E; e++) vv[e] = cu_ld_act<NC>(vs + lane + 32 * e);
+        for (int e = 0; e < E; e++) vv[e] = cu_ld_act<false>(vs + lane + 32 * e);
     }
     if (nw) {
         float ss = 0.f;
@@ -148,6 +154,9 @@ void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, 
 
 /* x += y; out = rmsnorm(x) * w, one 512-thread block per row, float4
  * lanes: the same element order and reduction as k_add4 + k_rmsnorm_block.
+ * y (the GEMV's output, written by the kernel before) is read with the
+ * volatile .cg load, never .nc, which ptxas may schedule above the PDL
+ * wait (see k_qk_norm_rope_store).
  * The first AR_REG float4 of each thread stay in registers between the
  * two passes, and their norm weights are read before the PDL wait when
  * early (norm weights never come from an earlier kernel of the tape). */
@@ -181,7 +190,7 @@ __global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out,
         const int d = threadIdx.x * 4 + i * step;
         if (d < cols) {
             float4 a = NC ? *reinterpret_cast<const float4 *>(xr + d) : cu_ld_act4<false>(xr + d),
-                   b = cu_ld_act4<NC>(yr + d);
+                   b = cu_ld_act4<false>(yr + d);
             a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
             *reinterpret_cast<float4 *>(xr + d) = a;
             xv[i] = a;
@@ -190,7 +199,7 @@ __global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out,
     }
     for (int d = threadIdx.x * 4 + AR_REG * step; d < cols; d += step) {
         float4 a = NC ? *reinterpret_cast<const float4 *>(xr + d) : cu_ld_act4<false>(xr + d),
-               b = cu_ld_act4<NC>(yr + d);
+               b = cu_ld_act4<false>(yr + d);
         a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
         *reinterpret_cast<float4 *>(xr + d) = a;
         ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;

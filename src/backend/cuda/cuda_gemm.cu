@@ -607,6 +607,9 @@ bool cu_gemv_dec(cu_impl *c, const cu_gemv_dec_args *g) {
     const int64_t pairs_per_block = 4 / ks;
     const unsigned blocks = (unsigned)((rows + pairs_per_block - 1) / pairs_per_block);
     c->gemv_next = true;
-    cu_launch(c, fns[c->act_nc ? 1 : 0][mode][g->n - 1][ki], dim3(blocks), dim3(128), 0, sg, g->x, (int)g->k, sd);
+    /* early: the x loads follow a PDL wait that is not the kernel's first
+     * instruction, so they must not be .nc (ptxas may hoist those above
+     * it, see k_qk_norm_rope_store) */
+    cu_launch(c, fns[c->act_nc && !g->early ? 1 : 0][mode][g->n - 1][ki], dim3(blocks), dim3(128), 0, sg, g->x, (int)g->k, sd);
     return !CU_LAUNCHED(c, "gemv_dec");
 }
