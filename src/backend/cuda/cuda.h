@@ -88,7 +88,9 @@ int ns_cuda_get_dec_early(ns_backend *be);
 void ns_cuda_set_pdl(ns_backend *be, int on);
 /* With PDL on: whether a GEMV launched right after another GEMV uses it
  * too (env NS_CUDA_PDL_GEMV, default 0: fully ordered, which measured
- * ~3% faster at 1k batch 1, docs/cuda.md v18). Same numbers either way. */
+ * ~3% faster at 1k batch 1, docs/cuda.md v18); 1 = PDL there too; 2 = PDL
+ * there, with the bf16 GEMVs signalling their dependents after their
+ * main loop instead of at entry. Same numbers either way. */
 void ns_cuda_set_pdl_gemv(ns_backend *be, int on);
 int ns_cuda_get_pdl_gemv(ns_backend *be);
 /* Decode kernels' activation loads through ld.global.nc (1, env

@@ -51,6 +51,7 @@ struct gemv_segs {
     float *o0, *o1, *o2; /* SwiGLU mode: o2 is the swiglu output */
     bf16 *obf;           /* SwiGLU mode: its bf16 shadow, or NULL */
     int end0, end1, end2; /* cumulative row ends */
+    int late; /* NS_CUDA_PDL_GEMV=2: trigger the dependent launch after the main loop, not at entry */
 };
 
 __device__ __forceinline__ void gemv_row(const gemv_segs &s, int r, const bf16 *&w, float *&o, int &local, int &M) {
@@ -68,7 +69,8 @@ __device__ __forceinline__ void gemv_row(const gemv_segs &s, int r, const bf16 *
  * the partial sums meet in shared memory. */
 template <int N, int KS, bool SW, bool NC>
 __global__ __launch_bounds__(128) void k_gemv(gemv_segs sg, const float *__restrict__ x, int K) {
-    PDL_ENTRY();
+    if (!sg.late) PDL_TRIGGER();
+    PDL_WAIT();
     const int wib = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int pair = blockIdx.x * (4 / KS) + wib / KS, kp = wib % KS;
     /* SW: the pair is row `pair` of gate (segment 0) and of up (segment
@@ -129,6 +131,9 @@ __global__ __launch_bounds__(128) void k_gemv(gemv_segs sg, const float *__restr
             }
         }
     }
+    /* late: the next kernel's CTAs may start once every CTA of this one
+     * has streamed its rows (they then overlap only the epilogues) */
+    if (sg.late) PDL_TRIGGER();
     if constexpr (KS > 1) {
         __shared__ float part[4][2][N];
         if (lane == 0) {
@@ -209,6 +214,7 @@ void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w
         const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
         const int64_t pairs_per_block = 4 / ks;
         const unsigned blocks = (unsigned)((pairs + pairs_per_block - 1) / pairs_per_block);
+        sg.late = c->pdl_gemv == 2;
         c->gemv_next = true;
         cu_launch(c, fns[c->act_nc ? 1 : 0][nn - 1][ki], dim3(blocks), dim3(128), 0, sg, x + (size_t)n0 * k, k);
         if (c->err_status != NS_OK) return;
@@ -235,6 +241,7 @@ void cu_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf
         const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
         const int64_t pairs_per_block = 4 / ks;
         const unsigned blocks = (unsigned)((m + pairs_per_block - 1) / pairs_per_block);
+        sg.late = c->pdl_gemv == 2;
         c->gemv_next = true;
         cu_launch(c, fns[c->act_nc ? 1 : 0][nn - 1][ki], dim3(blocks), dim3(128), 0, sg, x + (size_t)n0 * k, k);
         if (c->err_status != NS_OK) return;

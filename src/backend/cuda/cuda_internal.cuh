@@ -186,7 +186,8 @@ typedef struct cu_impl {
     int pdl_anchors; /* NS_CUDA_PDL_ANCHOR (default 1): the first launch after a copy drops the PDL attribute */
     bool pdl_anchor; /* set after a copy on the stream, cleared by cu_launch */
     int pdl;    /* programmatic dependent launch between our kernels */
-    int pdl_gemv; /* NS_CUDA_PDL_GEMV (default 0): 0 = a GEMV launched right after a GEMV drops the PDL attribute */
+    int pdl_gemv; /* NS_CUDA_PDL_GEMV (default 0): 0 = a GEMV launched right after a GEMV drops the PDL attribute;
+                   * 1 = PDL there too; 2 = PDL there, and the bf16 GEMVs trigger after their main loop */
     bool gemv_next, gemv_prev; /* the launch about to happen / the last launch is a GEMV (cu_launch) */
     int prefetch; /* L2 prefetch of the next GEMV's weights in small kernels */
     int split_keys; /* fewest keys per decode-attention split */
