@@ -786,11 +786,13 @@ static ns_status bench_run(bench *B, ns_error *err) {
         for (int bi = 0; bi < (bmax > 1 ? 2 : 1); bi++) {
             static const struct {
                 const char *name;
-                int div, dec, qreg, mma;
-            } var[] = {{"defaults (auto: tensor cores at >= 64 splits)", 8, 0, 1, 2},
-                       {"tensor cores", 8, 0, 1, 1},
-                       {"CUDA cores", 8, 0, 1, 0},
-                       {"CUDA cores, splits / 4", 4, 0, 1, 0}};
+                int div, dec, qreg, mma, bulk;
+            } var[] = {{"defaults (auto: tensor cores at >= 64 splits)", 8, 0, 1, 2, -1},
+                       {"tensor cores, cp.async rows", 8, 0, 1, 1, 0},
+                       {"tensor cores, bulk page segments", 8, 0, 1, 1, 1},
+                       {"CUDA cores", 8, 0, 1, 0, -1},
+                       {"CUDA cores, splits / 4", 4, 0, 1, 0, -1}};
+            const int bulk0 = ns_cuda_get_fp8_bulk(B->be);
             printf("ablation fp8, decode ctx %d batch %d (ms/step):", ctx, bs[bi]);
             for (size_t i = 0; i < sizeof var / sizeof var[0]; i++) {
                 dec_result r;
@@ -798,6 +800,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
                 ns_cuda_set_fp8_dec(B->be, var[i].dec);
                 ns_cuda_set_fp8_qreg(B->be, var[i].qreg);
                 ns_cuda_set_fp8_mma(B->be, var[i].mma);
+                ns_cuda_set_fp8_bulk(B->be, var[i].bulk < 0 ? bulk0 : var[i].bulk);
                 rc = run_decode(B, ctx, bs[bi], B->o.steps, 3, &r, err);
                 if (rc != NS_OK) return rc;
                 if (r.skipped) printf(" %s skipped;", var[i].name);
@@ -807,6 +810,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
             ns_cuda_set_fp8_dec(B->be, 0);
             ns_cuda_set_fp8_qreg(B->be, 1);
             ns_cuda_set_fp8_mma(B->be, 2);
+            ns_cuda_set_fp8_bulk(B->be, bulk0);
             printf("\n");
             fflush(stdout);
         }

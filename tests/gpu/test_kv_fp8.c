@@ -386,6 +386,7 @@ static void attention_case(const attn_cfg *cf, const int32_t *fin, const int32_t
     free(hpt);
 }
 
+
 /* Decode rows only, contexts 1, 15, 16, 17, 4095, 4097, 129, GQA 1/4/8,
  * head dims 16..256; 4 steps (graphs captured and replayed); both ways of
  * decoding the codes (ns_cuda_set_fp8_dec), q from shared memory or
@@ -394,23 +395,26 @@ TEST(test_fp8_decode_attention) {
     const int32_t ctx[] = {1, 15, 16, 17, 4095, 4097, 129}, one[] = {1, 1, 1, 1, 1, 1, 1};
     const attn_cfg cfgs[] = {{128, 2, 8, 16}, {128, 1, 8, 16}, {128, 2, 2, 16}, {64, 2, 8, 32},
                              {256, 2, 8, 16}, {32, 2, 4, 16}, {16, 4, 8, 16}};
-    static const char *const names[5] = {" (q in registers)", " (integer decode, q in registers)",
+    static const char *const names[6] = {" (q in registers)", " (integer decode, q in registers)",
                                          " (q from shared memory)", " (integer decode, q from shared memory)",
-                                         " (tensor cores)"};
-    for (int mode = 0; mode < 5; mode++) {
+                                         " (tensor cores)", " (tensor cores, page segments by bulk copy)"};
+    const int fp8_bulk_default = ns_cuda_get_fp8_bulk(gpu);
+    for (int mode = 0; mode < 6; mode++) {
         ns_cuda_set_fp8_dec(gpu, mode < 4 ? mode & 1 : 0);
         ns_cuda_set_fp8_qreg(gpu, mode < 4 ? !(mode >> 1) : 1);
-        ns_cuda_set_fp8_mma(gpu, mode == 4);
+        ns_cuda_set_fp8_mma(gpu, mode >= 4);
+        ns_cuda_set_fp8_bulk(gpu, mode == 5);
         for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
             char what[96];
             snprintf(what, sizeof what, "decode GQA%d%s", cfgs[i].H / cfgs[i].KVH, names[mode]);
             /* the tensor cores split q and p into bf16 hi + lo: ~1e-5 (as the bf16 mma decode) */
-            attention_case(&cfgs[i], ctx, one, 7, 1e-4, 1e-3, mode == 0 || mode == 4 ? 4 : 2, what);
+            attention_case(&cfgs[i], ctx, one, 7, 1e-4, 1e-3, mode == 0 || mode >= 4 ? 4 : 2, what);
         }
     }
     ns_cuda_set_fp8_dec(gpu, 0);
     ns_cuda_set_fp8_qreg(gpu, 1);
     ns_cuda_set_fp8_mma(gpu, 2);
+    ns_cuda_set_fp8_bulk(gpu, fp8_bulk_default);
 }
 
 /* Prefill chunks of 1, 15, 16, 17, 4095, 4097 after prefixes crossing
@@ -435,8 +439,13 @@ TEST(test_fp8_attention_40k) {
     const int32_t fin[] = {40017, 40001, 5}, n[] = {17, 1, 1};
     ns_cuda_set_fp8_mma(gpu, 0);
     attention_case(&cf, fin, n, 3, 1e-2, 3e-2, 2, "prefix 40000: chunk 17 + decode (CUDA cores)");
+    const int fp8_bulk_default = ns_cuda_get_fp8_bulk(gpu);
     ns_cuda_set_fp8_mma(gpu, 1);
+    ns_cuda_set_fp8_bulk(gpu, 0);
     attention_case(&cf, fin, n, 3, 1e-2, 3e-2, 2, "prefix 40000: chunk 17 + decode (tensor cores)");
+    ns_cuda_set_fp8_bulk(gpu, 1);
+    attention_case(&cf, fin, n, 3, 1e-2, 3e-2, 2, "prefix 40000: chunk 17 + decode (tensor cores, bulk copies)");
+    ns_cuda_set_fp8_bulk(gpu, fp8_bulk_default);
     ns_cuda_set_fp8_mma(gpu, 2);
     attention_case(&cf, fin, n, 3, 1e-2, 3e-2, 2, "prefix 40000: chunk 17 + decode (auto)");
 }

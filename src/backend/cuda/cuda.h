@@ -67,6 +67,12 @@ void ns_cuda_set_fp8_qreg(ns_backend *be, int on);
  * fp32 summation order (q and p split into bf16 hi + lo as in the bf16
  * kernel). */
 void ns_cuda_set_fp8_mma(ns_backend *be, int mode);
+/* The tensor-core FP8 decode fetches each 64-key tile as whole page
+ * segments by bulk copy (on: P dividing 64, compute capability 9.0) or as
+ * 16-byte cp.async per row (off); env NS_CUDA_FP8_BULK, default on.
+ * Process-wide; same results. */
+void ns_cuda_set_fp8_bulk(ns_backend *be, int on);
+int ns_cuda_get_fp8_bulk(ns_backend *be);
 
 /* CUDA graphs for decode steps: on (default) or off. */
 void ns_cuda_set_graphs(ns_backend *be, int on);

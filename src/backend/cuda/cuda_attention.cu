@@ -950,6 +950,8 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
 
 /* ------------------------------------------ decode on tensor cores, FP8 KV */
 
+static int decode_load_mode(cu_impl *c); /* the launcher section below */
+
 /* k_attn_decode_mma over an FP8 pool (cuda_attn_fp8.cu, cuda_kv_fp8.cuh):
  * the codes of each 64-key tile and their page-head scales stream through
  * DM_ST raw stages (cp.async); after a tile lands, the block converts it
@@ -986,16 +988,57 @@ __device__ __forceinline__ void dm8_issue(const attn_params &p, int s, int kvh, 
     }
 }
 
-/* Stage st's codes -> the bf16 tile (rows padded to LD), value * scale. */
+/* BULK variant of dm8_issue: a page keeps the codes of one (layer, K|V,
+ * kv head) as P contiguous rows of D bytes, so a 64-key tile is 64 / P
+ * page segments: one cp.async.bulk each (8 copies per tile at P = 16
+ * instead of 1024 16-byte cp.async, each with its own page-table lookup),
+ * completing on the stage's mbarrier; thread j < 64 / P copies K of the
+ * tile's page j, thread 64 / P + j its V, and thread j also fetches the
+ * page's two scales (cp.async, one per page, not per row). Pages past k1
+ * are not copied; rows past k1 inside the last page arrive with whatever
+ * the slots hold and are zeroed by dm8_convert. Needs P | 64 and 16-byte
+ * aligned segments (cu_attn_decode_mma_fp8 checks). */
 template <int D>
+__device__ __forceinline__ void dm8_issue_bulk(const attn_params &p, int s, int kvh, int k0, int k1, int it,
+                                               uint8_t *Kr, uint8_t *Vr, float *Ksc, float *Vsc, uint64_t *bars,
+                                               size_t k_off, size_t v_off, size_t ks_off, size_t vs_off) {
+    const int tid = threadIdx.x, kb = k0 + it * DM_TK, st = it % DM_ST, P = p.P;
+    const int npg = DM_TK / P, pages = (min(DM_TK, k1 - kb) + P - 1) / P;
+    const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&bars[st]);
+    if (tid == 0) dm_mbar_expect(bar, (uint32_t)(pages * P * D * 2));
+    const int j = tid < npg ? tid : tid - npg;
+    if (tid < 2 * npg && j < pages) {
+        const bool is_v = tid >= npg;
+        const int page = kv_page(p, s, kb + j * P);
+        uint8_t *dst = (is_v ? Vr : Kr) + (st * DM_TK + j * P) * D;
+        dm_bulk_copy((uint32_t)__cvta_generic_to_shared(dst), kv_row_at(p, page, kb + j * P, kvh, is_v ? v_off : k_off),
+                     (uint32_t)(P * D), bar);
+        if (!is_v) {
+            const uint8_t *pg = p.kv + (size_t)page * p.page_bytes + (size_t)kvh * 4;
+            cp_async4(Ksc + st * DM_TK + j, pg + ks_off, 4);
+            cp_async4(Vsc + st * DM_TK + j, pg + vs_off, 4);
+        }
+    }
+}
+
+/* Stage st's codes -> the bf16 tile (rows padded to LD), value * scale. */
+/* BULK: one scale per page (index r / P) and rows r >= nvalid written as
+ * zeros (their codes are whatever the page's free slots hold: NaN codes
+ * would survive P = 0 in the PV product). */
+template <int D, bool BULK>
 __device__ __forceinline__ void dm8_convert(const uint8_t *Kr, const uint8_t *Vr, const float *Ksc, const float *Vsc,
-                                            int st, bf16 *Kb, bf16 *Vb) {
+                                            int st, bf16 *Kb, bf16 *Vb, int P, int nvalid) {
     constexpr int LD = D + 8, CHR = D / 16;
     for (int c = threadIdx.x; c < 2 * DM_TK * CHR; c += 128) {
         const bool is_v = c >= DM_TK * CHR;
         const int cr = is_v ? c - DM_TK * CHR : c, r = cr / CHR, cc = cr % CHR;
+        if (BULK && r >= nvalid) {
+            uint4 *dst = reinterpret_cast<uint4 *>((is_v ? Vb : Kb) + r * LD + cc * 16);
+            dst[0] = dst[1] = make_uint4(0u, 0u, 0u, 0u);
+            continue;
+        }
         const uint4 u = *reinterpret_cast<const uint4 *>((is_v ? Vr : Kr) + (st * DM_TK + r) * D + cc * 16);
-        const float sc = (is_v ? Vsc : Ksc)[st * DM_TK + r];
+        const float sc = (is_v ? Vsc : Ksc)[st * DM_TK + (BULK ? r / P : r)];
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
         uint32_t o[8];
 #pragma unroll
@@ -1014,10 +1057,13 @@ __device__ __forceinline__ void dm8_convert(const uint8_t *Kr, const uint8_t *Vr
     }
 }
 
-template <int D>
+template <int D, bool BULK>
 __global__ __launch_bounds__(128, 2) void k_attn_decode_mma_fp8(attn_params p, size_t k_off, size_t v_off,
                                                                  size_t ks_off, size_t vs_off) {
     PDL_ENTRY();
+    /* BULK: the new token's codes were stored through the generic proxy,
+     * the bulk copies read through the async proxy (see k_attn_decode_mma) */
+    if (BULK) asm volatile("fence.proxy.async.global;\n" ::: "memory");
     constexpr int LD = D + 8, NI = D / 16;
     extern __shared__ __align__(16) uint8_t dsm[];
     bf16 *Kb = reinterpret_cast<bf16 *>(dsm);                  /* [DM_TK][LD] */
@@ -1034,7 +1080,17 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma_fp8(attn_params p, s
     const int k0 = split * chunk, k1 = min(L, k0 + chunk);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n_tiles = k1 > k0 ? (k1 - k0 + DM_TK - 1) / DM_TK : 0;
-    auto issue = [&](int it) { dm8_issue<D>(p, s, kvh, k0, k1, it, Kr, Vr, Ksc, Vsc, k_off, v_off, ks_off, vs_off); };
+    __shared__ __align__(8) uint64_t bars[DM_ST]; /* BULK: stage "full" barriers of the codes */
+    if (BULK) {
+        if (threadIdx.x == 0)
+            for (int i = 0; i < DM_ST; i++) dm_mbar_init((uint32_t)__cvta_generic_to_shared(&bars[i]), 1);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads(); /* barriers initialised before any copy or wait */
+    }
+    auto issue = [&](int it) {
+        if (BULK) dm8_issue_bulk<D>(p, s, kvh, k0, k1, it, Kr, Vr, Ksc, Vsc, bars, k_off, v_off, ks_off, vs_off);
+        else dm8_issue<D>(p, s, kvh, k0, k1, it, Kr, Vr, Ksc, Vsc, k_off, v_off, ks_off, vs_off);
+    };
     if (n_tiles > 0) issue(0);
     cp_async_commit();
     if (n_tiles > 1) issue(1);
@@ -1048,11 +1104,12 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma_fp8(attn_params p, s
     float m_0 = -INFINITY, m_1 = -INFINITY, l_0 = 0.f, l_1 = 0.f;
 
     for (int it = 0; it < n_tiles; it++) {
+        if (BULK) dm_mbar_wait((uint32_t)__cvta_generic_to_shared(&bars[it % DM_ST]), (it / DM_ST) & 1);
         cp_async_wait<1>();
         __syncthreads(); /* tile it landed; every warp is done with the bf16 tile of it - 1 */
         if (it + 2 < n_tiles) issue(it + 2);
         cp_async_commit();
-        dm8_convert<D>(Kr, Vr, Ksc, Vsc, it % DM_ST, Kb, Vb);
+        dm8_convert<D, BULK>(Kr, Vr, Ksc, Vsc, it % DM_ST, Kb, Vb, p.P, min(DM_TK, k1 - (k0 + it * DM_TK)));
         __syncthreads();
         dm_tile<D>(Kb + warp * 16 * LD, Vb + warp * 16 * LD, qh, ql, o, m_0, m_1, l_0, l_1,
                    k0 + it * DM_TK + warp * 16 + (lane >> 2), k1);
@@ -1061,17 +1118,19 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma_fp8(attn_params p, s
     dm_finish<D>(p, dsm, o, m_0, m_1, l_0, l_1, di, kvh, t, split, nsp);
 }
 
-template <int D>
+template <int D, bool BULK>
 static void launch_decode_mma_fp8(cu_impl *c, const attn_params &p, dim3 grid, size_t ks_off, size_t vs_off) {
     static bool attr_done = false;
     const int smem = 2 * DM_TK * (D + 8) * 2 + 2 * DM_ST * DM_TK * D + 2 * DM_ST * DM_TK * 4;
     if (!attr_done) {
-        if (cu_check(c, cudaFuncSetAttribute(k_attn_decode_mma_fp8<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+        if (cu_check(c,
+                     cudaFuncSetAttribute(k_attn_decode_mma_fp8<D, BULK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          smem),
                      "fp8 decode mma smem attribute"))
             return;
         attr_done = true;
     }
-    cu_launch(c, k_attn_decode_mma_fp8<D>, grid, dim3(128), (size_t)smem, p, p.k_off, p.v_off, ks_off, vs_off);
+    cu_launch(c, k_attn_decode_mma_fp8<D, BULK>, grid, dim3(128), (size_t)smem, p, p.k_off, p.v_off, ks_off, vs_off);
     CU_LAUNCHED(c, "fp8 decode attention (tensor cores)");
 }
 
@@ -1110,7 +1169,7 @@ static void attn_params_init(attn_params &p, const cu_impl *c, const ns_kv_layou
 bool cu_attn_decode_mma_fp8_ok(int head_dim, int G) { return (head_dim == 64 || head_dim == 128) && G <= 8; }
 
 void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
-                            int n_heads, float scale, int nsp, float *ws, int32_t *cnt) {
+                            int n_heads, float scale, int nsp, float *ws, int32_t *cnt, bool bulk_ok) {
     const cu_meta *m = &c->meta;
     const int D = l->head_dim;
     attn_params p;
@@ -1122,8 +1181,15 @@ void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 
     p.cnt = cnt;
     const dim3 grid((unsigned)nsp, (unsigned)l->n_kv_heads, (unsigned)m->n_dec);
     const size_t ks_off = ns_kv_scale_offset(l, layer, 0, 0), vs_off = ns_kv_scale_offset(l, layer, 1, 0);
-    if (D == 64) launch_decode_mma_fp8<64>(c, p, grid, ks_off, vs_off);
-    else if (D == 128) launch_decode_mma_fp8<128>(c, p, grid, ks_off, vs_off);
+    /* page segments by bulk copy (compute capability 9.0, pages dividing
+     * the 64-key tile, 16-byte aligned segments), else 16-byte cp.async */
+    const bool bulk = bulk_ok && decode_load_mode(c) >= DM_LOAD_BULK && DM_TK % l->page_tokens == 0 &&
+                      (p.head_bytes % 16) == 0 && (p.page_bytes % 16) == 0 && (p.k_off % 16) == 0 &&
+                      (p.v_off % 16) == 0;
+    if (D == 64 && bulk) launch_decode_mma_fp8<64, true>(c, p, grid, ks_off, vs_off);
+    else if (D == 64) launch_decode_mma_fp8<64, false>(c, p, grid, ks_off, vs_off);
+    else if (D == 128 && bulk) launch_decode_mma_fp8<128, true>(c, p, grid, ks_off, vs_off);
+    else if (D == 128) launch_decode_mma_fp8<128, false>(c, p, grid, ks_off, vs_off);
     else cu_check(c, cudaErrorInvalidValue, "fp8 decode mma: head_dim must be 64 or 128");
 }
 

@@ -498,6 +498,29 @@ extern "C" void ns_cuda_set_fp8_mma(ns_backend *be, int mode) {
     cu_bump_generation((cu_impl *)be->impl);
 }
 
+/* NS_CUDA_FP8_BULK / ns_cuda_set_fp8_bulk: the tensor-core FP8 decode
+ * fetches each tile as page segments by bulk copy (1, default, where the
+ * layout allows and the bf16 decode copy mode is a bulk one) or as
+ * 16-byte cp.async per row (0). Process-wide. */
+static int g_fp8_bulk = -1;
+static int fp8_bulk(void) {
+    if (g_fp8_bulk < 0) {
+        const char *e = getenv("NS_CUDA_FP8_BULK");
+        g_fp8_bulk = e ? atoi(e) != 0 : 1;
+    }
+    return g_fp8_bulk;
+}
+
+extern "C" int ns_cuda_get_fp8_bulk(ns_backend *be) {
+    (void)be;
+    return fp8_bulk();
+}
+
+extern "C" void ns_cuda_set_fp8_bulk(ns_backend *be, int on) {
+    g_fp8_bulk = on != 0;
+    cu_bump_generation((cu_impl *)be->impl);
+}
+
 template <int D, int GB>
 static void launch_decode_fp8(cu_impl *c, const f8_params &p, dim3 grid) {
     const bool in = fp8_dec_mode() == 1, qr = fp8_qreg() == 1;
@@ -562,7 +585,7 @@ static void decode_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_
     }
     const int mma = fp8_mma();
     if ((mma == 1 || (mma == 2 && m->n_splits >= 64)) && cu_attn_decode_mma_fp8_ok(D, p.G)) {
-        cu_attn_decode_mma_fp8(c, l, out, out_bf, q, layer, n_heads, scale, nsp, p.ws, p.cnt);
+        cu_attn_decode_mma_fp8(c, l, out, out_bf, q, layer, n_heads, scale, nsp, p.ws, p.cnt, fp8_bulk() != 0);
         return;
     }
     const dim3 grid((unsigned)nsp, (unsigned)KVH, (unsigned)m->n_dec);

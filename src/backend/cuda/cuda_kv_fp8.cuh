@@ -79,10 +79,11 @@ void cu_attention_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_b
  * decode's tile step on a bf16 tile converted from each staged FP8 tile):
  * whether it covers this shape (head dim 64 or 128, G <= 8), and the
  * launch over the step's decode rows with nsp splits (partials in ws,
- * counters cnt, as cu_attention's). */
+ * counters cnt, as cu_attention's); bulk_ok: the tiles may come by page
+ * segment bulk copies where the layout allows (ns_cuda_set_fp8_bulk). */
 bool cu_attn_decode_mma_fp8_ok(int head_dim, int G);
 void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
-                            int n_heads, float scale, int nsp, float *ws, int32_t *cnt);
+                            int n_heads, float scale, int nsp, float *ws, int32_t *cnt, bool bulk_ok);
 /* Frees cuda_attn_fp8.cu's scratch (backend destroy). */
 void cu_kv_fp8_free(cu_impl *c);
 
