@@ -11,6 +11,7 @@
 #ifndef NS_TEST_H
 #define NS_TEST_H
 
+#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,6 +86,17 @@ static int t_cur_failed = 0;
 
 #define TEST_MAIN_END return t_failed_total ? 1 : 0
 
+
+static inline int t_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+/* Removes a scratch directory the test made (mkdtemp) and everything in
+ * it, without a shell (a path with quotes or spaces stays one path).
+ * Returns 0 when it is gone. */
+static inline int test_rmtree(const char *dir) {
+    return nftw(dir, t_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
 /* Finds DIR/tests/fixtures, DIR/../tests/fixtures, ... (8 levels) and
  * writes its absolute path to out; 0 if found. */
 static inline int test_find_fixtures(const char *dir, char *out, size_t cap) {

@@ -119,8 +119,6 @@ int main(void) {
     RUN(stop_waits_for_the_graceful_exit_of_the_whole_group);
     RUN(stop_kills_a_group_that_ignores_sigterm_after_the_grace);
     RUN(command_output_goes_to_the_log_and_an_ended_command_stops_cleanly);
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) printf("# could not remove %s\n", g_dir);
+    if (test_rmtree(g_dir) != 0) printf("# could not remove %s\n", g_dir);
     TEST_MAIN_END;
 }

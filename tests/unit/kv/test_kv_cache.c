@@ -217,9 +217,7 @@ TEST(ssd_tier_survives_reopen) {
         ns_kv_cache_free(kc);
     }
     free_backend(be);
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK(system(cmd) == 0);
+    CHECK(test_rmtree(dir) == 0);
 }
 
 /* A graceful shutdown makes every committed page durable, however many:
@@ -264,9 +262,7 @@ TEST(shutdown_persists_more_pages_than_the_queue_holds) {
         ns_kv_cache_free(kc);
     }
     free_backend(be);
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK(system(cmd) == 0);
+    CHECK(test_rmtree(dir) == 0);
 }
 
 int main(void) {

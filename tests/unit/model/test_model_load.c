@@ -278,9 +278,7 @@ int main(void) {
     RUN(bad_shard_index);
     RUN(sharded_checkpoint_loads);
     RUN(overlapping_data_offsets);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    if (system(cmd) != 0) printf("# could not remove %s\n", g_dir);
+    if (test_rmtree(g_dir) != 0) printf("# could not remove %s\n", g_dir);
     free(g_st);
     free(g_config);
     TEST_MAIN_END;

@@ -104,8 +104,6 @@ int main(void) {
     RUN(append_and_restart);
     RUN(rotation);
     RUN(full_queue_drops);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+    if (test_rmtree(g_dir) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
     TEST_MAIN_END;
 }

@@ -385,9 +385,7 @@ TEST(restart_serves_from_ssd) {
     CHECK(n_cold == n_warm && memcmp(cold, warm, (size_t)n_cold * 4) == 0);
     ns_sched_free(s);
     ns_engine_free(e);
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK(system(cmd) == 0);
+    CHECK(test_rmtree(dir) == 0);
 }
 
 /* Pressure: three long requests and a pool for ~1.5 of them. Admission is
