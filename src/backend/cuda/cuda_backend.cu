@@ -1804,13 +1804,11 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     c->pdl_gemv = env_int("NS_CUDA_PDL_GEMV", 0); /* v18: 0 measured 3% faster at 1k batch 1 */
     /* off by default: measured slower on H200 (docs/cuda.md, v7) */
     c->prefetch = env_int("NS_CUDA_PREFETCH", 0);
-    /* off by default since the 2026-12-01 run B (docs/cuda.md v17): with
-     * the pre-wait loads on, head-dim-64/128 models decoded wrong through
-     * the fused q/k-norm+RoPE+store and decode attention kernels
-     * (test_golden_cuda's and test_quant_cuda's fused-decode cases,
-     * test_decode_fused's model cases not repeatable); with them off every
-     * case was right. Cause not found; cost 1.6% at 1k batch 1. */
-    c->early_loads = env_int("NS_CUDA_EARLY_LOADS", 1); /* v18: the fault was .nc loads, fixed */
+    /* on: ~1.5% at 1k batch 1. Off from run B to v18 (docs/cuda.md): with
+     * them on, the q/k-norm + RoPE + store kernel's .nc loads of v were
+     * scheduled above its PDL wait, so the cache got the previous step's
+     * V row; those loads are coherent (.cg) now. */
+    c->early_loads = env_int("NS_CUDA_EARLY_LOADS", 1);
     c->early_mask = env_int("NS_CUDA_EARLY_MASK", CU_EARLY_ADDNORM | CU_EARLY_QKNORM | CU_EARLY_ATTN);
     /* fewest keys per decode-attention split (a multiple of 64) */
     c->split_keys = env_int("NS_CUDA_SPLIT_KEYS", 64);
