@@ -52,7 +52,6 @@ struct attn_params {
     float *ws;             /* split partials */
     int32_t *cnt;          /* per (dec seq, kv head): finished splits */
     int n_tokens;
-    int lo;                /* tensor-core decode: also the lo halves of q and p (NS_CUDA_DEC_LO, default 1) */
 };
 
 /* Address of K (off = k_off) or V (off = v_off) of kv head kvh at
@@ -713,7 +712,7 @@ __device__ __forceinline__ void dm_finish(const attn_params &p, uint8_t *dsm, fl
 template <int D>
 __device__ __forceinline__ void dm_tile(const bf16 *Kt, const bf16 *Vt, const uint32_t (&qh)[D / 16][2],
                                         const uint32_t (&ql)[D / 16][2], float (&o)[D / 16][4], float &m_0, float &m_1,
-                                        float &l_0, float &l_1, int key, int k1, bool lo) {
+                                        float &l_0, float &l_1, int key, int k1) {
     constexpr int LD = D + 8, NI = D / 16;
     const int lane = threadIdx.x & 31;
     /* hi and lo products in separate accumulators: two chains of NI
@@ -724,7 +723,7 @@ __device__ __forceinline__ void dm_tile(const bf16 *Kt, const bf16 *Vt, const ui
         uint32_t a[4];
         ldsm_x4(a, Kt + (lane & 15) * LD + kk * 16 + (lane >> 4) * 8);
         mma_bf16(sc, a, qh[kk][0], qh[kk][1]);
-        if (lo) mma_bf16(sl, a, ql[kk][0], ql[kk][1]);
+        mma_bf16(sl, a, ql[kk][0], ql[kk][1]);
     }
 #pragma unroll
     for (int e = 0; e < 4; e++) sc[e] += sl[e];
@@ -759,7 +758,7 @@ __device__ __forceinline__ void dm_tile(const bf16 *Kt, const bf16 *Vt, const ui
         uint32_t a[4];
         ldsm_x4_t(a, Vt + ((lane & 7) + ((lane >> 4) << 3)) * LD + i * 16 + ((lane >> 3) & 1) * 8);
         mma_bf16(o[i], a, bh0, bh1);
-        if (lo) mma_bf16(o[i], a, bl0, bl1);
+        mma_bf16(o[i], a, bl0, bl1);
     }
 }
 
@@ -943,7 +942,7 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
             if (!BULK) cp_async_commit();
         }
         const bf16 *Kt = Ks + st * DM_TK * LD + warp * 16 * LD, *Vt = Vs + st * DM_TK * LD + warp * 16 * LD;
-        dm_tile<D>(Kt, Vt, qh, ql, o, m_0, m_1, l_0, l_1, k0 + it * DM_TK + warp * 16 + (lane >> 2), k1, p.lo != 0);
+        dm_tile<D>(Kt, Vt, qh, ql, o, m_0, m_1, l_0, l_1, k0 + it * DM_TK + warp * 16 + (lane >> 2), k1);
     }
     if (!BULK) cp_async_wait<0>();
     dm_finish<D>(p, dsm, o, m_0, m_1, l_0, l_1, di, kvh, t, split, nsp);
@@ -1113,7 +1112,7 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma_fp8(attn_params p, s
         dm8_convert<D, BULK>(Kr, Vr, Ksc, Vsc, it % DM_ST, Kb, Vb, p.P, min(DM_TK, k1 - (k0 + it * DM_TK)));
         __syncthreads();
         dm_tile<D>(Kb + warp * 16 * LD, Vb + warp * 16 * LD, qh, ql, o, m_0, m_1, l_0, l_1,
-                   k0 + it * DM_TK + warp * 16 + (lane >> 2), k1, p.lo != 0);
+                   k0 + it * DM_TK + warp * 16 + (lane >> 2), k1);
     }
     cp_async_wait<0>();
     dm_finish<D>(p, dsm, o, m_0, m_1, l_0, l_1, di, kvh, t, split, nsp);
@@ -1159,7 +1158,6 @@ static void attn_params_init(attn_params &p, const cu_impl *c, const ns_kv_layou
     p.P_shift = -1;
     for (int b = 0; b < 31; b++)
         if ((1 << b) == p.P) p.P_shift = b;
-    p.lo = c->dec_lo;
     p.H = n_heads;
     p.KVH = l->n_kv_heads;
     p.G = n_heads / l->n_kv_heads;

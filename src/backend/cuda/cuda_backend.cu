@@ -1812,7 +1812,6 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     c->early_mask = env_int("NS_CUDA_EARLY_MASK", CU_EARLY_ADDNORM | CU_EARLY_QKNORM | CU_EARLY_ATTN);
     /* fewest keys per decode-attention split (a multiple of 64) */
     c->split_keys = env_int("NS_CUDA_SPLIT_KEYS", 64);
-    c->dec_lo = env_int("NS_CUDA_DEC_LO", 1) != 0;
     if (c->split_keys < 64 || c->split_keys % 64) c->split_keys = 64;
     c->l2_bytes = (size_t)prop.l2CacheSize;
     /* measured on H200 (docs/cuda.md): the GEMV kernel beats cuBLASLt up

@@ -191,7 +191,6 @@ typedef struct cu_impl {
     bool gemv_next, gemv_prev; /* the launch about to happen / the last launch is a GEMV (cu_launch) */
     int prefetch; /* L2 prefetch of the next GEMV's weights in small kernels */
     int split_keys; /* fewest keys per decode-attention split */
-    int dec_lo; /* NS_CUDA_DEC_LO (default 1): the tensor-core decode also multiplies the lo halves of q and p */
     /* attention kernel switches (cuda.h: ns_cuda_set_attn_sm90,
      * ns_cuda_set_attn_dec_mma): 1 + the switch value once set, 0 = not
      * set yet (the env var decides at first use); see cu_attn_switch */
