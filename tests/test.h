@@ -13,6 +13,7 @@
 
 #include <ftw.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +87,17 @@ static int t_cur_failed = 0;
 
 #define TEST_MAIN_END return t_failed_total ? 1 : 0
 
+
+/* A uniform value in [-1, 1) from the xorshift state *s, never exactly
+ * zero (0 becomes 0.5): inputs for tests that must not hide a bug behind
+ * zeros. Each test keeps its own state (and seed). */
+static inline float test_rand_nz(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    float f = (float)((double)(*s >> 40) / 8388608.0 - 1.0);
+    return f == 0.0f ? 0.5f : f;
+}
 
 static inline int t_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
     (void)st, (void)flag, (void)ftw;

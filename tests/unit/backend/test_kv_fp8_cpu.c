@@ -26,13 +26,7 @@
     } while (0)
 
 static uint64_t rs = 0x13198a2e03707344ULL;
-static float frand(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    float f = (float)((double)(rs >> 40) / 8388608.0 - 1.0);
-    return f == 0.0f ? 0.5f : f;
-}
+static float frand(void) { return test_rand_nz(&rs); }
 
 enum { L = 2, KVH = 2, D = 32, P = 16, H = 4 };
 

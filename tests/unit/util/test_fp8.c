@@ -87,13 +87,7 @@ TEST(fp8_saturation_and_nan) {
 }
 
 static uint64_t rs = 0x243f6a8885a308d3ULL;
-static float frand(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    float f = (float)((double)(rs >> 40) / 8388608.0 - 1.0);
-    return f == 0.0f ? 0.5f : f;
-}
+static float frand(void) { return test_rand_nz(&rs); }
 
 /* The smallest power of two >= amax / 448 (float division first), by
  * frexp: the reference for ns_fp8_row_scale. */
