@@ -262,6 +262,30 @@ TEST(non_finite_activations) {
     }
 }
 
+/* A block whose largest activation is subnormal: 127 / amax overflows to
+ * inf, and the codes must still come from finite values (0 * inf is NaN,
+ * which UBSan reports when cast to int8; found by fuzz_gguf) with a
+ * finite product. */
+TEST(subnormal_block_maximum) {
+    const ns_dtype types[] = {NS_DT_Q8_0, NS_DT_Q4_0, NS_DT_Q4_K, NS_DT_Q6_K, NS_DT_Q4_1};
+    static uint8_t w[2048], act[2048];
+    static float x[256];
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        random_blocks(types[t], w, 256);
+        for (int i = 0; i < 256; i++) x[i] = i % 3 == 0 ? 0.0f : (i % 2 ? 1e-40f : -3e-41f);
+        ns_quant_act_row(types[t], x, act, 256);
+        CHECKF(isfinite(ns_quant_dot(types[t], w, act, 256)), "%s", ns_dtype_name(types[t]));
+        if (types[t] == NS_DT_Q8_0) {
+            /* the codes are round(x / amax * 127): 127, -38 and 0 (the
+             * first block: f16 scale, then 32 codes) */
+            for (int i = 0; i < 32; i++) {
+                const int want = i % 3 == 0 ? 0 : i % 2 ? 127 : -38;
+                CHECKF((int8_t)act[2 + i] == want, "Q8_0 code %d: %d, want %d", i, (int8_t)act[2 + i], want);
+            }
+        }
+    }
+}
+
 /* F16 rows: dequantized and dotted in place, against the scalar
  * conversion (f16 values are exact in f32). */
 TEST(f16_rows) {
@@ -329,6 +353,7 @@ int main(void) {
     RUN(fp16_conversion);
     RUN(reference_weight_quantizers);
     RUN(non_finite_activations);
+    RUN(subnormal_block_maximum);
     RUN(f16_rows);
     RUN(matmul_tiles);
     TEST_MAIN_END;
