@@ -148,9 +148,10 @@ static inline uint8_t *random_weight(ns_dtype dt, int64_t rows, int64_t cols) {
 }
 
 #ifdef GPU_TEST_PAIRS
-/* Opt-in (define GPU_TEST_PAIRS before the include, after test.h): a
- * tensor on both backends and its helpers, shared by test_ops.c and
- * test_kv_fp8.c. */
+/* Opt-in (define GPU_TEST_PAIRS before the include, after test.h): the
+ * OK() status check, rel_l2 and a tensor on both backends with its
+ * helpers, shared by test_ops.c, test_kv_fp8.c, test_moe_cuda.c and
+ * test_quant_cuda.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -40,6 +40,7 @@
 #include "test.h"
 
 #define GPU_TEST_SEED 0x9e3779b97f4a7c15ULL
+#define GPU_TEST_PAIRS /* OK(), pair (pair_alloc/upload/free) */
 #include "gpu_test.h"
 
 static float *rand_vec(size_t n, float scale) {
@@ -47,17 +48,6 @@ static float *rand_vec(size_t n, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = frand() * scale;
     return x;
 }
-
-#define OK(expr)                                                                          \
-    do {                                                                                  \
-        ns_error _e = {0};                                                                \
-        ns_status _s = (expr);                                                            \
-        if (_s != NS_OK) {                                                                \
-            fprintf(stdout, "#   %s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, _e.msg); \
-            t_cur_failed++;                                                               \
-        }                                                                                 \
-    } while (0)
-/* the expression must use &_e as its ns_error */
 
 /* T tokens as one sequence (prefill: eager) or as T one-token sequences
  * (decode: recorded, captured, replayed). No KV pool: no attention runs. */
@@ -76,26 +66,6 @@ static void batch(int32_t T, int decode) {
     free(tok);
     free(ss);
     free(sl);
-}
-
-typedef struct {
-    ns_tensor c, g;
-} pair;
-
-static void pair_alloc(pair *p, int64_t rows, int64_t cols) {
-    memset(p, 0, sizeof *p);
-    OK(cpu->ops->tensor_alloc(cpu, &p->c, NS_DT_F32, rows, cols, &_e));
-    OK(gpu->ops->tensor_alloc(gpu, &p->g, NS_DT_F32, rows, cols, &_e));
-}
-
-static void pair_upload(pair *p, const float *x) {
-    OK(cpu->ops->tensor_upload(cpu, &p->c, x, &_e));
-    OK(gpu->ops->tensor_upload(gpu, &p->g, x, &_e));
-}
-
-static void pair_free(pair *p) {
-    if (p->c.data) cpu->ops->tensor_free(cpu, &p->c);
-    if (p->g.data) gpu->ops->tensor_free(gpu, &p->g);
 }
 
 static double rel_l2_rows(const float *a, const float *ref, int64_t rows, int64_t cols, const uint8_t *skip) {
