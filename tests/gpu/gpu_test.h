@@ -239,4 +239,97 @@ static inline int32_t *shuffled_pages(int pages) {
 }
 #endif /* GPU_TEST_PAIRS */
 
+#ifdef GPU_TEST_ATTENTION
+/* Opt-in (define GPU_TEST_ATTENTION with GPU_TEST_PAIRS): ragged paged
+ * attention batches and their per-sequence check, shared by test_ops.c
+ * (BF16 KV) and test_kv_fp8.c (FP8 KV). */
+
+/* head dim, KV heads, query heads, page tokens */
+typedef struct {
+    int D, KVH, H, P;
+} attn_cfg;
+
+typedef struct {
+    int32_t ctx; /* context after the step */
+    int32_t n;   /* new tokens in the step */
+} seq_spec;
+
+/* A batch over sequences: each contributes tokens [ctx - n, ctx). */
+typedef struct {
+    ns_batch b;
+    int32_t *tok, *pos, *ss, *sl, *lr;
+} batch_buf;
+
+/* Fills bb for the ns sequences sp (page table pt borrowed: it must
+ * outlive bb's use); bb owns its arrays until batch_free. */
+static inline void batch_make(batch_buf *bb, const seq_spec *sp, int ns, const int32_t *pt, int32_t max_pages) {
+    int32_t T = 0;
+    for (int s = 0; s < ns; s++) T += sp[s].n;
+    bb->tok = calloc((size_t)T + 1, 4);
+    bb->pos = calloc((size_t)T + 1, 4);
+    bb->ss = calloc((size_t)ns + 1, 4);
+    bb->sl = calloc((size_t)ns + 1, 4);
+    bb->lr = calloc((size_t)T + 1, 4);
+    int32_t t = 0;
+    for (int s = 0; s < ns; s++) {
+        bb->ss[s] = t;
+        bb->sl[s] = sp[s].ctx;
+        for (int32_t i = 0; i < sp[s].n; i++, t++) {
+            bb->pos[t] = sp[s].ctx - sp[s].n + i;
+            bb->tok[t] = 1;
+        }
+    }
+    bb->ss[ns] = t;
+    memset(&bb->b, 0, sizeof bb->b);
+    bb->b.n_tokens = T;
+    bb->b.n_seqs = ns;
+    bb->b.tokens = bb->tok;
+    bb->b.positions = bb->pos;
+    bb->b.seq_start = bb->ss;
+    bb->b.seq_len = bb->sl;
+    bb->b.page_table = pt;
+    bb->b.max_pages = max_pages;
+    bb->b.logit_rows = bb->lr;
+    bb->b.n_logits = 0;
+}
+
+static inline void batch_free(batch_buf *bb) {
+    free(bb->tok);
+    free(bb->pos);
+    free(bb->ss);
+    free(bb->sl);
+    free(bb->lr);
+}
+
+/* Compares GPU with CPU output per sequence (rel L2 <= tol over the
+ * sequence's rows) and per row (rel L2 <= row_tol), so one wrong tile or
+ * row of a long sequence cannot hide in a batch-wide norm. */
+static inline void check_by_seq(pair *out, const batch_buf *bb, double tol, double row_tol, const char *what) {
+    const int32_t T = bb->b.n_tokens;
+    const size_t C = (size_t)out->cols, n = (size_t)T * C;
+    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    OK(cpu->ops->tensor_download(cpu, &out->c, a, &_e));
+    OK(gpu->ops->tensor_download(gpu, &out->g, b, &_e));
+    double worst_seq = 0, worst_row = 0;
+    for (int32_t s = 0; s < bb->b.n_seqs; s++) {
+        const int32_t t0 = bb->b.seq_start[s], t1 = bb->b.seq_start[s + 1];
+        const double e = rel_l2(b + (size_t)t0 * C, a + (size_t)t0 * C, (size_t)(t1 - t0) * C);
+        CHECKF(e <= tol, "%s: sequence %d (ctx %d, %d new): rel L2 %.3g > %.3g", what, s, bb->b.seq_len[s], t1 - t0, e,
+               tol);
+        if (e > worst_seq) worst_seq = e;
+        int bad_rows = 0;
+        for (int32_t t = t0; t < t1; t++) {
+            const double r = rel_l2(b + (size_t)t * C, a + (size_t)t * C, C);
+            if (r > worst_row) worst_row = r;
+            if (!(r <= row_tol) && bad_rows++ < 3)
+                CHECKF(r <= row_tol, "%s: sequence %d row %d (position %d): rel L2 %.3g > %.3g", what, s, t - t0,
+                       bb->b.seq_len[s] - (t1 - t0) + (t - t0), r, row_tol);
+        }
+    }
+    fprintf(stdout, "#   %-52s worst sequence %.3g, worst row %.3g\n", what, worst_seq, worst_row);
+    free(a);
+    free(b);
+}
+#endif /* GPU_TEST_ATTENTION */
+
 #endif

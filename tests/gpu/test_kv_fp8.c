@@ -37,6 +37,7 @@
 
 #define GPU_TEST_SEED 0x0f8e4d3c2b1a0918ULL
 #define GPU_TEST_PAIRS
+#define GPU_TEST_ATTENTION /* attn_cfg, seq_spec, batch_buf, check_by_seq */
 #include "gpu_test.h"
 
 /* the accuracy gate's bounds: tests/fp8_gate.h */
@@ -52,60 +53,11 @@ static float *rand_rows(int32_t n, int64_t cols, float scale) {
     return x;
 }
 
-typedef struct {
-    int D, KVH, H, P;
-} attn_cfg;
-
 static ns_kv_layout fp8_layout(const attn_cfg *cf, int layers, int pages) {
     ns_kv_layout l = {.n_pages = pages, .page_tokens = cf->P, .n_layers = layers, .n_kv_heads = cf->KVH,
                       .head_dim = cf->D, .dtype = NS_DT_FP8_E4M3};
     l.page_size_bytes = ns_kv_page_bytes(layers, cf->KVH, cf->P, cf->D, NS_DT_FP8_E4M3);
     return l;
-}
-
-/* A ragged step: sequence s adds tokens [ctx[s] - n[s], ctx[s]). */
-typedef struct {
-    ns_batch b;
-    int32_t *tok, *pos, *ss, *sl, *lr;
-} batch_buf;
-
-static void batch_make(batch_buf *bb, const int32_t *ctx, const int32_t *n, int ns, const int32_t *pt,
-                       int32_t max_pages) {
-    int32_t T = 0;
-    for (int s = 0; s < ns; s++) T += n[s];
-    bb->tok = calloc((size_t)T + 1, 4);
-    bb->pos = calloc((size_t)T + 1, 4);
-    bb->ss = calloc((size_t)ns + 1, 4);
-    bb->sl = calloc((size_t)ns + 1, 4);
-    bb->lr = calloc((size_t)T + 1, 4);
-    int32_t t = 0;
-    for (int s = 0; s < ns; s++) {
-        bb->ss[s] = t;
-        bb->sl[s] = ctx[s];
-        for (int32_t i = 0; i < n[s]; i++, t++) {
-            bb->pos[t] = ctx[s] - n[s] + i;
-            bb->tok[t] = 1;
-        }
-    }
-    bb->ss[ns] = t;
-    memset(&bb->b, 0, sizeof bb->b);
-    bb->b.n_tokens = T;
-    bb->b.n_seqs = ns;
-    bb->b.tokens = bb->tok;
-    bb->b.positions = bb->pos;
-    bb->b.seq_start = bb->ss;
-    bb->b.seq_len = bb->sl;
-    bb->b.page_table = pt;
-    bb->b.max_pages = max_pages;
-    bb->b.logit_rows = bb->lr;
-}
-
-static void batch_free(batch_buf *bb) {
-    free(bb->tok);
-    free(bb->pos);
-    free(bb->ss);
-    free(bb->sl);
-    free(bb->lr);
 }
 
 /* Stores random K/V rows of the step in every layer on both backends. */
@@ -166,18 +118,19 @@ TEST(test_fp8_store_bit_exact) {
         const int32_t pt[3 * 3] = {4, 0, 8, 2, 7, 1, 6, 3, 5};
         int32_t ctx[3] = {0, 0, 0};
         for (int step = 0; step < 40; step++) {
-            int32_t c[3], n[3], ptab[9], ns = 0;
+            seq_spec sp[3];
+            int32_t ptab[9], ns = 0;
             for (int s = 0; s < 3; s++) {
                 if (plan[s][step] <= 0) continue;
                 ctx[s] += plan[s][step];
-                c[ns] = ctx[s];
-                n[ns] = plan[s][step];
+                sp[ns].ctx = ctx[s];
+                sp[ns].n = plan[s][step];
                 memcpy(ptab + ns * 3, pt + s * 3, 3 * 4);
                 ns++;
             }
             if (ns == 0) break;
             batch_buf bb;
-            batch_make(&bb, c, n, ns, ptab, 3);
+            batch_make(&bb, sp, ns, ptab, 3);
             store_step(&bb, &cf, layers);
             batch_free(&bb);
         }
@@ -214,9 +167,9 @@ TEST(test_fp8_store_fused_matches_unfused) {
         OK(gpu->ops->tensor_upload(gpu, &fr, inv, &_e));
         const int32_t pt[3 * 2] = {3, 0, 5, 1, 2, 4};
         for (int st = 0; st < steps; st++) {
-            int32_t c[3] = {st + 1, st + 1, st + 1}, n[3] = {1, 1, 1};
+            const seq_spec sp[3] = {{st + 1, 1}, {st + 1, 1}, {st + 1, 1}};
             batch_buf bb;
-            batch_make(&bb, c, n, ns, pt, 2);
+            batch_make(&bb, sp, ns, pt, 2);
             OK(gpu->ops->tensor_upload(gpu, &q, qx + (size_t)st * ns * cf.H * cf.D, &_e));
             OK(gpu->ops->tensor_upload(gpu, &k, kx + (size_t)st * ns * cf.KVH * cf.D, &_e));
             OK(gpu->ops->tensor_upload(gpu, &v, vx + (size_t)st * ns * cf.KVH * cf.D, &_e));
@@ -258,33 +211,6 @@ TEST(test_fp8_store_fused_matches_unfused) {
     free(vx);
 }
 
-/* Per sequence of the step: GPU output vs CPU output. */
-static void check_by_seq(pair *out, const batch_buf *bb, double tol, double row_tol, const char *what) {
-    const int32_t T = bb->b.n_tokens;
-    const size_t C = (size_t)out->cols, n = (size_t)T * C;
-    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
-    OK(cpu->ops->tensor_download(cpu, &out->c, a, &_e));
-    OK(gpu->ops->tensor_download(gpu, &out->g, b, &_e));
-    double worst_seq = 0, worst_row = 0;
-    for (int32_t s = 0; s < bb->b.n_seqs; s++) {
-        const int32_t t0 = bb->b.seq_start[s], t1 = bb->b.seq_start[s + 1];
-        const double e = rel_l2(b + (size_t)t0 * C, a + (size_t)t0 * C, (size_t)(t1 - t0) * C);
-        CHECKF(e <= tol, "%s: sequence %d (ctx %d, %d new): rel L2 %.3g > %.3g", what, s, bb->b.seq_len[s], t1 - t0, e,
-               tol);
-        if (e > worst_seq) worst_seq = e;
-        int bad = 0;
-        for (int32_t t = t0; t < t1; t++) {
-            const double r = rel_l2(b + (size_t)t * C, a + (size_t)t * C, C);
-            if (r > worst_row) worst_row = r;
-            if (!(r <= row_tol) && bad++ < 3)
-                CHECKF(0, "%s: sequence %d row %d: rel L2 %.3g > %.3g", what, s, t - t0, r, row_tol);
-        }
-    }
-    fprintf(stdout, "#   %-56s worst sequence %.3g, worst row %.3g\n", what, worst_seq, worst_row);
-    free(a);
-    free(b);
-}
-
 /* Sequences with final contexts fin[s] of which n[s] are new in the last
  * step; their history is stored first (in chunks of at most 8192), pages
  * shuffled. The last step stores its rows and attends in layer 1; with
@@ -307,22 +233,22 @@ static void attention_case(const attn_cfg *cf, const int32_t *fin, const int32_t
     for (int s = 0; s < ns; s++)
         for (int p = 0; p < (fin[s] + repeat + cf->P - 1) / cf->P; p++) pt[s * max_pages + p] = perm[used++];
     /* history, in chunks */
-    int32_t *done = calloc((size_t)ns, 4), *c = calloc((size_t)ns, 4), *n = calloc((size_t)ns, 4),
-            *hpt = calloc((size_t)ns * max_pages, 4);
+    int32_t *done = calloc((size_t)ns, 4), *hpt = calloc((size_t)ns * max_pages, 4);
+    seq_spec *h = calloc((size_t)ns, sizeof *h);
     for (;;) {
         int hn = 0;
         for (int s = 0; s < ns; s++) {
             const int32_t left = fin[s] - nnew[s] - done[s];
             if (left <= 0) continue;
-            n[hn] = left < 8192 ? left : 8192;
-            done[s] += n[hn];
-            c[hn] = done[s];
+            h[hn].n = left < 8192 ? left : 8192;
+            done[s] += h[hn].n;
+            h[hn].ctx = done[s];
             memcpy(hpt + (size_t)hn * max_pages, pt + (size_t)s * max_pages, (size_t)max_pages * 4);
             hn++;
         }
         if (hn == 0) break;
         batch_buf hb;
-        batch_make(&hb, c, n, hn, hpt, max_pages);
+        batch_make(&hb, h, hn, hpt, max_pages);
         store_step(&hb, cf, layers);
         batch_free(&hb);
     }
@@ -335,14 +261,15 @@ static void attention_case(const attn_cfg *cf, const int32_t *fin, const int32_t
     pair_alloc(&v, T, cf->KVH * cf->D);
     const float scale = 1.0f / sqrtf((float)cf->D);
     for (int r = 0; r < repeat; r++) {
-        int32_t *cc = malloc((size_t)ns * 4), *nn = malloc((size_t)ns * 4), TT = 0;
+        seq_spec *sp = malloc((size_t)ns * sizeof *sp);
+        int32_t TT = 0;
         for (int s = 0; s < ns; s++) {
-            nn[s] = r == 0 ? nnew[s] : 1;
-            cc[s] = fin[s] + r;
-            TT += nn[s];
+            sp[s].n = r == 0 ? nnew[s] : 1;
+            sp[s].ctx = fin[s] + r;
+            TT += sp[s].n;
         }
         batch_buf bb;
-        batch_make(&bb, cc, nn, ns, pt, max_pages);
+        batch_make(&bb, sp, ns, pt, max_pages);
         ns_tensor vq[2] = {q.c, q.g}, vo[2] = {out.c, out.g}, vk[2] = {k.c, k.g}, vv[2] = {v.c, v.g};
         for (int i = 0; i < 2; i++) vq[i].rows = vo[i].rows = vk[i].rows = vv[i].rows = TT;
         pair pq = {vq[0], vq[1], TT, q.cols}, po = {vo[0], vo[1], TT, out.cols}, pk = {vk[0], vk[1], TT, k.cols},
@@ -369,8 +296,7 @@ static void attention_case(const attn_cfg *cf, const int32_t *fin, const int32_t
         free(qx);
         free(kx);
         free(vx);
-        free(cc);
-        free(nn);
+        free(sp);
     }
     pair_free(&q);
     pair_free(&out);
@@ -381,8 +307,7 @@ static void attention_case(const attn_cfg *cf, const int32_t *fin, const int32_t
     free(perm);
     free(pt);
     free(done);
-    free(c);
-    free(n);
+    free(h);
     free(hpt);
 }
 
