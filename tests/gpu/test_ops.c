@@ -407,6 +407,33 @@ static void store_random_kv(const batch_buf *bb, const attn_cfg *cf, int layers)
     pair_free(&v);
 }
 
+/* Stores random K/V (store_random_kv) for the history of the ns
+ * sequences fin, the ctx - n tokens before each one's new tokens, in one
+ * batch over their page tables pt (ns rows of max_pages); sequences
+ * without history are left out. */
+static void store_history(const attn_cfg *cf, const seq_spec *fin, int ns, const int32_t *pt, int32_t max_pages,
+                          int layers) {
+    seq_spec *hist = calloc((size_t)ns, sizeof *hist);
+    int32_t *hist_pt = calloc((size_t)ns * max_pages, 4);
+    int nh = 0;
+    for (int s = 0; s < ns; s++) {
+        if (fin[s].ctx - fin[s].n <= 0) continue;
+        hist[nh].ctx = hist[nh].n = fin[s].ctx - fin[s].n;
+        memcpy(hist_pt + (size_t)nh * max_pages, pt + (size_t)s * max_pages, (size_t)max_pages * 4);
+        nh++;
+    }
+    if (nh > 0) {
+        batch_buf hb;
+        batch_make(&hb, hist, nh, hist_pt, max_pages);
+        OK(cpu->ops->set_batch(cpu, &hb.b, &_e));
+        OK(gpu->ops->set_batch(gpu, &hb.b, &_e));
+        store_random_kv(&hb, cf, layers);
+        batch_free(&hb);
+    }
+    free(hist);
+    free(hist_pt);
+}
+
 /* Buffers of one attention step, kept across repetitions so a repeated
  * decode step records the same tape (graph capture and replay). */
 typedef struct {
@@ -434,9 +461,9 @@ static void attn_bufs_free(attn_bufs *ab) {
 }
 
 /* Uploads fresh q/k/v (before set_batch, so the step's ops form one
- * tape), stores K/V of both layers and attends in `layer`. */
-static void attention_run(attn_bufs *ab, const batch_buf *bb, const attn_cfg *cf, int layer, double tol,
-                          const char *what) {
+ * tape), poisons the output, sets the batch and stores the new tokens'
+ * K/V in layers 0 and 1. */
+static void attention_inputs(attn_bufs *ab, const batch_buf *bb, const attn_cfg *cf) {
     const int32_t T = ab->T;
     float *qx = rand_vec((size_t)T * cf->H * cf->D, 1.0f, 1);
     pair_set(&ab->q, qx);
@@ -455,12 +482,19 @@ static void attention_run(attn_bufs *ab, const batch_buf *bb, const attn_cfg *cf
         cpu->ops->kv_store(cpu, l, &ab->k[l].c, &ab->v[l].c);
         gpu->ops->kv_store(gpu, l, &ab->k[l].g, &ab->v[l].g);
     }
+}
+
+/* One attention step on ab's buffers: fresh inputs (attention_inputs),
+ * then attention in `layer`, compared over the whole batch. */
+static void attention_run(attn_bufs *ab, const batch_buf *bb, const attn_cfg *cf, int layer, double tol,
+                          const char *what) {
+    attention_inputs(ab, bb, cf);
     float scale = 1.0f / sqrtf((float)cf->D);
     cpu->ops->attention(cpu, &ab->out.c, &ab->q.c, layer, cf->H, scale);
     gpu->ops->attention(gpu, &ab->out.g, &ab->q.g, layer, cf->H, scale);
     char buf[120];
     snprintf(buf, sizeof buf, "attention D=%d H=%d KVH=%d P=%d %s", cf->D, cf->H, cf->KVH, cf->P, what);
-    pair_check(&ab->out, T, tol, buf);
+    pair_check(&ab->out, ab->T, tol, buf);
 }
 
 static void attention_step(const batch_buf *bb, const attn_cfg *cf, int layer, double tol, const char *what) {
@@ -488,22 +522,7 @@ static void attention_config(const attn_cfg *cf) {
     for (int s = 0; s < NS; s++)
         for (int p = 0; p < max_pages && used < pages; p++) pt[s * max_pages + p] = perm[used++];
     /* history first (everything before the step's new tokens) */
-    seq_spec hist[NS];
-    int nh = 0;
-    int32_t *hist_pt = calloc((size_t)NS * max_pages, 4);
-    for (int s = 0; s < NS; s++) {
-        if (fin[s].ctx - fin[s].n <= 0) continue;
-        hist[nh].ctx = fin[s].ctx - fin[s].n;
-        hist[nh].n = hist[nh].ctx;
-        memcpy(hist_pt + nh * max_pages, pt + s * max_pages, (size_t)max_pages * 4);
-        nh++;
-    }
-    batch_buf hb;
-    batch_make(&hb, hist, nh, hist_pt, max_pages);
-    OK(cpu->ops->set_batch(cpu, &hb.b, &_e));
-    OK(gpu->ops->set_batch(gpu, &hb.b, &_e));
-    store_random_kv(&hb, cf, layers);
-    batch_free(&hb);
+    store_history(cf, fin, NS, pt, max_pages, layers);
 
     batch_buf bb;
     batch_make(&bb, fin, NS, pt, max_pages);
@@ -530,7 +549,6 @@ static void attention_config(const attn_cfg *cf) {
     gpu->ops->kv_free(gpu);
     free(perm);
     free(pt);
-    free(hist_pt);
     free(dpt);
 }
 
@@ -569,18 +587,12 @@ TEST(test_attention_long_decode_splits) {
     int next = pages - 1;
     for (int s = 0; s < 3; s++)
         for (int p = 0; p < (ctx[s] + cf.P - 1) / cf.P; p++) pt[s * max_pages + p] = next--; /* reversed order */
-    seq_spec hist[3], dec[3];
+    seq_spec dec[3];
     for (int s = 0; s < 3; s++) {
-        hist[s].ctx = hist[s].n = ctx[s] - 1;
         dec[s].ctx = ctx[s];
         dec[s].n = 1;
     }
-    batch_buf hb;
-    batch_make(&hb, hist, 3, pt, max_pages);
-    OK(cpu->ops->set_batch(cpu, &hb.b, &_e));
-    OK(gpu->ops->set_batch(gpu, &hb.b, &_e));
-    store_random_kv(&hb, &cf, layers);
-    batch_free(&hb);
+    store_history(&cf, dec, 3, pt, max_pages, layers); /* the ctx - 1 tokens before each decode row */
     batch_buf db;
     batch_make(&db, dec, 3, pt, max_pages);
     /* a recorded decode step (its kernels get the early-load flag) three
@@ -636,46 +648,13 @@ static void attention_batch(const attn_cfg *cf, const seq_spec *fin, int ns, dou
     int used = 0;
     for (int s = 0; s < ns; s++)
         for (int p = 0; p < (fin[s].ctx + cf->P - 1) / cf->P; p++) pt[s * max_pages + p] = perm[used++];
-    seq_spec *hist = calloc((size_t)ns, sizeof *hist);
-    int32_t *hist_pt = calloc((size_t)ns * max_pages, 4);
-    int nh = 0;
-    for (int s = 0; s < ns; s++) {
-        if (fin[s].ctx - fin[s].n <= 0) continue;
-        hist[nh].ctx = hist[nh].n = fin[s].ctx - fin[s].n;
-        memcpy(hist_pt + (size_t)nh * max_pages, pt + (size_t)s * max_pages, (size_t)max_pages * 4);
-        nh++;
-    }
-    if (nh > 0) {
-        batch_buf hb;
-        batch_make(&hb, hist, nh, hist_pt, max_pages);
-        OK(cpu->ops->set_batch(cpu, &hb.b, &_e));
-        OK(gpu->ops->set_batch(gpu, &hb.b, &_e));
-        store_random_kv(&hb, cf, layers);
-        batch_free(&hb);
-    }
+    store_history(cf, fin, ns, pt, max_pages, layers);
     batch_buf bb;
     batch_make(&bb, fin, ns, pt, max_pages);
     attn_bufs ab;
     attn_bufs_alloc(&ab, bb.b.n_tokens, cf);
     /* fresh q/k/v, new tokens' K/V stored, attention in layer 1 */
-    const int32_t T = ab.T;
-    float *qx = rand_vec((size_t)T * cf->H * cf->D, 1.0f, 1);
-    pair_set(&ab.q, qx);
-    free(qx);
-    for (int l = 0; l < 2; l++) {
-        float *kx = rand_vec((size_t)T * cf->KVH * cf->D, 1.0f, 1), *vx = rand_vec((size_t)T * cf->KVH * cf->D, 1.0f, 1);
-        pair_set(&ab.k[l], kx);
-        pair_set(&ab.v[l], vx);
-        free(kx);
-        free(vx);
-    }
-    pair_poison(&ab.out);
-    OK(cpu->ops->set_batch(cpu, &bb.b, &_e));
-    OK(gpu->ops->set_batch(gpu, &bb.b, &_e));
-    for (int l = 0; l < 2; l++) {
-        cpu->ops->kv_store(cpu, l, &ab.k[l].c, &ab.v[l].c);
-        gpu->ops->kv_store(gpu, l, &ab.k[l].g, &ab.v[l].g);
-    }
+    attention_inputs(&ab, &bb, cf);
     const float scale = 1.0f / sqrtf((float)cf->D);
     cpu->ops->attention(cpu, &ab.out.c, &ab.q.c, 1, cf->H, scale);
     for (int i = 0; i < (sw ? sw->n : 1); i++) {
@@ -694,8 +673,6 @@ static void attention_batch(const attn_cfg *cf, const seq_spec *fin, int ns, dou
     gpu->ops->kv_free(gpu);
     free(perm);
     free(pt);
-    free(hist);
-    free(hist_pt);
 }
 
 /* Prefill chunks of lengths 1, 15, 16, 17, 4095, 4097 after prefixes of
