@@ -8,7 +8,10 @@
  * picks its stream, so a file's inputs do not change when another file's
  * tests do. Also random GGUF blocks (random_block / random_weight: scales
  * and quants random and nonzero), as the host bytes of a quantized weight.
- * Header-only (static), like tests/test.h. */
+ * Opt-in sections, each defined before the include: GPU_TEST_PAIRS (OK(),
+ * rel_l2, a tensor on both backends), GPU_TEST_ATTENTION (ragged paged
+ * batches and the per-sequence check), GPU_TEST_MODELS (a GGUF fixture
+ * with an engine). Header-only (static), like tests/test.h. */
 #ifndef NS_TESTS_GPU_TEST_H
 #define NS_TESTS_GPU_TEST_H
 
@@ -331,5 +334,38 @@ static inline void check_by_seq(pair *out, const batch_buf *bb, double tol, doub
     free(b);
 }
 #endif /* GPU_TEST_ATTENTION */
+
+#ifdef GPU_TEST_MODELS
+/* Opt-in (define GPU_TEST_MODELS after test.h): a GGUF fixture loaded on
+ * one backend with a small engine, shared by test_quant_cuda.c and
+ * test_moe_cuda.c (they compare the same file on the CPU and CUDA). */
+#include "engine/engine.h"
+#include "model/model.h"
+
+typedef struct {
+    ns_model *m;
+    ns_engine *e;
+} loaded;
+
+/* Loads path on be with an engine of 64 batch tokens, 64 logit rows and
+ * 64 pages of 16 tokens (KV BF16 on the GPU, F32 on the CPU). False (and
+ * a failed CHECKF) when either fails; L owns what was made either way:
+ * unload_model frees it. */
+static inline bool load_model(ns_backend *be, const char *path, loaded *L) {
+    ns_error err = {0};
+    memset(L, 0, sizeof *L);
+    CHECKF(ns_model_load(path, be, &L->m, &err) == NS_OK, "%s (%s): %s", path, be->ops->name, err.msg);
+    if (!L->m) return false;
+    ns_engine_opts eo = {.max_batch_tokens = 64, .max_logits = 64, .page_tokens = 16, .n_pages = 64,
+                         .kv_dtype = be == gpu ? NS_DT_BF16 : NS_DT_F32};
+    CHECKF(ns_engine_create(L->m, &eo, &L->e, &err) == NS_OK, "%s", err.msg);
+    return L->e != NULL;
+}
+
+static inline void unload_model(loaded *L) {
+    ns_engine_free(L->e);
+    ns_model_free(L->m);
+}
+#endif /* GPU_TEST_MODELS */
 
 #endif

@@ -41,6 +41,7 @@
 
 #define GPU_TEST_SEED 0x9e3779b97f4a7c15ULL
 #define GPU_TEST_PAIRS /* OK(), pair (pair_alloc/upload/free) */
+#define GPU_TEST_MODELS /* loaded, load_model, unload_model */
 #include "gpu_test.h"
 
 static float *rand_vec(size_t n, float scale) {
@@ -319,20 +320,28 @@ TEST(test_moe_chunked_prefill) {
     moe_cases(64, 32, cs, 1, "H=64 F=32");
 }
 
+/* A second CUDA backend made with the environment switches names[i] =
+ * values[i] set, and unset again right after, so the main backend and
+ * later ones keep the defaults. NULL (and a failed CHECKF) when it cannot
+ * be made; the caller destroys it. */
+static ns_backend *alt_backend(const char *const *names, const char *const *values, int n) {
+    for (int i = 0; i < n; i++) setenv(names[i], values[i], 1);
+    ns_backend *g2 = NULL;
+    ns_error err = {0};
+    ns_status rc = ns_backend_cuda_create(0, &g2, &err);
+    for (int i = 0; i < n; i++) unsetenv(names[i]);
+    CHECKF(rc == NS_OK, "second cuda backend: %s", err.msg);
+    return rc == NS_OK ? g2 : NULL;
+}
+
 TEST(test_moe_alternative_paths) {
     /* NS_CUDA_MOE_FUSE=0: decode routing as two launches (router logits,
      * then top-k) instead of the fused router whose last block selects;
      * NS_CUDA_MOE_GGEMV=1: a few rows per expert through grouped GEMVs
      * instead of 16-row GEMM tiles */
-    setenv("NS_CUDA_MOE_FUSE", "0", 1);
-    setenv("NS_CUDA_MOE_GGEMV", "1", 1);
-    ns_backend *g2 = NULL, *keep = gpu;
-    ns_error err = {0};
-    ns_status rc = ns_backend_cuda_create(0, &g2, &err);
-    unsetenv("NS_CUDA_MOE_FUSE");
-    unsetenv("NS_CUDA_MOE_GGEMV");
-    CHECKF(rc == NS_OK, "second cuda backend: %s", err.msg);
-    if (rc != NS_OK) return;
+    static const char *const names[] = {"NS_CUDA_MOE_FUSE", "NS_CUDA_MOE_GGEMV"}, *const values[] = {"0", "1"};
+    ns_backend *g2 = alt_backend(names, values, 2), *keep = gpu;
+    if (!g2) return;
     gpu = g2;
     static const moe_case cs[] = {{1, 128, 8, true},  {2, 8, 2, false},  {4, 64, 8, true},
                                   {7, 8, 2, true},    {64, 128, 8, true}, {64, 64, 2, false}};
@@ -442,17 +451,10 @@ TEST(test_moe_quant_alternative_paths) {
     /* batched decode through the experts' bf16 copies (NS_CUDA_MOE_QGGEMV=0)
      * and the bf16 grouped GEMVs (NS_CUDA_MOE_GGEMV=1), and the unfused
      * decode routing */
-    setenv("NS_CUDA_MOE_FUSE", "0", 1);
-    setenv("NS_CUDA_MOE_GGEMV", "1", 1);
-    setenv("NS_CUDA_MOE_QGGEMV", "0", 1);
-    ns_backend *g2 = NULL, *keep = gpu;
-    ns_error err = {0};
-    ns_status rc = ns_backend_cuda_create(0, &g2, &err);
-    unsetenv("NS_CUDA_MOE_FUSE");
-    unsetenv("NS_CUDA_MOE_GGEMV");
-    unsetenv("NS_CUDA_MOE_QGGEMV");
-    CHECKF(rc == NS_OK, "second cuda backend: %s", err.msg);
-    if (rc != NS_OK) return;
+    static const char *const names[] = {"NS_CUDA_MOE_FUSE", "NS_CUDA_MOE_GGEMV", "NS_CUDA_MOE_QGGEMV"},
+                             *const values[] = {"0", "1", "0"};
+    ns_backend *g2 = alt_backend(names, values, 3), *keep = gpu;
+    if (!g2) return;
     gpu = g2;
     static const qpair ts[] = {{NS_DT_Q4_K, NS_DT_Q6_K}, {NS_DT_Q8_0, NS_DT_Q4_0}};
     qmoe_cases(ts, 2, "alt paths quant");
@@ -499,27 +501,6 @@ TEST(test_moe_quant_mixed_stack_fails) {
 }
 
 /* ------------------------------------------------- GGUF MoE fixtures */
-
-typedef struct {
-    ns_model *m;
-    ns_engine *e;
-} loaded;
-
-static bool load_model(ns_backend *be, const char *path, loaded *L) {
-    ns_error err = {0};
-    memset(L, 0, sizeof *L);
-    CHECKF(ns_model_load(path, be, &L->m, &err) == NS_OK, "%s (%s): %s", path, be->ops->name, err.msg);
-    if (!L->m) return false;
-    ns_engine_opts eo = {.max_batch_tokens = 64, .max_logits = 64, .page_tokens = 16, .n_pages = 64,
-                         .kv_dtype = be == gpu ? NS_DT_BF16 : NS_DT_F32};
-    CHECKF(ns_engine_create(L->m, &eo, &L->e, &err) == NS_OK, "%s", err.msg);
-    return L->e != NULL;
-}
-
-static void unload_model(loaded *L) {
-    ns_engine_free(L->e);
-    ns_model_free(L->m);
-}
 
 typedef struct {
     int32_t vocab, n;

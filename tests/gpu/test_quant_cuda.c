@@ -58,6 +58,7 @@
 
 #define GPU_TEST_SEED 0x9e3779b97f4a7c15ULL
 #define GPU_TEST_PAIRS /* OK(), rel_l2() */
+#define GPU_TEST_MODELS /* loaded, load_model, unload_model */
 #include "gpu_test.h"
 
 static double rel_l2d(const float *a, const double *ref, size_t n) {
@@ -225,29 +226,6 @@ TEST(test_quant_embed) {
 /* ------------------------------------------------------ GGUF fixtures */
 
 typedef struct {
-    ns_backend *be;
-    ns_model *m;
-    ns_engine *e;
-} loaded;
-
-static bool load(ns_backend *be, const char *path, loaded *L) {
-    ns_error err = {0};
-    memset(L, 0, sizeof *L);
-    L->be = be;
-    CHECKF(ns_model_load(path, be, &L->m, &err) == NS_OK, "%s (%s): %s", path, be->ops->name, err.msg);
-    if (!L->m) return false;
-    ns_engine_opts eo = {.max_batch_tokens = 64, .max_logits = 64, .page_tokens = 16, .n_pages = 64,
-                         .kv_dtype = be == gpu ? NS_DT_BF16 : NS_DT_F32};
-    CHECKF(ns_engine_create(L->m, &eo, &L->e, &err) == NS_OK, "%s", err.msg);
-    return L->e != NULL;
-}
-
-static void unload(loaded *L) {
-    ns_engine_free(L->e);
-    ns_model_free(L->m);
-}
-
-typedef struct {
     int32_t vocab;
     float *all; /* [n, vocab] */
 } rows_ctx;
@@ -338,9 +316,9 @@ static void check_fixture(const char *file, double tol) {
     snprintf(path, sizeof path, "%s/gguf/%s.gguf", test_shared_path(""), file);
     snprintf(ref, sizeof ref, "%s/gguf/%s.llama.jsonl", test_shared_path(""), file);
     loaded C, G;
-    if (!load(cpu, path, &C)) return;
-    if (!load(gpu, path, &G)) {
-        unload(&C);
+    if (!load_model(cpu, path, &C)) return;
+    if (!load_model(gpu, path, &G)) {
+        unload_model(&C);
         return;
     }
     int64_t r0 = 0, r1 = 0, cap, eager;
@@ -368,8 +346,8 @@ static void check_fixture(const char *file, double tol) {
     CHECKF(prompts > 0, "%s: no prompts", ref);
     printf("#   %s: max |cuda - cpu| over the top-64 = %.3g (tolerance %g); %lld graph replays\n", file, max_err, tol,
            (long long)(r1 - r0));
-    unload(&G);
-    unload(&C);
+    unload_model(&G);
+    unload_model(&C);
 }
 
 /* (stories260K's heads of 8 dimensions are below what the CUDA attention
