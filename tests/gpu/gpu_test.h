@@ -337,7 +337,7 @@ static inline void check_by_seq(pair *out, const batch_buf *bb, double tol, doub
 
 #ifdef GPU_TEST_MODELS
 /* Opt-in (define GPU_TEST_MODELS after test.h): a GGUF fixture loaded on
- * one backend with a small engine, shared by test_quant_cuda.c and
+ * a backend with a small engine, and on both with its reference, shared by test_quant_cuda.c and
  * test_moe_cuda.c (they compare the same file on the CPU and CUDA). */
 #include "engine/engine.h"
 #include "model/model.h"
@@ -365,6 +365,25 @@ static inline bool load_model(ns_backend *be, const char *path, loaded *L) {
 static inline void unload_model(loaded *L) {
     ns_engine_free(L->e);
     ns_model_free(L->m);
+}
+
+/* The fixture gguf/<name>.gguf (under test_shared_path) loaded on the CPU
+ * (C) and the GPU (G), and its llama.cpp reference gguf/<name>.llama.jsonl
+ * opened into *f (the caller closes it; NULL after a failed CHECKF when it
+ * cannot be opened); ref receives that path, for messages. False when a
+ * load failed: then nothing is left loaded and no file is open. */
+static inline bool fixture_open(const char *name, loaded *C, loaded *G, char *ref, size_t ref_size, FILE **f) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/gguf/%s.gguf", test_shared_path(""), name);
+    snprintf(ref, ref_size, "%s/gguf/%s.llama.jsonl", test_shared_path(""), name);
+    if (!load_model(cpu, path, C)) return false;
+    if (!load_model(gpu, path, G)) {
+        unload_model(C);
+        return false;
+    }
+    *f = fopen(ref, "r");
+    CHECKF(*f != NULL, "%s: cannot open", ref);
+    return true;
 }
 #endif /* GPU_TEST_MODELS */
 

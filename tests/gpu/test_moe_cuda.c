@@ -141,16 +141,23 @@ typedef struct {
     uint8_t **host;       /* quantized experts: the 3E host block buffers (the CPU backend uses them in place) */
 } moe_w;
 
-static void moe_w_make(moe_w *w, int E, int H, int F, uint64_t seed) {
+/* The shape, the BF16 router (random with seed, on both backends, and its
+ * host copy) and the empty 3E expert slots of w; moe_w_free frees them. */
+static void moe_router_make(moe_w *w, int E, int H, int F, uint64_t seed) {
     memset(w, 0, sizeof *w);
     w->E = E, w->H = H, w->F = F;
-    const float rs_ = 2.0f / sqrtf((float)H), gs = 1.0f / sqrtf((float)H), ds = 1.0f / sqrtf((float)F);
+    const float rs_ = 2.0f / sqrtf((float)H);
     OK(cpu->ops->weight_random(cpu, &w->rc, NS_DT_BF16, E, H, seed, rs_, &_e));
     OK(gpu->ops->weight_random(gpu, &w->rg, NS_DT_BF16, E, H, seed, rs_, &_e));
     w->router_host = malloc((size_t)E * H * 4);
     OK(cpu->ops->tensor_download(cpu, &w->rc, w->router_host, &_e));
     w->xc = calloc((size_t)3 * E, sizeof *w->xc);
     w->xg = calloc((size_t)3 * E, sizeof *w->xg);
+}
+
+static void moe_w_make(moe_w *w, int E, int H, int F, uint64_t seed) {
+    moe_router_make(w, E, H, F, seed);
+    const float gs = 1.0f / sqrtf((float)H), ds = 1.0f / sqrtf((float)F);
     for (int i = 0; i < 3 * E; i++) {
         const int down = i >= 2 * E;
         const int64_t r = down ? H : F, cl = down ? F : H;
@@ -356,15 +363,7 @@ TEST(test_moe_alternative_paths) {
  * down of type td, the same host bytes uploaded to both backends; the
  * router BF16 as in moe_w_make. */
 static void qmoe_w_make(moe_w *w, int E, int H, int F, ns_dtype tgu, ns_dtype td, uint64_t seed) {
-    memset(w, 0, sizeof *w);
-    w->E = E, w->H = H, w->F = F;
-    const float rs_ = 2.0f / sqrtf((float)H);
-    OK(cpu->ops->weight_random(cpu, &w->rc, NS_DT_BF16, E, H, seed, rs_, &_e));
-    OK(gpu->ops->weight_random(gpu, &w->rg, NS_DT_BF16, E, H, seed, rs_, &_e));
-    w->router_host = malloc((size_t)E * H * 4);
-    OK(cpu->ops->tensor_download(cpu, &w->rc, w->router_host, &_e));
-    w->xc = calloc((size_t)3 * E, sizeof *w->xc);
-    w->xg = calloc((size_t)3 * E, sizeof *w->xg);
+    moe_router_make(w, E, H, F, seed);
     w->host = calloc((size_t)3 * E, sizeof *w->host);
     for (int i = 0; i < 3 * E; i++) {
         const int down = i >= 2 * E;
@@ -588,19 +587,12 @@ static void gguf_prompt(const char *file, loaded *C, loaded *G, json_t *j, doubl
  * on these files (tests/unit/model/test_gguf_logits.c). */
 static void gguf_moe_fixture(const char *name) {
     const double tol = 1.0;
-    char path[1024], ref[1024];
-    snprintf(path, sizeof path, "%s/gguf/%s.gguf", test_shared_path(""), name);
-    snprintf(ref, sizeof ref, "%s/gguf/%s.llama.jsonl", test_shared_path(""), name);
+    char ref[1024];
     loaded C, G;
-    if (!load_model(cpu, path, &C)) return;
-    if (!load_model(gpu, path, &G)) {
-        unload_model(&C);
-        return;
-    }
+    FILE *f = NULL;
+    if (!fixture_open(name, &C, &G, ref, sizeof ref, &f)) return;
     int64_t r0 = 0, r1 = 0, cap, eager;
     ns_cuda_graph_stats(gpu, &r0, &cap, &eager);
-    FILE *f = fopen(ref, "r");
-    CHECKF(f != NULL, "%s: cannot open", ref);
     double el = 0, ec = 0;
     int steps = 0, prompts = 0;
     static char line[1 << 16];

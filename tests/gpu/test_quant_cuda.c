@@ -312,19 +312,12 @@ static void check_prompt(const char *name, loaded *C, loaded *G, const int32_t *
 }
 
 static void check_fixture(const char *file, double tol) {
-    char path[1024], ref[1024];
-    snprintf(path, sizeof path, "%s/gguf/%s.gguf", test_shared_path(""), file);
-    snprintf(ref, sizeof ref, "%s/gguf/%s.llama.jsonl", test_shared_path(""), file);
+    char ref[1024];
     loaded C, G;
-    if (!load_model(cpu, path, &C)) return;
-    if (!load_model(gpu, path, &G)) {
-        unload_model(&C);
-        return;
-    }
+    FILE *f = NULL;
+    if (!fixture_open(file, &C, &G, ref, sizeof ref, &f)) return;
     int64_t r0 = 0, r1 = 0, cap, eager;
     ns_cuda_graph_stats(gpu, &r0, &cap, &eager);
-    FILE *f = fopen(ref, "r");
-    CHECKF(f != NULL, "%s: cannot open", ref);
     double max_err = 0;
     char line[1 << 16];
     int prompts = 0;
