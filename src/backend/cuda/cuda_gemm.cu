@@ -438,8 +438,16 @@ __device__ __forceinline__ void dec_store(const gemv_segs &sg, const dec_side &s
     }
 }
 
+/* Batch 1 runs under __launch_bounds__(128, 7): without a bound ptxas gives
+ * the folds 70-80 registers against k_gemv's 56-64, and the lost
+ * occupancy (35-39% against 46-54%, ncu) cost more than the two kernels
+ * the folds remove. 7 blocks (72 registers, no spill in the NC variants)
+ * measured 4.79 ms/step at 1k against 5.08 under 8 (64 registers, spills)
+ * and 5.06 unbounded, still above the unfused 4.57 (docs/cuda.md v20).
+ * Batch 2 stays unbounded (under 8 it spills ~400 bytes). */
 template <int N, int KS, bool SW, bool NORM, bool ADD, bool NC>
-__global__ __launch_bounds__(128) void k_gemv_dec(gemv_segs sg, const float *__restrict__ x, int K, dec_side sd) {
+__global__ __launch_bounds__(128, N == 1 ? 7 : 1) void k_gemv_dec(gemv_segs sg, const float *__restrict__ x, int K,
+                                                                 dec_side sd) {
     /* sd.early: the first weight loads go out before the PDL wait (weights
      * are never written by a kernel of the tape), so they stream during
      * the tail of the GEMV before instead of after its end */
