@@ -60,6 +60,20 @@ static ns_kv_layout fp8_layout(const attn_cfg *cf, int layers, int pages) {
     return l;
 }
 
+/* Magnitudes by position for test_fp8_decode_scale_range (NULL: 1): the
+ * K/V rows at position pos are multiplied by g_kmag(pos) / g_vmag(pos),
+ * the query rows by g_qmag. */
+static float (*g_kmag)(int32_t pos), (*g_vmag)(int32_t pos);
+static float g_qmag = 1.0f;
+
+static void scale_rows(float *x, const batch_buf *bb, int64_t cols, float (*mag)(int32_t)) {
+    if (!mag) return;
+    for (int32_t r = 0; r < bb->b.n_tokens; r++) {
+        const float f = mag(bb->pos[r]);
+        for (int64_t c = 0; c < cols; c++) x[(size_t)r * cols + c] *= f;
+    }
+}
+
 /* Stores random K/V rows of the step in every layer on both backends. */
 static void store_step(const batch_buf *bb, const attn_cfg *cf, int layers) {
     const int32_t T = bb->b.n_tokens;
@@ -70,6 +84,8 @@ static void store_step(const batch_buf *bb, const attn_cfg *cf, int layers) {
     OK(gpu->ops->set_batch(gpu, &bb->b, &_e));
     for (int l = 0; l < layers; l++) {
         float *kx = rand_rows(T, cf->KVH * cf->D, 1.0f), *vx = rand_rows(T, cf->KVH * cf->D, 2.0f);
+        scale_rows(kx, bb, cf->KVH * cf->D, g_kmag);
+        scale_rows(vx, bb, cf->KVH * cf->D, g_vmag);
         pair_set(&k, kx);
         pair_set(&v, vx);
         cpu->ops->kv_store(cpu, l, &k.c, &v.c);
@@ -276,6 +292,9 @@ static void attention_case(const attn_cfg *cf, const int32_t *fin, const int32_t
              pv = {vv[0], vv[1], TT, v.cols};
         float *qx = rand_rows(TT, cf->H * cf->D, 1.0f), *kx = rand_rows(TT, cf->KVH * cf->D, 1.0f),
               *vx = rand_rows(TT, cf->KVH * cf->D, 2.0f);
+        for (size_t i = 0; i < (size_t)TT * cf->H * cf->D; i++) qx[i] *= g_qmag;
+        scale_rows(kx, &bb, cf->KVH * cf->D, g_kmag);
+        scale_rows(vx, &bb, cf->KVH * cf->D, g_vmag);
         pair_set(&pq, qx);
         pair_poison(&po);
         pair_set(&pk, kx);
@@ -338,6 +357,42 @@ TEST(test_fp8_decode_attention) {
     }
     ns_cuda_set_fp8_dec(gpu, 0);
     ns_cuda_set_fp8_qreg(gpu, 1);
+    ns_cuda_set_fp8_mma(gpu, 2);
+    ns_cuda_set_fp8_bulk(gpu, fp8_bulk_default);
+}
+
+/* Page magnitudes far apart (factors up to 2^27 between neighbours), all-
+ * zero K and V pages, and queries of 1e6 (times 1/sqrt(D) still past f16's
+ * range) against keys of 1e-6: the f16 tile step of the bulk-copy kernel
+ * pre-scales q, folds the K scale into the scores and keeps o in a V scale
+ * basis (dm8_warp_loop); every decode kernel must match the CPU. */
+static float kmag(int32_t pos) {
+    static const float m[4] = {1e-6f, 2e-6f, 0.0f, 3e-6f};
+    return m[(pos / 16) % 4];
+}
+static float vmag(int32_t pos) {
+    static const float m[5] = {1.0f, 1e-5f, 1e3f, 0.0f, 3e-2f};
+    return m[(pos / 16) % 5];
+}
+TEST(test_fp8_decode_scale_range) {
+    const int32_t ctx[] = {4097, 1000, 129, 17}, one[] = {1, 1, 1, 1};
+    const attn_cfg cfgs[] = {{128, 2, 8, 16}, {64, 2, 8, 32}};
+    static const char *const names[3] = {"CUDA cores", "tensor cores, cp.async rows", "tensor cores, bulk copies"};
+    const int fp8_bulk_default = ns_cuda_get_fp8_bulk(gpu);
+    g_kmag = kmag;
+    g_vmag = vmag;
+    g_qmag = 1e6f;
+    for (int mode = 0; mode < 3; mode++) {
+        ns_cuda_set_fp8_mma(gpu, mode > 0);
+        ns_cuda_set_fp8_bulk(gpu, mode == 2);
+        for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+            char what[96];
+            snprintf(what, sizeof what, "scale range D=%d (%s)", cfgs[i].D, names[mode]);
+            attention_case(&cfgs[i], ctx, one, 4, 1e-4, 1e-3, 3, what);
+        }
+    }
+    g_kmag = g_vmag = NULL;
+    g_qmag = 1.0f;
     ns_cuda_set_fp8_mma(gpu, 2);
     ns_cuda_set_fp8_bulk(gpu, fp8_bulk_default);
 }
@@ -571,6 +626,7 @@ int main(void) {
     RUN(test_fp8_store_bit_exact);
     RUN(test_fp8_store_fused_matches_unfused);
     RUN(test_fp8_decode_attention);
+    RUN(test_fp8_decode_scale_range);
     RUN(test_fp8_prefill_attention);
     RUN(test_fp8_attention_40k);
     RUN(test_fp8_accuracy_tiny_qwen3);

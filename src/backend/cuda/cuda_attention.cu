@@ -117,6 +117,16 @@ __device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* The same on f16 operands (the FP8 decode tiles: an e4m3 code is exact in
+ * f16, one cvt per two codes). */
+__device__ __forceinline__ void mma_f16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 
 #define PF_BM 64
 #define PF_BN 64
@@ -584,6 +594,16 @@ __device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uin
     lo = *reinterpret_cast<const uint32_t *>(&l);
 }
 
+/* The f16 version (~22 mantissa bits in the pair; the values are
+ * pre-scaled into f16's normal range, see dm_load_q and dm_tile). */
+__device__ __forceinline__ void split_f16x2(float a, float b, uint32_t &hi, uint32_t &lo) {
+    const __half2 h = __floats2half2_rn(a, b);
+    const float2 hf = __half22float2(h);
+    const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
+    hi = *reinterpret_cast<const uint32_t *>(&h);
+    lo = *reinterpret_cast<const uint32_t *>(&l);
+}
+
 /* K/V tile loading of k_attn_decode_mma (NS_CUDA_DEC_LOAD, cuda.h):
  * DM_LOAD_CPASYNC  16-byte cp.async per thread and row chunk, page ids
  *                  looked up when the tile is issued (v13);
@@ -708,11 +728,17 @@ __device__ __forceinline__ void dm_finish(const attn_params &p, uint8_t *dsm, fl
 }
 
 /* One K/V tile of k_attn_decode_mma for warp `warp`: S^T = K Q^T, online
- * softmax per head, O^T += V^T P^T (see the kernel's comment). */
-template <int D>
+ * softmax per head, O^T += V^T P^T (see the kernel's comment).
+ * F16 (the FP8 pool, dm8_warp_loop): K, V and the q / p halves are f16,
+ * and three scalars carry what f16 cannot: sk turns the products into
+ * scores (the page's K scale times q's pre-scale), po rescales o when the
+ * V scale basis grows, pp scales p into the f16 operand (2^14 times this
+ * page's V scale over the basis). */
+template <int D, bool F16 = false>
 __device__ __forceinline__ void dm_tile(const bf16 *Kt, const bf16 *Vt, const uint32_t (&qh)[D / 16][2],
                                         const uint32_t (&ql)[D / 16][2], float (&o)[D / 16][4], float &m_0, float &m_1,
-                                        float &l_0, float &l_1, int key, int k1) {
+                                        float &l_0, float &l_1, int key, int k1, float sk = 1.f, float po = 1.f,
+                                        float pp = 1.f) {
     constexpr int LD = D + 8, NI = D / 16;
     const int lane = threadIdx.x & 31;
     /* hi and lo products in separate accumulators: two chains of NI
@@ -722,11 +748,16 @@ __device__ __forceinline__ void dm_tile(const bf16 *Kt, const bf16 *Vt, const ui
     for (int kk = 0; kk < NI; kk++) {
         uint32_t a[4];
         ldsm_x4(a, Kt + (lane & 15) * LD + kk * 16 + (lane >> 4) * 8);
-        mma_bf16(sc, a, qh[kk][0], qh[kk][1]);
-        mma_bf16(sl, a, ql[kk][0], ql[kk][1]);
+        if constexpr (F16) {
+            mma_f16(sc, a, qh[kk][0], qh[kk][1]);
+            mma_f16(sl, a, ql[kk][0], ql[kk][1]);
+        } else {
+            mma_bf16(sc, a, qh[kk][0], qh[kk][1]);
+            mma_bf16(sl, a, ql[kk][0], ql[kk][1]);
+        }
     }
 #pragma unroll
-    for (int e = 0; e < 4; e++) sc[e] += sl[e];
+    for (int e = 0; e < 4; e++) sc[e] = F16 ? (sc[e] + sl[e]) * sk : sc[e] + sl[e];
     if (key >= k1) sc[0] = sc[1] = -INFINITY;
     if (key + 8 >= k1) sc[2] = sc[3] = -INFINITY;
     float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
@@ -746,19 +777,32 @@ __device__ __forceinline__ void dm_tile(const bf16 *Kt, const bf16 *Vt, const ui
     l_0 = l_0 * a0 + p0 + p2;
     l_1 = l_1 * a1 + p1 + p3;
     uint32_t h01, l01, h23, l23;
-    split_bf16x2(p0, p1, h01, l01);
-    split_bf16x2(p2, p3, h23, l23);
+    float ao0 = a0, ao1 = a1;
+    if constexpr (F16) {
+        split_f16x2(p0 * pp, p1 * pp, h01, l01);
+        split_f16x2(p2 * pp, p3 * pp, h23, l23);
+        ao0 *= po;
+        ao1 *= po;
+    } else {
+        split_bf16x2(p0, p1, h01, l01);
+        split_bf16x2(p2, p3, h23, l23);
+    }
     const uint32_t bh0 = movmatrix_t(h01), bh1 = movmatrix_t(h23), bl0 = movmatrix_t(l01), bl1 = movmatrix_t(l23);
 #pragma unroll
     for (int i = 0; i < NI; i++) {
-        o[i][0] *= a0;
-        o[i][1] *= a1;
-        o[i][2] *= a0;
-        o[i][3] *= a1;
+        o[i][0] *= ao0;
+        o[i][1] *= ao1;
+        o[i][2] *= ao0;
+        o[i][3] *= ao1;
         uint32_t a[4];
         ldsm_x4_t(a, Vt + ((lane & 7) + ((lane >> 4) << 3)) * LD + i * 16 + ((lane >> 3) & 1) * 8);
-        mma_bf16(o[i], a, bh0, bh1);
-        mma_bf16(o[i], a, bl0, bl1);
+        if constexpr (F16) {
+            mma_f16(o[i], a, bh0, bh1);
+            mma_f16(o[i], a, bl0, bl1);
+        } else {
+            mma_bf16(o[i], a, bh0, bh1);
+            mma_bf16(o[i], a, bl0, bl1);
+        }
     }
 }
 
@@ -851,6 +895,42 @@ __device__ __forceinline__ void dm_load_q(const attn_params &p, int t, int h_fir
             if (n < G) v = *reinterpret_cast<const float2 *>(qr + d);
             split_bf16x2(v.x * p.scale_log2, v.y * p.scale_log2, qh[kk][r], ql[kk][r]);
         }
+}
+
+/* dm_load_q for the f16 tile step: f16 has 5 exponent bits, so q (times
+ * scale_log2) is first multiplied by the power of two 2^(14 - x) that puts
+ * the warp's largest |value| just below 2^14 (x its binary exponent):
+ * nothing overflows, and the lo halves of small components stay far above
+ * f16's subnormals. Returns the factor that undoes it (2^(x - 14), exact),
+ * which dm_tile's sk folds into the scores. */
+template <int D>
+__device__ __forceinline__ float dm_load_q_f16(const attn_params &p, int t, int h_first, int G,
+                                               uint32_t (&qh)[D / 16][2], uint32_t (&ql)[D / 16][2]) {
+    const int lane = threadIdx.x & 31, n = lane >> 2;
+    const float *qr = p.q + (size_t)t * p.q_stride + (size_t)(h_first + n) * D;
+    float2 v[D / 16][2];
+    float mx = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int d = kk * 16 + (lane & 3) * 2 + r * 8;
+            v[kk][r] = make_float2(0.f, 0.f);
+            if (n < G) v[kk][r] = *reinterpret_cast<const float2 *>(qr + d);
+            v[kk][r].x *= p.scale_log2;
+            v[kk][r].y *= p.scale_log2;
+            mx = fmaxf(mx, fmaxf(fabsf(v[kk][r].x), fabsf(v[kk][r].y)));
+        }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    int x = 0;
+    if (mx > 0.f && mx <= 3.402823466e38f) frexpf(mx, &x); /* mx < 2^x */
+    const float up = ldexpf(1.f, 14 - x);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) split_f16x2(v[kk][r].x * up, v[kk][r].y * up, qh[kk][r], ql[kk][r]);
+    return ldexpf(1.f, x - 14);
 }
 
 /* Flash-decoding on mma.sync: CTA = (split, kv head, sequence), 4 warps,
@@ -954,11 +1034,19 @@ static int decode_load_mode(cu_impl *c); /* the launcher section below */
 
 /* k_attn_decode_mma over an FP8 pool (cuda_attn_fp8.cu, cuda_kv_fp8.cuh):
  * the codes of each 64-key tile and their page-head scales stream through
- * DM_ST raw stages (cp.async); after a tile lands, the block converts it
- * into one bf16 K/V tile (value = e4m3 * scale, exact: the scales are
- * powers of two and an e4m3 value has 4 significant bits), and the bf16
- * kernel's tile step, finish and split merge run unchanged on it. Half the
- * HBM bytes of the bf16 pool; the conversion is ~3 instructions per code. */
+ * DM_ST raw stages, then become a 16-bit tile that the bf16 kernel's tile
+ * step (dm_tile), finish and split merge run on. Two ways:
+ * - cp.async rows (any page size; the whole block): after a tile lands the
+ *   block converts it into a bf16 tile, value = e4m3 * the row's scale
+ *   (exact: the scales are powers of two and an e4m3 value has 4
+ *   significant bits), between two block barriers;
+ * - bulk copies (compute capability 9.0, pages of 16/32/64 keys): each
+ *   warp streams, converts and computes its own 16 rows (dm8_warp_loop,
+ *   no block barrier per tile) as f16 codes, one cvt per two codes (v20:
+ *   the bf16 conversion was ~6 instructions per two codes and dominated
+ *   the warp's chain); the page's K scale multiplies the scores and its V
+ *   scale the probabilities, dm_tile's F16 step.
+ * Half the HBM bytes of the bf16 pool. */
 __device__ __forceinline__ void cp_async4(void *smem, const void *gmem, int src_bytes) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
@@ -988,90 +1076,196 @@ __device__ __forceinline__ void dm8_issue(const attn_params &p, int s, int kvh, 
     }
 }
 
-/* BULK variant of dm8_issue: a page keeps the codes of one (layer, K|V,
- * kv head) as P contiguous rows of D bytes, so a 64-key tile is 64 / P
- * page segments: one cp.async.bulk each (8 copies per tile at P = 16
- * instead of 1024 16-byte cp.async, each with its own page-table lookup),
- * completing on the stage's mbarrier; thread j < 64 / P copies K of the
- * tile's page j, thread 64 / P + j its V, and thread j also fetches the
- * page's two scales (cp.async, one per page, not per row). Pages past k1
- * are not copied; rows past k1 inside the last page arrive with whatever
- * the slots hold and are zeroed by dm8_convert. Needs P | 64 and 16-byte
- * aligned segments (cu_attn_decode_mma_fp8 checks). */
+/* BULK variant of dm8_issue, one warp's part: a page keeps the codes of
+ * one (layer, K|V, kv head) as P contiguous rows of D bytes, and with P a
+ * multiple of 16 dividing the 64-key tile the 16 rows of warp w (keys
+ * kb + 16w ..) lie in one page. So they are one segment of 16 * D codes
+ * for K and one for V: lane 0 copies K, lane 1 V (cp.async.bulk on the
+ * warp's own barrier of stage st), and the same lanes fetch the page's K
+ * and V scale (cp.async, into Ksc/Vsc[st * 4 + w]). Each warp runs its own
+ * ring of stages (dm8_warp_loop, which looks the page up a tile ahead:
+ * waiting for the page-table load here stalled the whole warp), so no
+ * block barrier orders the warps per tile (v20; v19 copied the whole tile
+ * from four lanes of warp 0 and converted it between two block
+ * barriers). A warp with no key of the tile below k1
+ * issues nothing. Rows past k1 inside the segment arrive with whatever the
+ * slots hold; dm8_convert_warp zeroes them. */
 template <int D>
-__device__ __forceinline__ void dm8_issue_bulk(const attn_params &p, int s, int kvh, int k0, int k1, int it,
+__device__ __forceinline__ void dm8_issue_warp(const attn_params &p, int page, int kvh, int kb, int k1, int st,
                                                uint8_t *Kr, uint8_t *Vr, float *Ksc, float *Vsc, uint64_t *bars,
                                                size_t k_off, size_t v_off, size_t ks_off, size_t vs_off) {
-    const int tid = threadIdx.x, kb = k0 + it * DM_TK, st = it % DM_ST, P = p.P;
-    const int npg = DM_TK / P, pages = (min(DM_TK, k1 - kb) + P - 1) / P;
-    const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&bars[st]);
-    if (tid == 0) dm_mbar_expect(bar, (uint32_t)(pages * P * D * 2));
-    const int j = tid < npg ? tid : tid - npg;
-    if (tid < 2 * npg && j < pages) {
-        const bool is_v = tid >= npg;
-        const int page = kv_page(p, s, kb + j * P);
-        uint8_t *dst = (is_v ? Vr : Kr) + (st * DM_TK + j * P) * D;
-        dm_bulk_copy((uint32_t)__cvta_generic_to_shared(dst), kv_row_at(p, page, kb + j * P, kvh, is_v ? v_off : k_off),
-                     (uint32_t)(P * D), bar);
-        if (!is_v) {
-            const uint8_t *pg = p.kv + (size_t)page * p.page_bytes + (size_t)kvh * 4;
-            cp_async4(Ksc + st * DM_TK + j, pg + ks_off, 4);
-            cp_async4(Vsc + st * DM_TK + j, pg + vs_off, 4);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, key = kb + 16 * warp;
+    if (key >= k1 || lane > 1) return;
+    const bool is_v = lane == 1;
+    const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&bars[st * 4 + warp]);
+    if (lane == 0) dm_mbar_expect(bar, (uint32_t)(2 * 16 * D));
+    uint8_t *dst = (is_v ? Vr : Kr) + (st * DM_TK + 16 * warp) * D;
+    dm_bulk_copy((uint32_t)__cvta_generic_to_shared(dst), kv_row_at(p, page, key, kvh, is_v ? v_off : k_off),
+                 (uint32_t)(16 * D), bar);
+    const uint8_t *pg = p.kv + (size_t)page * p.page_bytes + (size_t)kvh * 4;
+    cp_async4((is_v ? Vsc : Ksc) + st * 4 + warp, pg + (is_v ? vs_off : ks_off), 4);
+}
+
+/* 16 codes -> 16 bf16 values (code * sc) at dst (16-byte aligned). */
+__device__ __forceinline__ void dm8_cvt16(uint4 u, float sc, bf16 *dst) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    uint32_t o[8];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const __half2_raw hr =
+                __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((w[e] >> (16 * h)) & 0xffffu), __NV_E4M3);
+            const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&hr));
+            o[2 * e + h] = pack_bf16(f.x * sc, f.y * sc);
         }
+    }
+    uint4 *d = reinterpret_cast<uint4 *>(dst);
+    d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+/* 16 codes -> 16 f16 values at dst (16-byte aligned): exact, unscaled
+ * (the scales act on scores and probabilities, dm_tile's F16 step). */
+__device__ __forceinline__ void dm8_cvt16_h(uint4 u, bf16 *dst) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+    uint32_t o[8];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const __half2_raw hr =
+                __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((w[e] >> (16 * h)) & 0xffffu), __NV_E4M3);
+            o[2 * e + h] = (uint32_t)hr.x | ((uint32_t)hr.y << 16);
+        }
+    }
+    uint4 *d = reinterpret_cast<uint4 *>(dst);
+    d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+/* Warp w's 16 rows of stage st -> rows 16w.. of the f16 tile (padded to
+ * LD; typed bf16 * for the shared tile step, the bits are f16 codes, see
+ * dm8_cvt16_h); rows r >= nvalid become zeros (a free slot's codes could
+ * be NaN, and P = 0 times NaN in V is NaN). */
+template <int D>
+__device__ __forceinline__ void dm8_convert_warp(const uint8_t *Kr, const uint8_t *Vr, int st, bf16 *Kb, bf16 *Vb,
+                                                 int nvalid) {
+    constexpr int LD = D + 8, CHR = D / 16, NC = 2 * 16 * CHR / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    /* all loads first, then the conversions (a branch per chunk for the
+     * zero rows kept each load's latency in the chain: ncu, v20) */
+    uint4 u[NC];
+#pragma unroll
+    for (int j = 0; j < NC; j++) {
+        const int c = lane + 32 * j;
+        const bool is_v = c >= 16 * CHR;
+        const int cr = is_v ? c - 16 * CHR : c;
+        u[j] = *reinterpret_cast<const uint4 *>((is_v ? Vr : Kr) + (st * DM_TK + 16 * warp + cr / CHR) * D +
+                                                (cr % CHR) * 16);
+    }
+#pragma unroll
+    for (int j = 0; j < NC; j++) {
+        const int c = lane + 32 * j;
+        const bool is_v = c >= 16 * CHR;
+        const int cr = is_v ? c - 16 * CHR : c;
+        if (cr / CHR >= nvalid) u[j] = make_uint4(0u, 0u, 0u, 0u); /* e4m3 0x00 is +0 */
+        dm8_cvt16_h(u[j], (is_v ? Vb : Kb) + (16 * warp + cr / CHR) * LD + (cr % CHR) * 16);
     }
 }
 
-/* Stage st's codes -> the bf16 tile (rows padded to LD), value * scale. */
-/* BULK: one scale per page (index r / P) and rows r >= nvalid written as
- * zeros (their codes are whatever the page's free slots hold: NaN codes
- * would survive P = 0 in the PV product). */
-template <int D, bool BULK>
+/* Stage st's codes -> the bf16 tile (rows padded to LD), value * the
+ * row's scale (the cp.async path, all threads of the block). */
+template <int D>
 __device__ __forceinline__ void dm8_convert(const uint8_t *Kr, const uint8_t *Vr, const float *Ksc, const float *Vsc,
-                                            int st, bf16 *Kb, bf16 *Vb, int P, int nvalid) {
+                                            int st, bf16 *Kb, bf16 *Vb) {
     constexpr int LD = D + 8, CHR = D / 16;
     for (int c = threadIdx.x; c < 2 * DM_TK * CHR; c += 128) {
         const bool is_v = c >= DM_TK * CHR;
         const int cr = is_v ? c - DM_TK * CHR : c, r = cr / CHR, cc = cr % CHR;
-        if (BULK && r >= nvalid) {
-            uint4 *dst = reinterpret_cast<uint4 *>((is_v ? Vb : Kb) + r * LD + cc * 16);
-            dst[0] = dst[1] = make_uint4(0u, 0u, 0u, 0u);
-            continue;
-        }
         const uint4 u = *reinterpret_cast<const uint4 *>((is_v ? Vr : Kr) + (st * DM_TK + r) * D + cc * 16);
-        const float sc = (is_v ? Vsc : Ksc)[st * DM_TK + (BULK ? r / P : r)];
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-        uint32_t o[8];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((w[e] >> (16 * h)) & 0xffffu),
-                                                                  __NV_E4M3);
-                const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&hr));
-                o[2 * e + h] = pack_bf16(f.x * sc, f.y * sc);
-            }
-        }
-        uint4 *dst = reinterpret_cast<uint4 *>((is_v ? Vb : Kb) + r * LD + cc * 16);
-        dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
-        dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+        dm8_cvt16(u, (is_v ? Vsc : Ksc)[st * DM_TK + r], (is_v ? Vb : Kb) + r * LD + cc * 16);
     }
 }
 
-template <int D, bool BULK>
+/* BULK: the main loop of k_attn_decode_mma_fp8 per warp (dm8_issue_warp),
+ * NST raw stages: tile it + NST - 1 is issued into the stage the warp
+ * converted at it - 1, then the warp waits for tile it on its own barrier,
+ * converts its 16 rows and runs the tile step on them. Only __syncwarp
+ * between the phases. */
+template <int D, int NST>
+__device__ __forceinline__ void dm8_warp_loop(const attn_params &p, int s, int kvh, int k0, int k1, uint8_t *dsm,
+                                              uint64_t *bars, size_t k_off, size_t v_off, size_t ks_off,
+                                              size_t vs_off, const uint32_t (&qh)[D / 16][2],
+                                              const uint32_t (&ql)[D / 16][2], float qun, float (&o)[D / 16][4],
+                                              float &m_0, float &m_1, float &l_0, float &l_1) {
+    constexpr int LD = D + 8;
+    bf16 *Kb = reinterpret_cast<bf16 *>(dsm), *Vb = Kb + DM_TK * LD;
+    uint8_t *Kr = reinterpret_cast<uint8_t *>(Vb + DM_TK * LD), *Vr = Kr + NST * DM_TK * D;
+    float *Ksc = reinterpret_cast<float *>(Vr + NST * DM_TK * D), *Vsc = Ksc + NST * DM_TK;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kw = k0 + 16 * warp;
+    /* tiles in which this warp has keys below k1 */
+    const int n_w = kw < k1 ? (k1 - kw + DM_TK - 1) / DM_TK : 0;
+    float vbase = 0.f; /* the V scale basis (0: every V page so far all zeros) */
+    /* page of this warp's rows in the next tile to issue (lanes 0-1 issue;
+     * looked up one tile ahead so the copy never waits for the load) */
+    const bool issuer = (threadIdx.x & 31) < 2;
+    int pg_next = issuer && n_w > 0 ? kv_page(p, s, kw) : 0;
+    auto issue = [&](int it) {
+        if (it < n_w)
+            dm8_issue_warp<D>(p, pg_next, kvh, k0 + it * DM_TK, k1, it % NST, Kr, Vr, Ksc, Vsc, bars, k_off, v_off,
+                              ks_off, vs_off);
+        pg_next = issuer && it + 1 < n_w ? kv_page(p, s, kw + (it + 1) * DM_TK) : 0;
+    };
+#pragma unroll
+    for (int j = 0; j < NST - 1; j++) {
+        issue(j);
+        cp_async_commit();
+    }
+    for (int it = 0; it < n_w; it++) {
+        const int st = it % NST;
+        /* every lane is done with the tile step of it - 1 (its 16-bit rows)
+         * and the conversion of it - 1 (stage (it + NST - 1) % NST) */
+        __syncwarp();
+        issue(it + NST - 1);
+        cp_async_commit();
+        dm_mbar_wait((uint32_t)__cvta_generic_to_shared(&bars[st * 4 + warp]), (it / NST) & 1);
+        cp_async_wait<NST - 1>(); /* lanes 0-1: tile it's scales (NST - 1 newer groups may be pending) */
+        __syncwarp();             /* ... visible to the whole warp */
+        dm8_convert_warp<D>(Kr, Vr, st, Kb, Vb, min(16, k1 - (kw + it * DM_TK)));
+        /* V scale basis f: o holds o_true / (f 2^-14); a page with a larger
+         * scale raises f (o rescaled by f_old / f <= 1), a smaller one
+         * enters through p times vs / f <= 1 (all powers of two: exact) */
+        const float vs = Vsc[st * 4 + warp];
+        float po = 1.f;
+        if (vs > vbase) {
+            po = vbase > 0.f ? vbase / vs : 1.f;
+            vbase = vs;
+        }
+        const float pp = vbase > 0.f ? 16384.f * (vs / vbase) : 0.f;
+        __syncwarp();
+        dm_tile<D, true>(Kb + warp * 16 * LD, Vb + warp * 16 * LD, qh, ql, o, m_0, m_1, l_0, l_1,
+                         kw + it * DM_TK + (lane >> 2), k1, Ksc[st * 4 + warp] * qun, po, pp);
+    }
+    cp_async_wait<0>();
+    const float fo = vbase * (1.f / 16384.f);
+#pragma unroll
+    for (int i = 0; i < D / 16; i++) o[i][0] *= fo, o[i][1] *= fo, o[i][2] *= fo, o[i][3] *= fo;
+}
+
+template <int D, bool BULK, int NST>
 __global__ __launch_bounds__(128, 2) void k_attn_decode_mma_fp8(attn_params p, size_t k_off, size_t v_off,
                                                                  size_t ks_off, size_t vs_off) {
+    static_assert(BULK || NST == DM_ST, "the cp.async path streams through DM_ST stages");
     PDL_ENTRY();
-    /* BULK: the new token's codes were stored through the generic proxy,
-     * the bulk copies read through the async proxy (see k_attn_decode_mma) */
-    if (BULK) asm volatile("fence.proxy.async.global;\n" ::: "memory");
     constexpr int LD = D + 8, NI = D / 16;
     extern __shared__ __align__(16) uint8_t dsm[];
     bf16 *Kb = reinterpret_cast<bf16 *>(dsm);                  /* [DM_TK][LD] */
     bf16 *Vb = Kb + DM_TK * LD;                                /* [DM_TK][LD] */
-    uint8_t *Kr = reinterpret_cast<uint8_t *>(Vb + DM_TK * LD); /* [DM_ST][DM_TK][D] codes */
-    uint8_t *Vr = Kr + DM_ST * DM_TK * D;
-    float *Ksc = reinterpret_cast<float *>(Vr + DM_ST * DM_TK * D); /* [DM_ST][DM_TK] */
-    float *Vsc = Ksc + DM_ST * DM_TK;
+    uint8_t *Kr = reinterpret_cast<uint8_t *>(Vb + DM_TK * LD); /* [NST][DM_TK][D] codes */
+    uint8_t *Vr = Kr + NST * DM_TK * D;
+    float *Ksc = reinterpret_cast<float *>(Vr + NST * DM_TK * D); /* [NST][DM_TK] */
+    float *Vsc = Ksc + NST * DM_TK;
 
     const int split = blockIdx.x, kvh = blockIdx.y, di = blockIdx.z, nsp = gridDim.x;
     const int s = p.dec_seqs[di];
@@ -1080,57 +1274,66 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma_fp8(attn_params p, s
     const int k0 = split * chunk, k1 = min(L, k0 + chunk);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n_tiles = k1 > k0 ? (k1 - k0 + DM_TK - 1) / DM_TK : 0;
-    __shared__ __align__(8) uint64_t bars[DM_ST]; /* BULK: stage "full" barriers of the codes */
-    if (BULK) {
-        if (threadIdx.x == 0)
-            for (int i = 0; i < DM_ST; i++) dm_mbar_init((uint32_t)__cvta_generic_to_shared(&bars[i]), 1);
+    __shared__ __align__(8) uint64_t bars[NST * 4]; /* BULK: [stage][warp] "full" barriers of the codes */
+    if constexpr (BULK) {
+        /* the new token's codes were stored through the generic proxy, the
+         * bulk copies read through the async proxy (see k_attn_decode_mma) */
+        asm volatile("fence.proxy.async.global;\n" ::: "memory");
+        if (lane == 0)
+            for (int i = 0; i < NST; i++) dm_mbar_init((uint32_t)__cvta_generic_to_shared(&bars[i * 4 + warp]), 1);
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads(); /* barriers initialised before any copy or wait */
+        __syncwarp(); /* the warp's barriers initialised before its copies and waits */
     }
-    auto issue = [&](int it) {
-        if (BULK) dm8_issue_bulk<D>(p, s, kvh, k0, k1, it, Kr, Vr, Ksc, Vsc, bars, k_off, v_off, ks_off, vs_off);
-        else dm8_issue<D>(p, s, kvh, k0, k1, it, Kr, Vr, Ksc, Vsc, k_off, v_off, ks_off, vs_off);
-    };
-    if (n_tiles > 0) issue(0);
-    cp_async_commit();
-    if (n_tiles > 1) issue(1);
-    cp_async_commit();
+    auto issue = [&](int it) { dm8_issue<D>(p, s, kvh, k0, k1, it, Kr, Vr, Ksc, Vsc, k_off, v_off, ks_off, vs_off); };
+    if (!BULK) {
+        if (n_tiles > 0) issue(0);
+        cp_async_commit();
+        if (n_tiles > 1) issue(1);
+        cp_async_commit();
+    }
 
     uint32_t qh[NI][2], ql[NI][2];
-    dm_load_q<D>(p, t, kvh * p.G, p.G, qh, ql);
+    float qun = 1.f; /* BULK: q's pre-scale undone (dm_load_q_f16) */
+    if constexpr (BULK) qun = dm_load_q_f16<D>(p, t, kvh * p.G, p.G, qh, ql);
+    else dm_load_q<D>(p, t, kvh * p.G, p.G, qh, ql);
     float o[NI][4];
 #pragma unroll
     for (int i = 0; i < NI; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m_0 = -INFINITY, m_1 = -INFINITY, l_0 = 0.f, l_1 = 0.f;
 
-    for (int it = 0; it < n_tiles; it++) {
-        if (BULK) dm_mbar_wait((uint32_t)__cvta_generic_to_shared(&bars[it % DM_ST]), (it / DM_ST) & 1);
-        cp_async_wait<1>();
-        __syncthreads(); /* tile it landed; every warp is done with the bf16 tile of it - 1 */
-        if (it + 2 < n_tiles) issue(it + 2);
-        cp_async_commit();
-        dm8_convert<D, BULK>(Kr, Vr, Ksc, Vsc, it % DM_ST, Kb, Vb, p.P, min(DM_TK, k1 - (k0 + it * DM_TK)));
-        __syncthreads();
-        dm_tile<D>(Kb + warp * 16 * LD, Vb + warp * 16 * LD, qh, ql, o, m_0, m_1, l_0, l_1,
-                   k0 + it * DM_TK + warp * 16 + (lane >> 2), k1);
+    if constexpr (BULK) {
+        dm8_warp_loop<D, NST>(p, s, kvh, k0, k1, dsm, bars, k_off, v_off, ks_off, vs_off, qh, ql, qun, o, m_0, m_1, l_0,
+                         l_1);
+    } else {
+        for (int it = 0; it < n_tiles; it++) {
+            cp_async_wait<1>();
+            __syncthreads(); /* tile it landed; every warp is done with the bf16 tile of it - 1 */
+            if (it + 2 < n_tiles) issue(it + 2);
+            cp_async_commit();
+            dm8_convert<D>(Kr, Vr, Ksc, Vsc, it % DM_ST, Kb, Vb);
+            __syncthreads();
+            dm_tile<D>(Kb + warp * 16 * LD, Vb + warp * 16 * LD, qh, ql, o, m_0, m_1, l_0, l_1,
+                       k0 + it * DM_TK + warp * 16 + (lane >> 2), k1);
+        }
+        cp_async_wait<0>();
     }
-    cp_async_wait<0>();
     dm_finish<D>(p, dsm, o, m_0, m_1, l_0, l_1, di, kvh, t, split, nsp);
 }
 
-template <int D, bool BULK>
+template <int D, bool BULK, int NST>
 static void launch_decode_mma_fp8(cu_impl *c, const attn_params &p, dim3 grid, size_t ks_off, size_t vs_off) {
     static bool attr_done = false;
-    const int smem = 2 * DM_TK * (D + 8) * 2 + 2 * DM_ST * DM_TK * D + 2 * DM_ST * DM_TK * 4;
+    const int smem = 2 * DM_TK * (D + 8) * 2 + 2 * NST * DM_TK * D + 2 * NST * DM_TK * 4;
     if (!attr_done) {
         if (cu_check(c,
-                     cudaFuncSetAttribute(k_attn_decode_mma_fp8<D, BULK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          smem),
+                     cudaFuncSetAttribute(k_attn_decode_mma_fp8<D, BULK, NST>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                      "fp8 decode mma smem attribute"))
             return;
         attr_done = true;
     }
-    cu_launch(c, k_attn_decode_mma_fp8<D, BULK>, grid, dim3(128), (size_t)smem, p, p.k_off, p.v_off, ks_off, vs_off);
+    cu_launch(c, k_attn_decode_mma_fp8<D, BULK, NST>, grid, dim3(128), (size_t)smem, p, p.k_off, p.v_off, ks_off,
+              vs_off);
     CU_LAUNCHED(c, "fp8 decode attention (tensor cores)");
 }
 
@@ -1168,6 +1371,17 @@ static void attn_params_init(attn_params &p, const cu_impl *c, const ns_kv_layou
 
 bool cu_attn_decode_mma_fp8_ok(int head_dim, int G) { return (head_dim == 64 || head_dim == 128) && G <= 8; }
 
+/* Whether the FP8 tensor-core decode can fetch layer `layer` by page
+ * segments, one bulk copy per warp and tile: compute capability 9.0 (and
+ * the bf16 decode's copy mode a bulk one), pages of 16, 32 or 64 keys,
+ * 16-byte aligned segments. Otherwise it copies rows by 16-byte cp.async. */
+bool cu_attn_decode_fp8_bulk_ok(cu_impl *c, const ns_kv_layout *l, int layer) {
+    const size_t seg = (size_t)l->page_tokens * l->head_dim; /* 1-byte codes */
+    return decode_load_mode(c) >= DM_LOAD_BULK && DM_TK % l->page_tokens == 0 && l->page_tokens % 16 == 0 &&
+           seg % 16 == 0 && l->page_size_bytes % 16 == 0 && ns_kv_offset(l, layer, 0, 0, 0) % 16 == 0 &&
+           ns_kv_offset(l, layer, 1, 0, 0) % 16 == 0;
+}
+
 void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
                             int n_heads, float scale, int nsp, float *ws, int32_t *cnt, bool bulk_ok) {
     const cu_meta *m = &c->meta;
@@ -1181,15 +1395,13 @@ void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 
     p.cnt = cnt;
     const dim3 grid((unsigned)nsp, (unsigned)l->n_kv_heads, (unsigned)m->n_dec);
     const size_t ks_off = ns_kv_scale_offset(l, layer, 0, 0), vs_off = ns_kv_scale_offset(l, layer, 1, 0);
-    /* page segments by bulk copy (compute capability 9.0, pages dividing
-     * the 64-key tile, 16-byte aligned segments), else 16-byte cp.async */
-    const bool bulk = bulk_ok && decode_load_mode(c) >= DM_LOAD_BULK && DM_TK % l->page_tokens == 0 &&
-                      (p.head_bytes % 16) == 0 && (p.page_bytes % 16) == 0 && (p.k_off % 16) == 0 &&
-                      (p.v_off % 16) == 0;
-    if (D == 64 && bulk) launch_decode_mma_fp8<64, true>(c, p, grid, ks_off, vs_off);
-    else if (D == 64) launch_decode_mma_fp8<64, false>(c, p, grid, ks_off, vs_off);
-    else if (D == 128 && bulk) launch_decode_mma_fp8<128, true>(c, p, grid, ks_off, vs_off);
-    else if (D == 128) launch_decode_mma_fp8<128, false>(c, p, grid, ks_off, vs_off);
+    const bool bulk = bulk_ok && cu_attn_decode_fp8_bulk_ok(c, l, layer);
+    /* three stages: four (three tiles in flight per warp) measured slower,
+     * 6.02 against 5.96 ms/step at 32k batch 1 (docs/cuda.md v20) */
+    if (D == 64 && bulk) launch_decode_mma_fp8<64, true, DM_ST>(c, p, grid, ks_off, vs_off);
+    else if (D == 64) launch_decode_mma_fp8<64, false, DM_ST>(c, p, grid, ks_off, vs_off);
+    else if (D == 128 && bulk) launch_decode_mma_fp8<128, true, DM_ST>(c, p, grid, ks_off, vs_off);
+    else if (D == 128) launch_decode_mma_fp8<128, false, DM_ST>(c, p, grid, ks_off, vs_off);
     else cu_check(c, cudaErrorInvalidValue, "fp8 decode mma: head_dim must be 64 or 128");
 }
 

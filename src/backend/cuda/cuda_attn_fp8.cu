@@ -480,9 +480,13 @@ extern "C" void ns_cuda_set_fp8_qreg(ns_backend *be, int on) {
  * (cu_attn_decode_mma_fp8 in cuda_attention.cu, where the shape allows) or
  * on the CUDA-core kernel here: 0 = never, 1 = always, 2 = auto (default):
  * tensor cores when set_batch chose >= 64 splits (long contexts, few
- * sequences). Run C, 32k context: batch 1 (256 splits) 6.63 ms/step on the
- * tensor cores against 8.07 on CUDA cores; batch 8 (32 splits) 21.35
- * against 18.21. Process-wide. */
+ * sequences), or, on the bulk-copy path, when each split holds >= 1024
+ * keys (m->long_splits). Run C, 32k context: batch 1 (256 splits) 6.63
+ * ms/step on the tensor cores against 8.07 on CUDA cores; batch 8 (32
+ * splits) 21.35 against 18.21. Since v20 (per-warp bulk pipeline, f16
+ * tiles; runs I, J): 32k batch 8 16.03 against 16.57, 4k batch 64 (4
+ * splits of 1024) 16.65 against 17.54, but 4k batch 8 (splits of 128)
+ * 8.13 against 7.85 and 1k batch 64 10.00 against 9.87. Process-wide. */
 static int g_fp8_mma = -1;
 static int fp8_mma(void) {
     if (g_fp8_mma < 0) {
@@ -584,7 +588,8 @@ static void decode_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_
         p.cnt = c->attn_cnt;
     }
     const int mma = fp8_mma();
-    if ((mma == 1 || (mma == 2 && m->n_splits >= 64)) && cu_attn_decode_mma_fp8_ok(D, p.G)) {
+    const bool long_bulk = m->long_splits && fp8_bulk() && cu_attn_decode_fp8_bulk_ok(c, l, layer);
+    if ((mma == 1 || (mma == 2 && (m->n_splits >= 64 || long_bulk))) && cu_attn_decode_mma_fp8_ok(D, p.G)) {
         cu_attn_decode_mma_fp8(c, l, out, out_bf, q, layer, n_heads, scale, nsp, p.ws, p.cnt, fp8_bulk() != 0);
         return;
     }

@@ -175,7 +175,8 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
 
 static uint64_t tape_key(const cu_impl *c) {
     const cu_meta *m = &c->meta;
-    int32_t shape[8] = {m->n_tokens, m->n_seqs, m->n_logits, m->pt_stride, m->n_dec, m->n_splits, m->n_tiles, 0};
+    int32_t shape[8] = {m->n_tokens, m->n_seqs,   m->n_logits, m->pt_stride,
+                        m->n_dec,    m->n_splits, m->n_tiles,  m->long_splits};
     uint64_t h = fnv1a(0xcbf29ce484222325ULL, shape, sizeof shape);
     return fnv1a(h, c->tape, (size_t)c->n_tape * sizeof(cu_op));
 }
@@ -1405,6 +1406,7 @@ static ns_status cu_set_batch(ns_backend *be, const ns_batch *b, ns_error *err) 
     m->n_prefill_seqs = n_pre;
     m->max_len = max_len;
     m->n_splits = choose_splits(c, n_dec, be->kv.n_kv_heads, max_len);
+    m->long_splits = m->n_splits < 64 && max_len >= 1024LL * m->n_splits;
     m->valid = true;
     struct {
         int32_t *dev;

@@ -75,6 +75,9 @@ typedef struct cu_meta {
     /* this step's values */
     int32_t n_tokens, n_seqs, n_logits, pt_stride, n_tiles, n_dec, n_splits, max_len;
     int32_t n_prefill_seqs; /* sequences with more than one new token */
+    /* 1 when n_splits < 64 and a split of the longest decode row holds
+     * >= 1024 keys (the FP8 decode's choice of kernel, in the graph key) */
+    int32_t long_splits;
     bool valid;
 } cu_meta;
 

@@ -75,13 +75,15 @@ void cu_kv_fp8_fill_random(cu_impl *c, const ns_kv_layout *l, uint64_t seed);
  * "dequantized once for a long suffix prefill" of the design brief). */
 void cu_attention_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
                       int n_heads, float scale);
-/* FP8 decode rows on the tensor cores (cuda_attention.cu: the bf16 mma
- * decode's tile step on a bf16 tile converted from each staged FP8 tile):
- * whether it covers this shape (head dim 64 or 128, G <= 8), and the
- * launch over the step's decode rows with nsp splits (partials in ws,
- * counters cnt, as cu_attention's); bulk_ok: the tiles may come by page
- * segment bulk copies where the layout allows (ns_cuda_set_fp8_bulk). */
+/* FP8 decode rows on the tensor cores (cuda_attention.cu: the mma
+ * decode's tile step on a 16-bit tile converted from each staged FP8
+ * tile): whether it covers this shape (head dim 64 or 128, G <= 8),
+ * whether layer `layer` may come by page-segment bulk copies (the fast
+ * path), and the launch over the step's decode rows with nsp splits
+ * (partials in ws, counters cnt, as cu_attention's); bulk_ok: the tiles
+ * may come by bulk copies where the layout allows (ns_cuda_set_fp8_bulk). */
 bool cu_attn_decode_mma_fp8_ok(int head_dim, int G);
+bool cu_attn_decode_fp8_bulk_ok(cu_impl *c, const ns_kv_layout *l, int layer);
 void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
                             int n_heads, float scale, int nsp, float *ws, int32_t *cnt, bool bulk_ok);
 /* Frees cuda_attn_fp8.cu's scratch (backend destroy). */
