@@ -597,8 +597,8 @@ TEST(test_attention_long_decode_splits) {
     batch_make(&db, dec, 3, pt, max_pages);
     /* a recorded decode step (its kernels get the early-load flag) three
      * times (eager tape, graph capture, replay), for every K/V copy mode
-     * of the tensor-core kernel (8 splits here; 2 is the default) */
-    const int modes[] = {2, 0, 1, 3};
+     * of the tensor-core kernel (8 splits here; 4 is the default) */
+    const int modes[] = {4, 0, 1, 2, 3};
     for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++) {
         ns_cuda_set_attn_dec_load(gpu, modes[mi]);
         for (int rep = 0; rep < 3; rep++) {
@@ -772,7 +772,8 @@ static void set_dec_load_forced(ns_backend *be, int mode) {
 /* The tensor-core decode kernel's K/V copy modes (16-byte cp.async; the
  * same with page ids loaded a tile ahead; one bulk copy per K/V row on an
  * mbarrier, where rows past a split's end are zero-filled by hand; the
- * same with the next tile issued before the wait) within
+ * same with the next tile issued before the wait; whole pages by TMA,
+ * swizzled, head dim 128 only: D = 64 runs it as mode 2) within
  * 1e-4 of the CPU reference: batch 1 at 40001 tokens (128 splits of 320
  * keys, the last holding one key, two with none), batch 1 at 12001 tokens with
  * the Qwen3-8B head layout (32 splits, as a 32k decode step), a mixed
@@ -784,9 +785,10 @@ TEST(test_attention_decode_load_modes) {
     const attn_cfg g4 = {128, 2, 8, 16}, qwen = {128, 8, 32, 16}, g8 = {128, 1, 8, 16}, g1 = {128, 2, 2, 16},
                    d64 = {64, 2, 8, 32};
     const gpu_switch k = {set_dec_load_forced,
-                          4,
-                          {2, 0, 1, 3},
-                          {"(bulk rows)", "(cp.async)", "(page ids ahead)", "(bulk rows, issued before the wait)"}};
+                          5,
+                          {4, 2, 0, 1, 3},
+                          {"(TMA pages)", "(bulk rows)", "(cp.async)", "(page ids ahead)",
+                           "(bulk rows, issued before the wait)"}};
     attention_batch(&g4, b1_40k, 1, 1e-4, 1e-3, "decode B1 40001 GQA4", &k);
     attention_batch(&qwen, b1_12k, 1, 1e-4, 1e-3, "decode B1 12001 Qwen3-8B heads", &k);
     const attn_cfg *mc[] = {&g4, &g8, &g1, &d64};

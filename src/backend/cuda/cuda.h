@@ -136,10 +136,13 @@ void ns_cuda_set_attn_dec_mma(ns_backend *be, int on);
 /* How the tensor-core decode kernel copies its K/V tiles: 0 = 16-byte
  * cp.async, page ids looked up per tile, 1 = the same with page ids
  * loaded a tile ahead, 2 = one cp.async.bulk per K/V row on an mbarrier
- * (the default; compute capability >= 9.0, 1 elsewhere), 3 = 2 with
+ * (compute capability >= 9.0, 1 elsewhere), 3 = 2 with
  * the next copies issued before the wait (two tiles in flight during it;
- * >= 9.0, else 1); env NS_CUDA_DEC_LOAD likewise. Same results bit for
- * bit; for A/B runs and tests. */
+ * >= 9.0, else 1), 4 = whole pages by TMA through a tensor map of the
+ * pool (the default; head dim 128, pages of 8-64 tokens, else as 2;
+ * >= 9.0, else 1); env
+ * NS_CUDA_DEC_LOAD likewise. Same results bit for bit; for A/B runs and
+ * tests. */
 void ns_cuda_set_attn_dec_load(ns_backend *be, int mode);
 void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager);
 

@@ -624,9 +624,51 @@ __device__ __forceinline__ void split_f16x2(float a, float b, uint32_t &hi, uint
  *                  tiles (64 KB per CTA) stay in flight during the wait
  *                  instead of one (each thread's mbarrier wait makes the
  *                  copies visible to it; no barrier needed after it).
- * (A mode 4 that issued the first tiles before the PDL wait was tried
- * and removed: docs/cuda.md v16.) */
-enum { DM_LOAD_CPASYNC = 0, DM_LOAD_AHEAD = 1, DM_LOAD_BULK = 2, DM_LOAD_BULK_DEEP = 3 };
+ * DM_LOAD_TMA      (head dim 128, pages of 8-64 keys dividing the tile)
+ *                  whole pages by TMA through the pool's tensor map
+ *                  (cu_attn_kv_tmap: rows of 128 bf16, 128-byte swizzle,
+ *                  the Hopper prefill's map): 4 boxes per page (K, V x two
+ *                  halves of 64 dims), spread over the four warps, instead
+ *                  of 128 row copies that each warp issued one lane at a
+ *                  time (the bulk copy takes uniform registers: ncu put
+ *                  ~35% of the 32k kernel's stall samples in that loop,
+ *                  v20); the tile lands unpadded and swizzled (dm_at);
+ *                  rows past the end are zeroed after it lands.
+ * (A mode that issued the first tiles before the PDL wait was tried and
+ * removed: docs/cuda.md v16.) */
+enum { DM_LOAD_CPASYNC = 0, DM_LOAD_AHEAD = 1, DM_LOAD_BULK = 2, DM_LOAD_BULK_DEEP = 3, DM_LOAD_TMA = 4 };
+
+/* The pool's tensor map as a kernel parameter (an opaque 128-byte
+ * CUtensorMap; zeros for the modes that do not use it). */
+struct __align__(64) dm_tmap {
+    uint64_t w[16];
+};
+
+/* TMA: box (x, y) of tensor map m into shared memory at dst, completing
+ * on bar. */
+__device__ __forceinline__ void dm_tma_2d(uint32_t dst, const dm_tmap *m, int x, int y, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(m)), "r"(x), "r"(y), "r"(bar)
+        : "memory");
+#else
+    (void)dst, (void)m, (void)x, (void)y, (void)bar;
+    __trap(); /* selected only on compute capability >= 9.0 */
+#endif
+}
+
+/* Element (row, 16-byte chunk) of a K/V tile: padded rows of D + 8 (the
+ * copy modes 0-3), or (SWZ, DM_LOAD_TMA) two unpadded halves of [DM_TK
+ * rows][64 dims] with the 128-byte swizzle (chunk index XOR row mod 8;
+ * base 1024-byte aligned up to a multiple of 8 rows). */
+template <int D, bool SWZ>
+__device__ __forceinline__ const bf16 *dm_at(const bf16 *base, int row, int chunk) {
+    if constexpr (SWZ)
+        return reinterpret_cast<const bf16 *>(reinterpret_cast<const uint8_t *>(base) + (chunk >> 3) * (DM_TK * 128) +
+                                              row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+    else return base + row * (D + 8) + chunk * 8;
+}
 #define DM_SPIN_MAX (1u << 22)
 
 __device__ __forceinline__ void dm_mbar_init(uint32_t bar, uint32_t count) {
@@ -734,12 +776,12 @@ __device__ __forceinline__ void dm_finish(const attn_params &p, uint8_t *dsm, fl
  * scores (the page's K scale times q's pre-scale), po rescales o when the
  * V scale basis grows, pp scales p into the f16 operand (2^14 times this
  * page's V scale over the basis). */
-template <int D, bool F16 = false>
+template <int D, bool F16 = false, bool SWZ = false>
 __device__ __forceinline__ void dm_tile(const bf16 *Kt, const bf16 *Vt, const uint32_t (&qh)[D / 16][2],
                                         const uint32_t (&ql)[D / 16][2], float (&o)[D / 16][4], float &m_0, float &m_1,
                                         float &l_0, float &l_1, int key, int k1, float sk = 1.f, float po = 1.f,
                                         float pp = 1.f) {
-    constexpr int LD = D + 8, NI = D / 16;
+    constexpr int NI = D / 16;
     const int lane = threadIdx.x & 31;
     /* hi and lo products in separate accumulators: two chains of NI
      * dependent MMAs instead of one of 2 NI */
@@ -747,7 +789,7 @@ __device__ __forceinline__ void dm_tile(const bf16 *Kt, const bf16 *Vt, const ui
 #pragma unroll
     for (int kk = 0; kk < NI; kk++) {
         uint32_t a[4];
-        ldsm_x4(a, Kt + (lane & 15) * LD + kk * 16 + (lane >> 4) * 8);
+        ldsm_x4(a, dm_at<D, SWZ>(Kt, lane & 15, kk * 2 + (lane >> 4)));
         if constexpr (F16) {
             mma_f16(sc, a, qh[kk][0], qh[kk][1]);
             mma_f16(sl, a, ql[kk][0], ql[kk][1]);
@@ -795,7 +837,7 @@ __device__ __forceinline__ void dm_tile(const bf16 *Kt, const bf16 *Vt, const ui
         o[i][2] *= ao0;
         o[i][3] *= ao1;
         uint32_t a[4];
-        ldsm_x4_t(a, Vt + ((lane & 7) + ((lane >> 4) << 3)) * LD + i * 16 + ((lane >> 3) & 1) * 8);
+        ldsm_x4_t(a, dm_at<D, SWZ>(Vt, (lane & 7) + ((lane >> 4) << 3), i * 2 + ((lane >> 3) & 1)));
         if constexpr (F16) {
             mma_f16(o[i], a, bh0, bh1);
             mma_f16(o[i], a, bl0, bl1);
@@ -821,6 +863,11 @@ struct dm_rows {
     static __device__ __forceinline__ int row(int j) {
         return BULK ? (int)(threadIdx.x & (DM_TK - 1)) : (int)(threadIdx.x / CH) + j * RPP;
     }
+    /* the key (from the tile's first) whose page id this thread's j-th
+     * copy needs: DM_LOAD_TMA copies page `lane` of the tile (pages of P) */
+    static __device__ __forceinline__ int key(int j, int P) {
+        return LOAD == DM_LOAD_TMA ? (int)(threadIdx.x & 31) * P : row(j);
+    }
 };
 
 /* Issues the copies of K/V tile `it` of the split [k0, k1) of sequence s,
@@ -830,14 +877,30 @@ struct dm_rows {
 template <int D, int LOAD>
 __device__ __forceinline__ void dm_issue(const attn_params &p, int s, int kvh, int k0, int k1, int it, bf16 *Ks,
                                          bf16 *Vs, uint64_t *bars, int (&pg)[dm_rows<D, LOAD>::NR], size_t k_off,
-                                         size_t v_off) {
+                                         size_t v_off, const dm_tmap *tm) {
     using R = dm_rows<D, LOAD>;
     constexpr int LD = D + 8, CH = R::CH;
     constexpr bool BULK = R::BULK;
     const int tid = threadIdx.x, cc = tid % CH;
     const int kb = k0 + it * DM_TK, st = it % DM_ST;
     bf16 *kd = Ks + st * DM_TK * LD, *vd = Vs + st * DM_TK * LD;
-    if constexpr (BULK) {
+    if constexpr (LOAD == DM_LOAD_TMA) {
+        /* warp w copies part w (K dims 0-63, K 64-127, V 0-63, V 64-127)
+         * of page `lane` of the tile; pages holding no key below k1 are
+         * not copied (the kernel zeroes those rows after the wait) */
+        const int P = p.P, lane = tid & 31, warp = tid >> 5;
+        const int pages = (min(DM_TK, k1 - kb) + P - 1) / P;
+        const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&bars[st]);
+        if (tid == 0) dm_mbar_expect(bar, (uint32_t)(pages * P * 4 * 128));
+        if (lane < pages) {
+            const bool is_v = warp >= 2;
+            const int half = warp & 1;
+            const long long y = (long long)pg[0] * (long long)(p.page_bytes / 256) +
+                                (long long)(((is_v ? v_off : k_off) + (size_t)kvh * p.head_bytes) / 256);
+            const uint32_t stage = (uint32_t)__cvta_generic_to_shared(is_v ? Vs : Ks) + st * (DM_TK * D * 2);
+            dm_tma_2d(stage + half * (DM_TK * 128) + lane * P * 128, tm, half * 64, (int)y, bar);
+        }
+    } else if constexpr (BULK) {
         const int r = tid & (DM_TK - 1), nvalid = min(DM_TK, k1 - kb);
         const bool is_v = tid >= DM_TK;
         const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&bars[st]);
@@ -871,7 +934,7 @@ __device__ __forceinline__ void dm_issue(const attn_params &p, int s, int kvh, i
          * the ones before it are computed */
 #pragma unroll
         for (int j = 0; j < R::NR; j++) {
-            const int key = kb + DM_TK + R::row(j);
+            const int key = kb + DM_TK + R::key(j, p.P);
             pg[j] = key < k1 ? kv_page(p, s, key) : 0;
         }
     }
@@ -947,15 +1010,21 @@ __device__ __forceinline__ float dm_load_q_f16(const attn_params &p, int t, int 
  * tokens. The four warps' states merge in shared memory; the splits merge
  * in decode_merge. */
 template <int D, int LOAD>
-__global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_t k_off, size_t v_off, int early) {
+__global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_t k_off, size_t v_off, int early,
+                                                             const __grid_constant__ dm_tmap tm) {
     PDL_TRIGGER();
     if (!early) PDL_WAIT();
-    constexpr int LD = D + 8; /* padded rows: ldmatrix conflict-free */
+    constexpr bool SWZ = LOAD == DM_LOAD_TMA;
+    static_assert(!SWZ || D == 128, "TMA tiles: rows of 128 dims");
+    constexpr int LD = SWZ ? D : D + 8; /* padded rows: ldmatrix conflict-free; TMA: unpadded, swizzled */
     constexpr int NI = D / 16;
     using R = dm_rows<D, LOAD>;
     constexpr bool BULK = R::BULK;
     extern __shared__ __align__(16) uint8_t dsm[];
-    bf16 *Ks = reinterpret_cast<bf16 *>(dsm);
+    /* TMA: the swizzle pattern needs 1024-byte aligned stages (the launch
+     * adds 1024 bytes of room) */
+    uint8_t *sbase = SWZ ? dsm + ((1024u - ((uint32_t)__cvta_generic_to_shared(dsm) & 1023u)) & 1023u) : dsm;
+    bf16 *Ks = reinterpret_cast<bf16 *>(sbase);
     bf16 *Vs = Ks + DM_ST * DM_TK * LD;
     __shared__ __align__(8) uint64_t bars[DM_ST]; /* DM_LOAD_BULK: stage "full" barriers */
 
@@ -972,7 +1041,7 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
     int pg[R::NR];
 #pragma unroll
     for (int j = 0; j < R::NR; j++) {
-        const int key = k0 + R::row(j);
+        const int key = k0 + R::key(j, p.P);
         pg[j] = key < k1 ? kv_page(p, s, key) : 0;
     }
     if (BULK) {
@@ -982,7 +1051,7 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
         __syncthreads(); /* barriers initialised before any copy or wait */
     }
 
-    auto issue = [&](int it) { dm_issue<D, LOAD>(p, s, kvh, k0, k1, it, Ks, Vs, bars, pg, k_off, v_off); };
+    auto issue = [&](int it) { dm_issue<D, LOAD>(p, s, kvh, k0, k1, it, Ks, Vs, bars, pg, k_off, v_off, &tm); };
     if (early) PDL_WAIT();
     /* The new token's K/V row was stored by the kernel before, through the
      * generic proxy; the bulk copies read through the async proxy, and the
@@ -1015,14 +1084,33 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
             if (it + 2 < n_tiles) issue(it + 2);
             dm_mbar_wait(bar, (it / DM_ST) & 1);
         } else {
-            if constexpr (LOAD == DM_LOAD_BULK) dm_mbar_wait(bar, (it / DM_ST) & 1);
+            if constexpr (LOAD == DM_LOAD_BULK || SWZ) dm_mbar_wait(bar, (it / DM_ST) & 1);
             else cp_async_wait<1>();
             __syncthreads(); /* tile it landed for all threads; stage (it + 2) % 3 was consumed at it - 1 */
             if (it + 2 < n_tiles) issue(it + 2);
             if (!BULK) cp_async_commit();
         }
-        const bf16 *Kt = Ks + st * DM_TK * LD + warp * 16 * LD, *Vt = Vs + st * DM_TK * LD + warp * 16 * LD;
-        dm_tile<D>(Kt, Vt, qh, ql, o, m_0, m_1, l_0, l_1, k0 + it * DM_TK + warp * 16 + (lane >> 2), k1);
+        const int kw = k0 + it * DM_TK + warp * 16; /* this warp's first key of the tile */
+        if constexpr (SWZ) {
+            /* this warp's V rows past k1 (stale slots of the last page, or
+             * pages not copied): zeros, as P = 0 times NaN is NaN (K rows
+             * there only make scores that are masked) */
+            if (kw + 16 > k1) {
+                uint8_t *vrow = reinterpret_cast<uint8_t *>(Vs + st * DM_TK * LD) + warp * 16 * 128;
+                for (int c = lane; c < 16 * 16; c += 32) {
+                    const int r = c >> 4, ch = c & 15;
+                    if (kw + r >= k1)
+                        *reinterpret_cast<uint4 *>(vrow + (ch >> 3) * (DM_TK * 128) + r * 128 + (ch & 7) * 16) =
+                            make_uint4(0u, 0u, 0u, 0u);
+                }
+                __syncwarp();
+            }
+            dm_tile<D, false, true>(Ks + st * DM_TK * LD + warp * 16 * 64, Vs + st * DM_TK * LD + warp * 16 * 64, qh,
+                                    ql, o, m_0, m_1, l_0, l_1, kw + (lane >> 2), k1);
+        } else {
+            const bf16 *Kt = Ks + st * DM_TK * LD + warp * 16 * LD, *Vt = Vs + st * DM_TK * LD + warp * 16 * LD;
+            dm_tile<D>(Kt, Vt, qh, ql, o, m_0, m_1, l_0, l_1, kw + (lane >> 2), k1);
+        }
     }
     if (!BULK) cp_async_wait<0>();
     dm_finish<D>(p, dsm, o, m_0, m_1, l_0, l_1, di, kvh, t, split, nsp);
@@ -1106,7 +1194,10 @@ __device__ __forceinline__ void dm8_issue_warp(const attn_params &p, int page, i
     cp_async4((is_v ? Vsc : Ksc) + st * 4 + warp, pg + (is_v ? vs_off : ks_off), 4);
 }
 
-/* 16 codes -> 16 bf16 values (code * sc) at dst (16-byte aligned). */
+/* 16 codes -> 16 values at dst (16-byte aligned): bf16 code * sc, or
+ * (F16) the exact f16 codes, unscaled (the scales then act on scores and
+ * probabilities, dm_tile's F16 step). */
+template <bool F16>
 __device__ __forceinline__ void dm8_cvt16(uint4 u, float sc, bf16 *dst) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
     uint32_t o[8];
@@ -1116,27 +1207,12 @@ __device__ __forceinline__ void dm8_cvt16(uint4 u, float sc, bf16 *dst) {
         for (int h = 0; h < 2; h++) {
             const __half2_raw hr =
                 __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((w[e] >> (16 * h)) & 0xffffu), __NV_E4M3);
-            const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&hr));
-            o[2 * e + h] = pack_bf16(f.x * sc, f.y * sc);
-        }
-    }
-    uint4 *d = reinterpret_cast<uint4 *>(dst);
-    d[0] = make_uint4(o[0], o[1], o[2], o[3]);
-    d[1] = make_uint4(o[4], o[5], o[6], o[7]);
-}
-
-/* 16 codes -> 16 f16 values at dst (16-byte aligned): exact, unscaled
- * (the scales act on scores and probabilities, dm_tile's F16 step). */
-__device__ __forceinline__ void dm8_cvt16_h(uint4 u, bf16 *dst) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-    uint32_t o[8];
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const __half2_raw hr =
-                __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((w[e] >> (16 * h)) & 0xffffu), __NV_E4M3);
-            o[2 * e + h] = (uint32_t)hr.x | ((uint32_t)hr.y << 16);
+            if constexpr (F16) {
+                o[2 * e + h] = (uint32_t)hr.x | ((uint32_t)hr.y << 16);
+            } else {
+                const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&hr));
+                o[2 * e + h] = pack_bf16(f.x * sc, f.y * sc);
+            }
         }
     }
     uint4 *d = reinterpret_cast<uint4 *>(dst);
@@ -1146,7 +1222,7 @@ __device__ __forceinline__ void dm8_cvt16_h(uint4 u, bf16 *dst) {
 
 /* Warp w's 16 rows of stage st -> rows 16w.. of the f16 tile (padded to
  * LD; typed bf16 * for the shared tile step, the bits are f16 codes, see
- * dm8_cvt16_h); rows r >= nvalid become zeros (a free slot's codes could
+ * dm8_cvt16); rows r >= nvalid become zeros (a free slot's codes could
  * be NaN, and P = 0 times NaN in V is NaN). */
 template <int D>
 __device__ __forceinline__ void dm8_convert_warp(const uint8_t *Kr, const uint8_t *Vr, int st, bf16 *Kb, bf16 *Vb,
@@ -1170,7 +1246,7 @@ __device__ __forceinline__ void dm8_convert_warp(const uint8_t *Kr, const uint8_
         const bool is_v = c >= 16 * CHR;
         const int cr = is_v ? c - 16 * CHR : c;
         if (cr / CHR >= nvalid) u[j] = make_uint4(0u, 0u, 0u, 0u); /* e4m3 0x00 is +0 */
-        dm8_cvt16_h(u[j], (is_v ? Vb : Kb) + (16 * warp + cr / CHR) * LD + (cr % CHR) * 16);
+        dm8_cvt16<true>(u[j], 1.f, (is_v ? Vb : Kb) + (16 * warp + cr / CHR) * LD + (cr % CHR) * 16);
     }
 }
 
@@ -1184,7 +1260,7 @@ __device__ __forceinline__ void dm8_convert(const uint8_t *Kr, const uint8_t *Vr
         const bool is_v = c >= DM_TK * CHR;
         const int cr = is_v ? c - DM_TK * CHR : c, r = cr / CHR, cc = cr % CHR;
         const uint4 u = *reinterpret_cast<const uint4 *>((is_v ? Vr : Kr) + (st * DM_TK + r) * D + cc * 16);
-        dm8_cvt16(u, (is_v ? Vsc : Ksc)[st * DM_TK + r], (is_v ? Vb : Kb) + r * LD + cc * 16);
+        dm8_cvt16<false>(u, (is_v ? Vsc : Ksc)[st * DM_TK + r], (is_v ? Vb : Kb) + r * LD + cc * 16);
     }
 }
 
@@ -1436,16 +1512,17 @@ static bool launch_decode_t(cu_impl *c, const attn_params &p, dim3 grid) {
 }
 
 template <int D, int LOAD>
-static bool launch_decode_mma_t(cu_impl *c, const attn_params &p, dim3 grid) {
+static bool launch_decode_mma_t(cu_impl *c, const attn_params &p, dim3 grid, const dm_tmap &tm) {
     static bool attr_done = false;
-    const int smem = 2 * DM_ST * DM_TK * (D + 8) * 2;
+    const int smem = LOAD == DM_LOAD_TMA ? 2 * DM_ST * DM_TK * D * 2 + 1024 : 2 * DM_ST * DM_TK * (D + 8) * 2;
     if (!attr_done) {
         if (cu_check(c, cudaFuncSetAttribute(k_attn_decode_mma<D, LOAD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                      "attention decode smem attribute"))
             return false;
         attr_done = true;
     }
-    cu_launch(c, k_attn_decode_mma<D, LOAD>, dim3(grid), dim3(128), smem, p, p.k_off, p.v_off, cu_early(c, CU_EARLY_ATTN));
+    cu_launch(c, k_attn_decode_mma<D, LOAD>, dim3(grid), dim3(128), smem, p, p.k_off, p.v_off, cu_early(c, CU_EARLY_ATTN),
+              tm);
     return !CU_LAUNCHED(c, "attention decode mma");
 }
 
@@ -1453,7 +1530,7 @@ static bool launch_decode_mma_t(cu_impl *c, const attn_params &p, dim3 grid) {
  * compute capability 9.0, below it modes 2-3 run as mode 1. */
 static int decode_load_mode(cu_impl *c) {
     int mode = cu_attn_switch(&c->attn_dec_load, "NS_CUDA_DEC_LOAD", CU_ATTN_DEC_LOAD_MAX, CU_ATTN_DEC_LOAD_DEFAULT);
-    if (mode == DM_LOAD_BULK || mode == DM_LOAD_BULK_DEEP) {
+    if (mode >= DM_LOAD_BULK) {
         if (c->attn_dec_cc9 == 0) {
             int major = 0;
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
@@ -1465,12 +1542,26 @@ static int decode_load_mode(cu_impl *c) {
 }
 
 template <int D>
-static bool launch_decode_mma(cu_impl *c, const attn_params &p, dim3 grid) {
-    switch (decode_load_mode(c)) {
-    case DM_LOAD_AHEAD: return launch_decode_mma_t<D, DM_LOAD_AHEAD>(c, p, grid);
-    case DM_LOAD_BULK: return launch_decode_mma_t<D, DM_LOAD_BULK>(c, p, grid);
-    case DM_LOAD_BULK_DEEP: return launch_decode_mma_t<D, DM_LOAD_BULK_DEEP>(c, p, grid);
-    default: return launch_decode_mma_t<D, DM_LOAD_CPASYNC>(c, p, grid);
+static bool launch_decode_mma(cu_impl *c, const ns_kv_layout *l, const attn_params &p, dim3 grid) {
+    dm_tmap tm;
+    memset(&tm, 0, sizeof tm);
+    int mode = decode_load_mode(c);
+    if (mode == DM_LOAD_TMA) {
+        /* head dim 128 and pages dividing the tile in whole boxes (P a
+         * multiple of 8), and a map the driver could encode; else mode 2 */
+        const bool ok = D == 128 && p.P % 8 == 0 && DM_TK % p.P == 0 &&
+                        cu_attn_kv_tmap(c, p.kv, (size_t)l->n_pages * l->page_size_bytes, p.page_bytes, p.head_bytes,
+                                        p.k_off, p.v_off, p.P, tm.w);
+        if (!ok) mode = DM_LOAD_BULK;
+    }
+    switch (mode) {
+    case DM_LOAD_AHEAD: return launch_decode_mma_t<D, DM_LOAD_AHEAD>(c, p, grid, tm);
+    case DM_LOAD_BULK: return launch_decode_mma_t<D, DM_LOAD_BULK>(c, p, grid, tm);
+    case DM_LOAD_BULK_DEEP: return launch_decode_mma_t<D, DM_LOAD_BULK_DEEP>(c, p, grid, tm);
+    case DM_LOAD_TMA:
+        if constexpr (D == 128) return launch_decode_mma_t<D, DM_LOAD_TMA>(c, p, grid, tm);
+        else return launch_decode_mma_t<D, DM_LOAD_BULK>(c, p, grid, tm);
+    default: return launch_decode_mma_t<D, DM_LOAD_CPASYNC>(c, p, grid, tm);
     }
 }
 
@@ -1634,8 +1725,8 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
         }
         const dim3 grid((unsigned)nsp, (unsigned)l->n_kv_heads, (unsigned)m->n_dec);
         if (use_mma) {
-            if (D == 64) launch_decode_mma<64>(c, p, grid);
-            else launch_decode_mma<128>(c, p, grid);
+            if (D == 64) launch_decode_mma<64>(c, l, p, grid);
+            else launch_decode_mma<128>(c, l, p, grid);
             return;
         }
         switch (D) {

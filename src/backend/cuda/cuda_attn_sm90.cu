@@ -778,6 +778,23 @@ static bool s9_tensor_map(cu_impl *c, const cu_sm90_params *p, CUtensorMap *out)
     return c->attn_tmap_ok != 0;
 }
 
+bool cu_attn_kv_tmap(cu_impl *c, const uint8_t *kv, size_t kv_bytes, size_t page_bytes, size_t head_bytes, size_t k_off,
+                     size_t v_off, int P, uint64_t out[16]) {
+    cu_sm90_params p;
+    memset(&p, 0, sizeof p);
+    p.kv = kv;
+    p.kv_bytes = kv_bytes;
+    p.page_bytes = page_bytes;
+    p.head_bytes = head_bytes;
+    p.k_off = k_off;
+    p.v_off = v_off;
+    p.P = P;
+    CUtensorMap m;
+    if (!s9_tensor_map(c, &p, &m)) return false;
+    memcpy(out, &m, sizeof m);
+    return true;
+}
+
 /* Launch with clusters of 2 CTAs along x (the head pairs of a KV head). */
 static void s9_launch_cluster(cu_impl *c, void (*k)(cu_sm90_params, CUtensorMap), dim3 grid, dim3 block, size_t smem,
                               const cu_sm90_params &p, const CUtensorMap &tm) {

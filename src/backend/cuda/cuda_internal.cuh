@@ -430,6 +430,13 @@ typedef struct cu_sm90_params {
     int pt_stride, P, P_shift, H, G, q_stride;
     float scale_log2;
 } cu_sm90_params;
+/* The pool [kv, kv + kv_bytes) as a TMA tensor map (rows of 128 bf16,
+ * boxes of 64 x P, 128-byte swizzle; cached per pool in cu_impl), shared
+ * by the Hopper prefill and the decode's copy mode 4: false where a box
+ * cannot express the pages (P not a multiple of 8 dividing 128, offsets
+ * or sizes not multiples of 256 bytes) or the driver has no encoder. */
+bool cu_attn_kv_tmap(cu_impl *c, const uint8_t *kv, size_t kv_bytes, size_t page_bytes, size_t head_bytes, size_t k_off,
+                     size_t v_off, int P, uint64_t out[16]);
 /* Whether the Hopper kernel runs here for this shape (and the switch is
  * on); the first call checks the device and sets the kernel's smem limit. */
 bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G);
@@ -442,12 +449,13 @@ enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2 };
  * decode 0 off / 1 auto / 2 always, decode copy mode 0..4 (cuda.h). */
 int cu_attn_switch(int *field, const char *env, int max, int def);
 #define CU_ATTN_SM90_MAX 11
-/* defaults, the fastest measured (docs/cuda.md v16): the TMA producer;
- * one bulk copy per K/V row in decode */
+/* defaults, the fastest measured: the TMA producer (docs/cuda.md v16);
+ * whole pages by TMA in decode (v20: 32k batch 8 15.17 against 16.46
+ * ms/step with one bulk copy per K/V row) */
 #define CU_ATTN_SM90_DEFAULT 8
-#define CU_ATTN_DEC_LOAD_DEFAULT 2
+#define CU_ATTN_DEC_LOAD_DEFAULT 4
 #define CU_ATTN_DEC_MMA_MAX 2
-#define CU_ATTN_DEC_LOAD_MAX 3
+#define CU_ATTN_DEC_LOAD_MAX 4
 /* grid (G / 2, n_tiles, KVH); returns false on a launch error (recorded). */
 bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles);
 /* GEMV over up to 3 weight matrices sharing the F32 input x [n, k]:
