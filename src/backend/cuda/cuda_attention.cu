@@ -1472,10 +1472,24 @@ void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 
     const dim3 grid((unsigned)nsp, (unsigned)l->n_kv_heads, (unsigned)m->n_dec);
     const size_t ks_off = ns_kv_scale_offset(l, layer, 0, 0), vs_off = ns_kv_scale_offset(l, layer, 1, 0);
     const bool bulk = bulk_ok && cu_attn_decode_fp8_bulk_ok(c, l, layer);
-    /* three stages: four (three tiles in flight per warp) measured slower,
-     * 6.02 against 5.96 ms/step at 32k batch 1 (docs/cuda.md v20) */
+    /* Raw stages of the bulk path (docs/cuda.md v20, runs J and O): three
+     * keep two tiles in flight per warp and fit two CTAs per SM, two fit
+     * three. Four measured slower (32k batch 1: 6.02 against 5.96 ms);
+     * two lose where the grid is one wave at two per SM (32k batch 1,
+     * 256 CTAs: 6.20 against 5.80) and win where it is many (batch 8,
+     * 2048 CTAs: 14.08 against 15.53). So two stages once the grid
+     * exceeds two CTAs per SM; NS_CUDA_FP8_STAGES=2|3 forces either. A
+     * function of the grid, which the graph key fixes. */
+    static int forced = -1;
+    if (forced < 0) {
+        const char *e = getenv("NS_CUDA_FP8_STAGES");
+        forced = e && (atoi(e) == 2 || atoi(e) == 3) ? atoi(e) : 0;
+    }
+    const unsigned ctas = grid.x * grid.y * grid.z;
+    const bool st2 = forced == 2 || (forced == 0 && ctas > 2u * (unsigned)c->n_sm);
     if (D == 64 && bulk) launch_decode_mma_fp8<64, true, DM_ST>(c, p, grid, ks_off, vs_off);
     else if (D == 64) launch_decode_mma_fp8<64, false, DM_ST>(c, p, grid, ks_off, vs_off);
+    else if (D == 128 && bulk && st2) launch_decode_mma_fp8<128, true, 2>(c, p, grid, ks_off, vs_off);
     else if (D == 128 && bulk) launch_decode_mma_fp8<128, true, DM_ST>(c, p, grid, ks_off, vs_off);
     else if (D == 128) launch_decode_mma_fp8<128, false, DM_ST>(c, p, grid, ks_off, vs_off);
     else cu_check(c, cudaErrorInvalidValue, "fp8 decode mma: head_dim must be 64 or 128");
