@@ -224,19 +224,16 @@ size_t ns_quant_act_row_bytes(ns_dtype dt, int64_t n) {
     return is_k(dt) ? (size_t)(n / QKK) * Q8_K_BYTES : (size_t)(n / QK) * (has_min(dt) ? Q8_1_BYTES : Q8_0_BYTES);
 }
 
-/* x * id rounded to an 8-bit code of magnitude <= lim. When the block's
- * largest magnitude is subnormal, its reciprocal id overflows to inf, and
- * x * id is inf or NaN (0 * inf): those go through x / amax * lim, which
- * stays finite, so no NaN or inf is ever cast to an integer (undefined
- * behaviour; found by fuzz_gguf). Every other value is x * id exactly as
- * before, llama.cpp's arithmetic. */
-static inline float code_of(float x, float id, float amax, float lim) {
-    const float v = x * id;
-    return fabsf(v) <= lim + 0.5f ? v : x / amax * lim;
-}
+/* The codes of a block are x * id, llama.cpp's arithmetic, with id =
+ * lim / amax. When the block's largest magnitude is so small (subnormal)
+ * that id overflows to inf, x * id is inf or NaN (0 * inf), and casting
+ * those to an integer is undefined behaviour (found by fuzz_gguf): such a
+ * block is coded from x / amax * lim instead, which stays finite. The
+ * choice is per block, so the common loop stays x * id alone. */
 
 /* Q8_0: d = amax/127 stored as f16; q = round-half-even(x * 127/amax),
- * which is what llama.cpp's x86 path computes. */
+ * which is what llama.cpp's x86 path computes (see above for a block
+ * whose 127/amax overflows). */
 static void act_q8_0(const float *x, uint8_t *b, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += QK, b += Q8_0_BYTES) {
         float amax = 0;
@@ -255,7 +252,10 @@ static void act_q8_0(const float *x, uint8_t *b, int64_t nb) {
         const float d = amax / 127.f, id = amax != 0 ? 127.f / amax : 0.f;
         uint16_t h = ns_fp32_to_fp16(d);
         memcpy(b, &h, 2);
-        for (int j = 0; j < QK; j++) b[2 + j] = (uint8_t)(int8_t)nearbyintf(code_of(x[j], id, amax, 127.f));
+        if (isinf(id))
+            for (int j = 0; j < QK; j++) b[2 + j] = (uint8_t)(int8_t)nearbyintf(x[j] / amax * 127.f);
+        else
+            for (int j = 0; j < QK; j++) b[2 + j] = (uint8_t)(int8_t)nearbyintf(x[j] * id);
     }
 }
 
@@ -283,8 +283,9 @@ static void act_q8_k(const float *x, uint8_t *b, int64_t nb) {
             continue;
         }
         const float iscale = -127.f / mx;
+        const bool id_inf = isinf(iscale); /* see act_q8_0 */
         for (int j = 0; j < QKK; j++) {
-            long v = lrintf(code_of(x[j], iscale, -mx, 127.f));
+            long v = lrintf(id_inf ? x[j] / -mx * 127.f : iscale * x[j]);
             q[j] = (int8_t)(v > 127 ? 127 : v);
         }
         for (int j = 0; j < 16; j++) {
