@@ -109,22 +109,19 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const bf16 *p) {
                  : "r"(s));
 }
 
-__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* The same on f16 operands (the FP8 decode tiles: an e4m3 code is exact in
- * f16, one cvt per two codes). */
-__device__ __forceinline__ void mma_f16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+/* d += a b (m16n8k16, f32 accumulate) on bf16 operands, or F16 on f16
+ * ones (the FP8 decode's tiles: an e4m3 code is exact in f16, one cvt per
+ * two codes). */
+template <bool F16 = false>
+__device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+#define MMA_16816(T)                                                                                                  \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "     \
+                 "{%0,%1,%2,%3};\n"                                                                                  \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                     \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+    if constexpr (F16) MMA_16816("f16");
+    else MMA_16816("bf16");
+#undef MMA_16816
 }
 
 
@@ -219,8 +216,8 @@ __global__ __launch_bounds__(128, 3) void k_attn_prefill(attn_params p, size_t k
             for (int nb = 0; nb < PF_BN / 8; nb += 2) {
                 uint32_t b[4];
                 ldsm_x4(b, Kt + (nb * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
-                mma_bf16(sc[nb], qf[kk], b[0], b[1]);
-                mma_bf16(sc[nb + 1], qf[kk], b[2], b[3]);
+                mma_16816(sc[nb], qf[kk], b[0], b[1]);
+                mma_16816(sc[nb + 1], qf[kk], b[2], b[3]);
             }
         }
         const int kbase = kt * PF_BN;
@@ -278,8 +275,8 @@ __global__ __launch_bounds__(128, 3) void k_attn_prefill(attn_params p, size_t k
             for (int nd = 0; nd < D / 8; nd += 2) {
                 uint32_t b[4];
                 ldsm_x4_t(b, Vt + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + nd * 8 + (lane >> 4) * 8);
-                mma_bf16(o[nd], a, b[0], b[1]);
-                mma_bf16(o[nd + 1], a, b[2], b[3]);
+                mma_16816(o[nd], a, b[0], b[1]);
+                mma_16816(o[nd + 1], a, b[2], b[3]);
             }
         }
         __syncthreads(); /* this buffer is refilled two tiles later */
@@ -585,23 +582,24 @@ __device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
 }
 
 /* x = hi + lo with hi, lo bf16: the pair carries ~16 mantissa bits, so two
- * bf16 MMAs reproduce an fp32 product with bf16-exact K/V to ~1e-5. */
-__device__ __forceinline__ void split_bf16x2(float a, float b, uint32_t &hi, uint32_t &lo) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    const float2 hf = __bfloat1622float2(h);
-    const __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
-    hi = *reinterpret_cast<const uint32_t *>(&h);
-    lo = *reinterpret_cast<const uint32_t *>(&l);
-}
-
-/* The f16 version (~22 mantissa bits in the pair; the values are
- * pre-scaled into f16's normal range, see dm_load_q and dm_tile). */
-__device__ __forceinline__ void split_f16x2(float a, float b, uint32_t &hi, uint32_t &lo) {
-    const __half2 h = __floats2half2_rn(a, b);
-    const float2 hf = __half22float2(h);
-    const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
-    hi = *reinterpret_cast<const uint32_t *>(&h);
-    lo = *reinterpret_cast<const uint32_t *>(&l);
+ * bf16 MMAs reproduce an fp32 product with bf16-exact K/V to ~1e-5. F16:
+ * the f16 pair (~22 bits; the values are pre-scaled into f16's normal
+ * range, see dm_load_q and dm_tile). */
+template <bool F16 = false>
+__device__ __forceinline__ void split_hilo(float a, float b, uint32_t &hi, uint32_t &lo) {
+    if constexpr (F16) {
+        const __half2 h = __floats2half2_rn(a, b);
+        const float2 hf = __half22float2(h);
+        const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
+        hi = *reinterpret_cast<const uint32_t *>(&h);
+        lo = *reinterpret_cast<const uint32_t *>(&l);
+    } else {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        const float2 hf = __bfloat1622float2(h);
+        const __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
+        hi = *reinterpret_cast<const uint32_t *>(&h);
+        lo = *reinterpret_cast<const uint32_t *>(&l);
+    }
 }
 
 /* K/V tile loading of k_attn_decode_mma (NS_CUDA_DEC_LOAD, cuda.h):
@@ -643,20 +641,6 @@ enum { DM_LOAD_CPASYNC = 0, DM_LOAD_AHEAD = 1, DM_LOAD_BULK = 2, DM_LOAD_BULK_DE
 struct __align__(64) dm_tmap {
     uint64_t w[16];
 };
-
-/* TMA: box (x, y) of tensor map m into shared memory at dst, completing
- * on bar. */
-__device__ __forceinline__ void dm_tma_2d(uint32_t dst, const dm_tmap *m, int x, int y, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(m)), "r"(x), "r"(y), "r"(bar)
-        : "memory");
-#else
-    (void)dst, (void)m, (void)x, (void)y, (void)bar;
-    __trap(); /* selected only on compute capability >= 9.0 */
-#endif
-}
 
 /* Element (row, 16-byte chunk) of a K/V tile: padded rows of D + 8 (the
  * copy modes 0-3), or (SWZ, DM_LOAD_TMA) two unpadded halves of [DM_TK
@@ -790,13 +774,8 @@ __device__ __forceinline__ void dm_tile(const bf16 *Kt, const bf16 *Vt, const ui
     for (int kk = 0; kk < NI; kk++) {
         uint32_t a[4];
         ldsm_x4(a, dm_at<D, SWZ>(Kt, lane & 15, kk * 2 + (lane >> 4)));
-        if constexpr (F16) {
-            mma_f16(sc, a, qh[kk][0], qh[kk][1]);
-            mma_f16(sl, a, ql[kk][0], ql[kk][1]);
-        } else {
-            mma_bf16(sc, a, qh[kk][0], qh[kk][1]);
-            mma_bf16(sl, a, ql[kk][0], ql[kk][1]);
-        }
+        mma_16816<F16>(sc, a, qh[kk][0], qh[kk][1]);
+        mma_16816<F16>(sl, a, ql[kk][0], ql[kk][1]);
     }
 #pragma unroll
     for (int e = 0; e < 4; e++) sc[e] = F16 ? (sc[e] + sl[e]) * sk : sc[e] + sl[e];
@@ -819,16 +798,9 @@ __device__ __forceinline__ void dm_tile(const bf16 *Kt, const bf16 *Vt, const ui
     l_0 = l_0 * a0 + p0 + p2;
     l_1 = l_1 * a1 + p1 + p3;
     uint32_t h01, l01, h23, l23;
-    float ao0 = a0, ao1 = a1;
-    if constexpr (F16) {
-        split_f16x2(p0 * pp, p1 * pp, h01, l01);
-        split_f16x2(p2 * pp, p3 * pp, h23, l23);
-        ao0 *= po;
-        ao1 *= po;
-    } else {
-        split_bf16x2(p0, p1, h01, l01);
-        split_bf16x2(p2, p3, h23, l23);
-    }
+    split_hilo<F16>(F16 ? p0 * pp : p0, F16 ? p1 * pp : p1, h01, l01);
+    split_hilo<F16>(F16 ? p2 * pp : p2, F16 ? p3 * pp : p3, h23, l23);
+    const float ao0 = F16 ? a0 * po : a0, ao1 = F16 ? a1 * po : a1;
     const uint32_t bh0 = movmatrix_t(h01), bh1 = movmatrix_t(h23), bl0 = movmatrix_t(l01), bl1 = movmatrix_t(l23);
 #pragma unroll
     for (int i = 0; i < NI; i++) {
@@ -838,13 +810,8 @@ __device__ __forceinline__ void dm_tile(const bf16 *Kt, const bf16 *Vt, const ui
         o[i][3] *= ao1;
         uint32_t a[4];
         ldsm_x4_t(a, dm_at<D, SWZ>(Vt, (lane & 7) + ((lane >> 4) << 3), i * 2 + ((lane >> 3) & 1)));
-        if constexpr (F16) {
-            mma_f16(o[i], a, bh0, bh1);
-            mma_f16(o[i], a, bl0, bl1);
-        } else {
-            mma_bf16(o[i], a, bh0, bh1);
-            mma_bf16(o[i], a, bl0, bl1);
-        }
+        mma_16816<F16>(o[i], a, bh0, bh1);
+        mma_16816<F16>(o[i], a, bl0, bl1);
     }
 }
 
@@ -898,7 +865,7 @@ __device__ __forceinline__ void dm_issue(const attn_params &p, int s, int kvh, i
             const long long y = (long long)pg[0] * (long long)(p.page_bytes / 256) +
                                 (long long)(((is_v ? v_off : k_off) + (size_t)kvh * p.head_bytes) / 256);
             const uint32_t stage = (uint32_t)__cvta_generic_to_shared(is_v ? Vs : Ks) + st * (DM_TK * D * 2);
-            dm_tma_2d(stage + half * (DM_TK * 128) + lane * P * 128, tm, half * 64, (int)y, bar);
+            cu_tma_2d(stage + half * (DM_TK * 128) + lane * P * 128, tm, half * 64, (int)y, bar);
         }
     } else if constexpr (BULK) {
         const int r = tid & (DM_TK - 1), nvalid = min(DM_TK, k1 - kb);
@@ -943,32 +910,15 @@ __device__ __forceinline__ void dm_issue(const attn_params &p, int s, int kvh, i
 /* Q^T of token row t as the B operand of k_attn_decode_mma, split into
  * bf16 hi + lo halves: head n = lane / 4 of the group starting at h_first,
  * dims (lane % 4) * 2 (+1), +8 for the second register; heads past G are
- * zero. */
-template <int D>
-__device__ __forceinline__ void dm_load_q(const attn_params &p, int t, int h_first, int G, uint32_t (&qh)[D / 16][2],
-                                          uint32_t (&ql)[D / 16][2]) {
-    const int lane = threadIdx.x & 31, n = lane >> 2;
-    const float *qr = p.q + (size_t)t * p.q_stride + (size_t)(h_first + n) * D;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int d = kk * 16 + (lane & 3) * 2 + r * 8;
-            float2 v = make_float2(0.f, 0.f);
-            if (n < G) v = *reinterpret_cast<const float2 *>(qr + d);
-            split_bf16x2(v.x * p.scale_log2, v.y * p.scale_log2, qh[kk][r], ql[kk][r]);
-        }
-}
-
-/* dm_load_q for the f16 tile step: f16 has 5 exponent bits, so q (times
- * scale_log2) is first multiplied by the power of two 2^(14 - x) that puts
- * the warp's largest |value| just below 2^14 (x its binary exponent):
- * nothing overflows, and the lo halves of small components stay far above
- * f16's subnormals. Returns the factor that undoes it (2^(x - 14), exact),
- * which dm_tile's sk folds into the scores. */
-template <int D>
-__device__ __forceinline__ float dm_load_q_f16(const attn_params &p, int t, int h_first, int G,
-                                               uint32_t (&qh)[D / 16][2], uint32_t (&ql)[D / 16][2]) {
+ * zero. Returns the factor the scores must be multiplied by: 1, or (F16,
+ * the FP8 decode's f16 tile step) 2^(x - 14), which undoes the power of
+ * two 2^(14 - x) the values were multiplied by first, x the binary
+ * exponent of the warp's largest |value|: f16 has 5 exponent bits, so
+ * nothing overflows, and the lo halves of small components stay far
+ * above f16's subnormals (dm_tile's sk folds it in). */
+template <int D, bool F16 = false>
+__device__ __forceinline__ float dm_load_q(const attn_params &p, int t, int h_first, int G, uint32_t (&qh)[D / 16][2],
+                                           uint32_t (&ql)[D / 16][2]) {
     const int lane = threadIdx.x & 31, n = lane >> 2;
     const float *qr = p.q + (size_t)t * p.q_stride + (size_t)(h_first + n) * D;
     float2 v[D / 16][2];
@@ -982,17 +932,22 @@ __device__ __forceinline__ float dm_load_q_f16(const attn_params &p, int t, int 
             if (n < G) v[kk][r] = *reinterpret_cast<const float2 *>(qr + d);
             v[kk][r].x *= p.scale_log2;
             v[kk][r].y *= p.scale_log2;
-            mx = fmaxf(mx, fmaxf(fabsf(v[kk][r].x), fabsf(v[kk][r].y)));
+            if constexpr (F16) mx = fmaxf(mx, fmaxf(fabsf(v[kk][r].x), fabsf(v[kk][r].y)));
         }
+    int x = 14; /* bf16: no pre-scale */
+    if constexpr (F16) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    int x = 0;
-    if (mx > 0.f && mx <= 3.402823466e38f) frexpf(mx, &x); /* mx < 2^x */
+        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        x = 0;
+        if (mx > 0.f && mx <= 3.402823466e38f) frexpf(mx, &x); /* mx < 2^x */
+    }
     const float up = ldexpf(1.f, 14 - x);
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
 #pragma unroll
-        for (int r = 0; r < 2; r++) split_f16x2(v[kk][r].x * up, v[kk][r].y * up, qh[kk][r], ql[kk][r]);
+        for (int r = 0; r < 2; r++)
+            split_hilo<F16>(F16 ? v[kk][r].x * up : v[kk][r].x, F16 ? v[kk][r].y * up : v[kk][r].y, qh[kk][r],
+                            ql[kk][r]);
     return ldexpf(1.f, x - 14);
 }
 
@@ -1369,9 +1324,8 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma_fp8(attn_params p, s
     }
 
     uint32_t qh[NI][2], ql[NI][2];
-    float qun = 1.f; /* BULK: q's pre-scale undone (dm_load_q_f16) */
-    if constexpr (BULK) qun = dm_load_q_f16<D>(p, t, kvh * p.G, p.G, qh, ql);
-    else dm_load_q<D>(p, t, kvh * p.G, p.G, qh, ql);
+    /* BULK: the f16 tile step; qun undoes q's pre-scale (dm_load_q) */
+    const float qun = dm_load_q<D, BULK>(p, t, kvh * p.G, p.G, qh, ql);
     float o[NI][4];
 #pragma unroll
     for (int i = 0; i < NI; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -1459,7 +1413,7 @@ bool cu_attn_decode_fp8_bulk_ok(cu_impl *c, const ns_kv_layout *l, int layer) {
 }
 
 void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
-                            int n_heads, float scale, int nsp, float *ws, int32_t *cnt, bool bulk_ok) {
+                            int n_heads, float scale, int nsp, float *ws, int32_t *cnt, bool bulk) {
     const cu_meta *m = &c->meta;
     const int D = l->head_dim;
     attn_params p;
@@ -1471,7 +1425,6 @@ void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 
     p.cnt = cnt;
     const dim3 grid((unsigned)nsp, (unsigned)l->n_kv_heads, (unsigned)m->n_dec);
     const size_t ks_off = ns_kv_scale_offset(l, layer, 0, 0), vs_off = ns_kv_scale_offset(l, layer, 1, 0);
-    const bool bulk = bulk_ok && cu_attn_decode_fp8_bulk_ok(c, l, layer);
     /* Raw stages of the bulk path (docs/cuda.md v20, runs J and O): three
      * keep two tiles in flight per warp and fit two CTAs per SM, two fit
      * three. Four measured slower (32k batch 1: 6.02 against 5.96 ms);

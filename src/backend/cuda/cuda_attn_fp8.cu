@@ -588,9 +588,9 @@ static void decode_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_
         p.cnt = c->attn_cnt;
     }
     const int mma = fp8_mma();
-    const bool long_bulk = m->long_splits && fp8_bulk() && cu_attn_decode_fp8_bulk_ok(c, l, layer);
-    if ((mma == 1 || (mma == 2 && (m->n_splits >= 64 || long_bulk))) && cu_attn_decode_mma_fp8_ok(D, p.G)) {
-        cu_attn_decode_mma_fp8(c, l, out, out_bf, q, layer, n_heads, scale, nsp, p.ws, p.cnt, fp8_bulk() != 0);
+    const bool bulk = fp8_bulk() && cu_attn_decode_fp8_bulk_ok(c, l, layer);
+    if ((mma == 1 || (mma == 2 && (m->n_splits >= 64 || (m->long_splits && bulk)))) && cu_attn_decode_mma_fp8_ok(D, p.G)) {
+        cu_attn_decode_mma_fp8(c, l, out, out_bf, q, layer, n_heads, scale, nsp, p.ws, p.cnt, bulk);
         return;
     }
     const dim3 grid((unsigned)nsp, (unsigned)KVH, (unsigned)m->n_dec);

@@ -87,14 +87,6 @@ __device__ __forceinline__ void s9_mbar_expect(uint32_t bar, uint32_t bytes) {
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
                  : "memory");
 }
-/* TMA: the box at (x, y) of tensor map m into shared memory at dst,
- * completing on bar (its bytes count against the expected tx). */
-__device__ __forceinline__ void s9_tma_2d(uint32_t dst, const CUtensorMap *m, int x, int y, uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(m)), "r"(x), "r"(y), "r"(bar)
-        : "memory");
-}
 __device__ __forceinline__ void s9_named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ uint32_t s9_pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -338,7 +330,7 @@ __device__ __forceinline__ void s9_producer_tma(const cu_sm90_params &p, const C
                     const int y = (int)(page * page_rows + (is_v ? row_v : row_k));
                     const uint32_t dst = (is_v ? vd : kd) + half * (S9_BN * 128) + i * p.P * 128;
                     if constexpr (MC) s9_tma_2d_mc(dst, tm, half * 64, y, bf, (uint16_t)3);
-                    else s9_tma_2d(dst, tm, half * 64, y, bf);
+                    else cu_tma_2d(dst, tm, half * 64, y, bf);
                 }
                 if (lane != 0) s9_mbar_arrive(bf);
             } else {

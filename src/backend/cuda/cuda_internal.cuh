@@ -346,6 +346,22 @@ __device__ __forceinline__ float cu_block_sum(float v, float *part) {
     return part[0];
 }
 
+/* TMA: the box at (x, y) of a 2-D tensor map m (a CUtensorMap in param,
+ * const or global memory) into shared memory at dst, completing on the
+ * mbarrier bar (its bytes count against the expected tx). Compute
+ * capability 9.0; the callers select it only there. */
+__device__ __forceinline__ void cu_tma_2d(uint32_t dst, const void *m, int x, int y, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(m)), "r"(x), "r"(y), "r"(bar)
+        : "memory");
+#else
+    (void)dst, (void)m, (void)x, (void)y, (void)bar;
+    __trap();
+#endif
+}
+
 /* Called by prefetch CTA number pb (0..CU_PF_BLOCKS-1). */
 __device__ __forceinline__ void l2_prefetch(const cu_prefetch &pf, int pb) {
     const size_t stride = (size_t)CU_PF_BLOCKS * blockDim.x * 128;

@@ -80,12 +80,13 @@ void cu_attention_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_b
  * tile): whether it covers this shape (head dim 64 or 128, G <= 8),
  * whether layer `layer` may come by page-segment bulk copies (the fast
  * path), and the launch over the step's decode rows with nsp splits
- * (partials in ws, counters cnt, as cu_attention's); bulk_ok: the tiles
- * may come by bulk copies where the layout allows (ns_cuda_set_fp8_bulk). */
+ * (partials in ws, counters cnt, as cu_attention's); bulk: the tiles
+ * come by bulk copies (the caller checked cu_attn_decode_fp8_bulk_ok and
+ * ns_cuda_set_fp8_bulk), else by 16-byte cp.async. */
 bool cu_attn_decode_mma_fp8_ok(int head_dim, int G);
 bool cu_attn_decode_fp8_bulk_ok(cu_impl *c, const ns_kv_layout *l, int layer);
 void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
-                            int n_heads, float scale, int nsp, float *ws, int32_t *cnt, bool bulk_ok);
+                            int n_heads, float scale, int nsp, float *ws, int32_t *cnt, bool bulk);
 /* Frees cuda_attn_fp8.cu's scratch (backend destroy). */
 void cu_kv_fp8_free(cu_impl *c);
 
