@@ -727,7 +727,8 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
     return c->attn_sm90_cc == 1;
 }
 
-/* The tensor map of the TMA variants: the pool at p->kv as a 2-D tensor
+/* The tensor map of the TMA variants (and of the decode's copy mode 4,
+ * cuda_internal.cuh): the pool at kv as a 2-D tensor
  * of rows of 128 bf16 (256 bytes: one K or V row of one head; page_bytes,
  * k_off, v_off and head_bytes are multiples of it), boxes of 64 x P with a
  * 128-byte swizzle. Cached per (pool address, size): the FP8 path runs
@@ -737,11 +738,12 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
 typedef CUresult (*s9_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
                                  const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static bool s9_tensor_map(cu_impl *c, const cu_sm90_params *p, CUtensorMap *out) {
-    if (p->P < 8 || p->P % 8 || S9_BN % p->P || p->kv_bytes == 0 || p->page_bytes % 256 || p->head_bytes % 256 ||
-        p->k_off % 256 || p->v_off % 256 || p->kv_bytes / 256 >= (1ull << 31))
+bool cu_attn_kv_tmap(cu_impl *c, const uint8_t *kv, size_t kv_bytes, size_t page_bytes, size_t head_bytes, size_t k_off,
+                     size_t v_off, int P, uint64_t out[16]) {
+    if (P < 8 || P % 8 || S9_BN % P || kv_bytes == 0 || page_bytes % 256 || head_bytes % 256 || k_off % 256 ||
+        v_off % 256 || kv_bytes / 256 >= (1ull << 31))
         return false;
-    if (c->attn_tmap_kv != p->kv || c->attn_tmap_bytes != p->kv_bytes) {
+    if (c->attn_tmap_kv != kv || c->attn_tmap_bytes != kv_bytes) {
         static s9_encode_fn encode = NULL;
         if (!encode) {
             void *fn = NULL;
@@ -755,36 +757,19 @@ static bool s9_tensor_map(cu_impl *c, const cu_sm90_params *p, CUtensorMap *out)
         }
         alignas(64) CUtensorMap m;
         memset(&m, 0, sizeof m);
-        const cuuint64_t dims[2] = {128, (cuuint64_t)(p->kv_bytes / 256)}, strides[1] = {256};
-        const cuuint32_t box[2] = {64, (cuuint32_t)p->P}, estr[2] = {1, 1};
-        c->attn_tmap_ok = encode && encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p->kv, dims, strides, box, estr,
+        const cuuint64_t dims[2] = {128, (cuuint64_t)(kv_bytes / 256)}, strides[1] = {256};
+        const cuuint32_t box[2] = {64, (cuuint32_t)P}, estr[2] = {1, 1};
+        c->attn_tmap_ok = encode && encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)kv, dims, strides, box, estr,
                                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
         static_assert(sizeof(CUtensorMap) == sizeof c->attn_tmap, "opaque tensor map storage");
         memcpy(c->attn_tmap, &m, sizeof m);
-        c->attn_tmap_kv = p->kv;
-        c->attn_tmap_bytes = p->kv_bytes;
+        c->attn_tmap_kv = kv;
+        c->attn_tmap_bytes = kv_bytes;
     }
-    memcpy(out, c->attn_tmap, sizeof *out);
+    memcpy(out, c->attn_tmap, sizeof c->attn_tmap);
     return c->attn_tmap_ok != 0;
-}
-
-bool cu_attn_kv_tmap(cu_impl *c, const uint8_t *kv, size_t kv_bytes, size_t page_bytes, size_t head_bytes, size_t k_off,
-                     size_t v_off, int P, uint64_t out[16]) {
-    cu_sm90_params p;
-    memset(&p, 0, sizeof p);
-    p.kv = kv;
-    p.kv_bytes = kv_bytes;
-    p.page_bytes = page_bytes;
-    p.head_bytes = head_bytes;
-    p.k_off = k_off;
-    p.v_off = v_off;
-    p.P = P;
-    CUtensorMap m;
-    if (!s9_tensor_map(c, &p, &m)) return false;
-    memcpy(out, &m, sizeof m);
-    return true;
 }
 
 /* Launch with clusters of 2 CTAs along x (the head pairs of a KV head). */
@@ -815,7 +800,10 @@ bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
     int v = c->attn_sm90 - 1;
     /* the TMA variants fall back to their cp.async twins where no map fits */
     if ((v == 10 || v == 11) && (p->G / 2) % 2 != 0) v = v == 10 ? 8 : 9; /* clusters pair head pairs: G % 4 == 0 */
-    if (v >= 8 && v <= 11 && !s9_tensor_map(c, p, &tm)) v = (v == 9 || v == 11) ? 3 : 1;
+    if (v >= 8 && v <= 11 &&
+        !cu_attn_kv_tmap(c, p->kv, p->kv_bytes, p->page_bytes, p->head_bytes, p->k_off, p->v_off, p->P,
+                         reinterpret_cast<uint64_t *>(&tm)))
+        v = (v == 9 || v == 11) ? 3 : 1;
     /* variants (cuda.h): 1 in order per tile (the fastest cp.async
      * producer, v13), 2 pipelined, 3 pipelined + ping-pong; 4-6 the same with
      * one producer warp per stage; 7 = 1 with the consumer groups half a
