@@ -797,6 +797,10 @@ ns_status ns_bpe_word(const ns_bpe *b, ns_bpe_scratch *s, const char *w, size_t 
         for (size_t k = 0; k < ns; k++)
             if (ns_ids_push(out, sy[k].id) != NS_OK) return ns_fail(err, NS_ERR_NOMEM, "out of memory");
     }
-    if (cache && n <= CACHE_MAX_WORD) wcache_put(cache, w, n, h, out->v + first_out, out->n - first_out);
+    /* a word whose every character was dropped (no unk token) has no ids,
+     * and out may still be an empty vector with no storage: cache the
+     * empty result without forming NULL + 0 (undefined; fuzz_gguf) */
+    if (cache && n <= CACHE_MAX_WORD)
+        wcache_put(cache, w, n, h, out->n > first_out ? out->v + first_out : NULL, out->n - first_out);
     return NS_OK;
 }
