@@ -741,22 +741,26 @@ static ns_status bench_run(bench *B, ns_error *err) {
         const int dec_early = ns_cuda_get_dec_early(B->be); /* NS_CUDA_DEC_EARLY: only with dec_fuse */
         const int pdl_gemv = ns_cuda_get_pdl_gemv(B->be);   /* NS_CUDA_PDL_GEMV */
         const int act_nc = ns_cuda_get_act_nc(B->be);       /* NS_CUDA_ACT_NC */
+        const int pf = ns_cuda_get_prefetch(B->be);         /* NS_CUDA_PREFETCH, MB */
+        /* each row: set(alt), measure, set(dflt) */
         struct {
             const char *name;
             void (*set)(ns_backend *, int);
-            int dflt;
-        } feats[] = {{"L2 prefetch on", ns_cuda_set_prefetch, 0},
-                     {early ? "early constant loads off" : "early constant loads on", ns_cuda_set_early_loads, early},
-                     {"programmatic dependent launch off", ns_cuda_set_pdl, 1},
-                     {"fused kernels off", ns_cuda_set_fusion, 1},
-                     {"CUDA graphs off", ns_cuda_set_graphs, 1},
+            int dflt, alt;
+        } feats[] = {{pf ? "L2 prefetch off" : "L2 prefetch 4 MB", ns_cuda_set_prefetch, pf, pf ? 0 : 4},
+                     {"L2 prefetch 2/3 of L2", ns_cuda_set_prefetch, pf, 1024},
+                     {early ? "early constant loads off" : "early constant loads on", ns_cuda_set_early_loads, early,
+                      !early},
+                     {"programmatic dependent launch off", ns_cuda_set_pdl, 1, 0},
+                     {"fused kernels off", ns_cuda_set_fusion, 1, 0},
+                     {"CUDA graphs off", ns_cuda_set_graphs, 1, 0},
                      {dec_fuse ? "norm/add folded into decode GEMVs off" : "norm/add folded into decode GEMVs on",
-                      ns_cuda_set_dec_fuse, dec_fuse},
+                      ns_cuda_set_dec_fuse, dec_fuse, !dec_fuse},
                      {dec_early ? "their early weight loads off" : "their early weight loads on",
-                      ns_cuda_set_dec_early, dec_early},
+                      ns_cuda_set_dec_early, dec_early, !dec_early},
                      {pdl_gemv ? "PDL between two GEMVs off" : "PDL between two GEMVs on", ns_cuda_set_pdl_gemv,
-                      pdl_gemv},
-                     {act_nc ? "activation loads .cg" : "activation loads .nc", ns_cuda_set_act_nc, act_nc}};
+                      pdl_gemv, !pdl_gemv},
+                     {act_nc ? "activation loads .cg" : "activation loads .nc", ns_cuda_set_act_nc, act_nc, !act_nc}};
         dec_result base;
         rc = run_decode(B, 1024, 1, B->o.steps, 3, &base, err);
         if (rc != NS_OK) return rc;
@@ -765,7 +769,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
         else printf("ablation, decode ctx 1024 batch 1 (ms/step): defaults %.3f", base.step_s * 1e3);
         for (size_t i = 0; i < sizeof feats / sizeof feats[0] && !base.skipped; i++) {
             dec_result r;
-            feats[i].set(B->be, !feats[i].dflt);
+            feats[i].set(B->be, feats[i].alt);
             rc = run_decode(B, 1024, 1, B->o.steps, 3, &r, err);
             feats[i].set(B->be, feats[i].dflt);
             if (rc != NS_OK) return rc;

@@ -19,6 +19,11 @@
  * Model level: a dummy Qwen3-shaped and a Qwen3-MoE-shaped model decode
  * six steps at batch 1 and 2 with the switch on and off: logits equal to
  * float rounding (rel L2 <= 1e-5), and close to the CPU backend.
+ * The attention block (q/k RMSNorm, RoPE, KV store, attention) of decode
+ * steps at op level: the fused q/k-norm + RoPE + store kernel must give
+ * bit-identical q, k and attention output to the unfused ops, also with
+ * the tensor-core decode kernel over 140 steps (pages, tiles and splits
+ * crossed; GQA ratios 1, 4, 8).
  */
 #include <jansson.h>
 #include <math.h>
@@ -341,14 +346,33 @@ static void attn_block(ns_backend *be, int cpu_side, pair *q, pair *k, pair *v, 
 #undef TS
 }
 
-/* Decode steps at positions 0..STEPS-1 of n sequences (pages 5 and 2):
- * CPU; GPU with fusion on (graphs: eager, captured, replayed); GPU with
- * fusion off. q, k and the attention output of every step must be
- * bit-identical between the two GPU runs and close to the CPU. */
-static void attn_block_check(int n, int D) {
-    enum { STEPS = 5 };
-    const int H = 16, KVH = 4, P = 16;
-    ns_kv_layout lc = {.n_pages = 8, .page_tokens = P, .n_layers = 1, .n_kv_heads = KVH, .head_dim = D,
+/* Whether the profile report names the fused q/k-norm + RoPE + store
+ * kernel (cuda_fused.cu). */
+static int profile_has_qk_store(void) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return -1;
+    ns_cuda_profile_report(gpu, f);
+    fclose(f);
+    const int seen = text && strstr(text, "fused qk_norm+rope+kv_store") != NULL;
+    free(text);
+    return seen;
+}
+
+/* Decode steps at positions 0..steps-1 of n sequences (pages of 16 in
+ * scattered, descending order), H query heads over 4 KV heads: CPU; GPU
+ * with fusion on (graphs: eager, captured, replayed; the profile of the
+ * first step must name the fused q/k-norm + RoPE + store kernel); GPU
+ * with fusion off. q, k and the attention output of every step must be
+ * bit-identical between the two GPU runs and close to the CPU. mma: the
+ * tensor-core decode kernel for every step (ns_cuda_set_attn_dec_mma 2).
+ * Steps past 64 cross pages, tiles (64 keys) and splits, so the new
+ * token's row falls in every warp's quarter of a tile and in the first,
+ * middle and last split. */
+static void attn_block_check(int n, int D, int H, int steps, int mma) {
+    const int KVH = 4, P = 16, pps = (steps + P - 1) / P;
+    ns_kv_layout lc = {.n_pages = n * pps + 1, .page_tokens = P, .n_layers = 1, .n_kv_heads = KVH, .head_dim = D,
                        .dtype = NS_DT_F32};
     lc.page_size_bytes = ns_kv_page_bytes(1, KVH, P, D, NS_DT_F32);
     ns_kv_layout lg = lc;
@@ -377,62 +401,78 @@ static void attn_block_check(int n, int D) {
         OK(gpu->ops->weight_from_host(gpu, &inv.g, f, NS_DT_F32, 1, D / 2, &_e));
         inv.host = f;
     }
+    int32_t *pt = malloc((size_t)n * pps * sizeof *pt);
+    for (int i = 0; i < n * pps; i++) pt[i] = n * pps - i; /* pages n*pps .. 1 */
     const size_t nq = (size_t)n * H * D, nk = (size_t)n * KVH * D;
-    float *in_q[STEPS], *in_k[STEPS], *in_v[STEPS], *out[3][STEPS][3]; /* [cpu, fused, unfused][step][q, k, att] */
-    for (int st = 0; st < STEPS; st++) {
-        in_q[st] = malloc(nq * 4);
-        in_k[st] = malloc(nk * 4);
-        in_v[st] = malloc(nk * 4);
-        for (size_t i = 0; i < nq; i++) in_q[st][i] = frand();
-        for (size_t i = 0; i < nk; i++) in_k[st][i] = frand();
-        for (size_t i = 0; i < nk; i++) in_v[st][i] = frand();
-    }
+    float **in = malloc((size_t)steps * 3 * sizeof *in), **out = malloc((size_t)3 * steps * 3 * sizeof *out);
+    for (int st = 0; st < steps; st++)
+        for (int j = 0; j < 3; j++) {
+            const size_t cnt = j == 0 ? nq : nk;
+            in[st * 3 + j] = malloc(cnt * 4);
+            for (size_t i = 0; i < cnt; i++) in[st * 3 + j][i] = frand();
+        }
+    /* run 0 cpu, 1 fusion, 2 no fusion */
+    int fused_seen = 0;
     for (int run = 0; run < 3; run++) {
         ns_backend *be = run == 0 ? cpu : gpu;
         const int cs = run == 0;
-        if (run > 0) ns_cuda_set_fusion(gpu, run == 1);
-        for (int st = 0; st < STEPS; st++) {
-            int32_t tok[2] = {1, 2}, pos[2] = {st, st}, ss[3] = {0, 1, 2}, sl[2] = {st + 1, st + 1}, pt[2] = {5, 2};
-            OK(be->ops->tensor_upload(be, cs ? &q.c : &q.g, in_q[st], &_e));
-            OK(be->ops->tensor_upload(be, cs ? &k.c : &k.g, in_k[st], &_e));
-            OK(be->ops->tensor_upload(be, cs ? &v.c : &v.g, in_v[st], &_e));
+        if (run > 0) {
+            ns_cuda_set_fusion(gpu, run == 1);
+            ns_cuda_set_attn_dec_mma(gpu, mma ? 2 : 1);
+        }
+        for (int st = 0; st < steps; st++) {
+            int32_t tok[2] = {1, 2}, pos[2] = {st, st}, ss[3] = {0, 1, 2}, sl[2] = {st + 1, st + 1};
+            OK(be->ops->tensor_upload(be, cs ? &q.c : &q.g, in[st * 3 + 0], &_e));
+            OK(be->ops->tensor_upload(be, cs ? &k.c : &k.g, in[st * 3 + 1], &_e));
+            OK(be->ops->tensor_upload(be, cs ? &v.c : &v.g, in[st * 3 + 2], &_e));
             ns_batch b = {.n_tokens = n, .n_seqs = n, .tokens = tok, .positions = pos, .seq_start = ss,
-                          .seq_len = sl, .page_table = pt, .max_pages = 1, .logit_rows = NULL, .n_logits = 0};
+                          .seq_len = sl, .page_table = pt, .max_pages = pps, .logit_rows = NULL, .n_logits = 0};
             OK(be->ops->set_batch(be, &b, &_e));
+            if (run == 1 && st == 0) ns_cuda_set_profiling(gpu, 1);
             attn_block(be, cs, &q, &k, &v, &att, &qn, &kn, &inv, n, H, KVH, D);
+            if (run == 1 && st == 0) {
+                OK(gpu->ops->sync(gpu, &_e));
+                fused_seen = profile_has_qk_store();
+                ns_cuda_set_profiling(gpu, 0);
+            }
             pair *ps[3] = {&q, &k, &att};
             for (int j = 0; j < 3; j++) {
-                out[run][st][j] = malloc((size_t)(ps[j]->rows * ps[j]->cols) * 4);
-                OK(be->ops->tensor_download(be, cs ? &ps[j]->c : &ps[j]->g, out[run][st][j], &_e));
+                float **o = &out[(run * steps + st) * 3 + j];
+                *o = malloc((size_t)(ps[j]->rows * ps[j]->cols) * 4);
+                OK(be->ops->tensor_download(be, cs ? &ps[j]->c : &ps[j]->g, *o, &_e));
             }
         }
     }
     ns_cuda_set_fusion(gpu, 1);
+    ns_cuda_set_attn_dec_mma(gpu, 1);
+    CHECKF(fused_seen, "n=%d D=%d H=%d: the fused q/k-norm + RoPE + store kernel did not run", n, D, H);
     static const char *names[3] = {"q", "k", "attention"};
     double worst[3] = {0, 0, 0};
-    for (int st = 0; st < STEPS; st++)
+    int bad = 0;
+    for (int st = 0; st < steps; st++)
         for (int j = 0; j < 3; j++) {
             const size_t cnt = j == 1 ? nk : nq;
-            CHECKF(memcmp(out[1][st][j], out[2][st][j], cnt * 4) == 0,
-                   "n=%d D=%d step %d %s: fused differs from unfused (rel L2 %.3g)", n, D, st, names[j],
-                   rel_l2(out[1][st][j], out[2][st][j], cnt));
+            const float *o = out[(steps + st) * 3 + j], *ref = out[(2 * steps + st) * 3 + j];
+            if (bad < 8 && memcmp(o, ref, cnt * 4) != 0) {
+                bad++;
+                CHECKF(0, "n=%d D=%d H=%d step %d %s: fused differs from unfused (rel L2 %.3g)", n, D, H, st,
+                       names[j], rel_l2(o, ref, cnt));
+            }
             for (int r = 1; r < 3; r++) {
-                const double e = rel_l2(out[r][st][j], out[0][st][j], cnt);
+                const double e = rel_l2(out[(r * steps + st) * 3 + j], out[st * 3 + j], cnt);
                 if (e > worst[j]) worst[j] = e;
             }
         }
-    printf("#   attention block n=%d D=%d: cuda vs cpu worst rel L2 q %.3g, k %.3g, attention %.3g\n", n, D, worst[0],
-           worst[1], worst[2]);
+    printf("#   attention block n=%d D=%d H=%d, %d steps%s: cuda vs cpu worst rel L2 q %.3g, k %.3g, attention %.3g\n",
+           n, D, H, steps, mma ? " (tensor cores)" : "", worst[0], worst[1], worst[2]);
     CHECKF(worst[0] <= 1e-5 && worst[1] <= 1e-5, "n=%d D=%d: q/k after norm + RoPE differ from cpu", n, D);
     /* K/V are stored as bf16 on the GPU, F32 on the CPU */
     CHECKF(worst[2] <= 1e-2, "n=%d D=%d: attention differs from cpu: %.3g", n, D, worst[2]);
-    for (int st = 0; st < STEPS; st++) {
-        free(in_q[st]);
-        free(in_k[st]);
-        free(in_v[st]);
-        for (int r = 0; r < 3; r++)
-            for (int j = 0; j < 3; j++) free(out[r][st][j]);
-    }
+    for (int i = 0; i < steps * 3; i++) free(in[i]);
+    for (int i = 0; i < 3 * steps * 3; i++) free(out[i]);
+    free(in);
+    free(out);
+    free(pt);
     pair *ps[7] = {&q, &k, &v, &att, &qn, &kn, &inv};
     for (int j = 0; j < 7; j++) pair_free(ps[j]);
     cpu->ops->kv_free(cpu);
@@ -440,9 +480,18 @@ static void attn_block_check(int n, int D) {
 }
 
 TEST(test_attention_block_fused_vs_unfused) {
-    attn_block_check(1, 128);
-    attn_block_check(2, 128);
-    attn_block_check(1, 64);
+    attn_block_check(1, 128, 16, 5, 0);
+    attn_block_check(2, 128, 16, 5, 0);
+    attn_block_check(1, 64, 16, 5, 0);
+}
+
+/* the tensor-core decode kernel (TMA tiles at head dim 128) through 140
+ * steps: GQA ratios 1, 4 and 8, one and two sequences */
+TEST(test_attention_block_long) {
+    attn_block_check(1, 128, 16, 140, 1);
+    attn_block_check(2, 128, 32, 140, 1);
+    attn_block_check(1, 128, 4, 140, 1);
+    attn_block_check(2, 64, 16, 70, 1);
 }
 
 /* --------------------------------------------------------- model level */
@@ -615,6 +664,7 @@ int main(void) {
     RUN(test_chain_odd_shapes);
     RUN(test_chain_hidden_1024);
     RUN(test_attention_block_fused_vs_unfused);
+    RUN(test_attention_block_long);
     RUN(test_model_qwen3_batch1);
     RUN(test_model_qwen3_batch2);
     RUN(test_model_qwen3moe_batch1);

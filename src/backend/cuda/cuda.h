@@ -103,8 +103,12 @@ int ns_cuda_get_pdl_gemv(ns_backend *be);
  * NS_CUDA_ACT_NC default) or ld.global.cg (0). Same numbers either way. */
 void ns_cuda_set_act_nc(ns_backend *be, int on);
 int ns_cuda_get_act_nc(ns_backend *be);
-/* L2 prefetch of the next GEMV's weights by small decode kernels. */
-void ns_cuda_set_prefetch(ns_backend *be, int on);
+/* L2 prefetch of the next GEMVs' weights by the small decode kernels
+ * (add + RMSNorm, q/k-norm + RoPE + store): the first mb MB of them
+ * (0 = off, default 4, at most 2/3 of L2 per kernel); env
+ * NS_CUDA_PREFETCH likewise. Same results; for A/B runs. */
+void ns_cuda_set_prefetch(ns_backend *be, int mb);
+int ns_cuda_get_prefetch(ns_backend *be);
 /* Small kernels of decode tapes (add+RMSNorm, q/k-norm+RoPE+KV store,
  * decode attention) read constants and batch metadata before their PDL
  * wait, overlapping the previous kernel: on (default; env

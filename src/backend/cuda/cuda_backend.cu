@@ -533,11 +533,13 @@ static bool gemv_eligible(const cu_impl *c, const cu_op *op) {
 
 
 /* Prefetch plan: the weights of the first matmuls at or after ops[j]
- * (stopping at the first non-matmul after a matmul), up to 2/3 of L2. */
+ * (stopping at the first non-matmul after a matmul), their first
+ * c->prefetch MB (at most 2/3 of L2). */
 static void plan_prefetch(const cu_impl *c, const cu_op *ops, int32_t j, int32_t n, cu_prefetch *pf) {
     memset(pf, 0, sizeof *pf);
-    if (!c->prefetch || !c->l2_bytes) return;
+    if (c->prefetch <= 0 || !c->l2_bytes) return;
     size_t budget = c->l2_bytes * 2 / 3;
+    if (((size_t)c->prefetch << 20) < budget) budget = (size_t)c->prefetch << 20;
     int k = 0;
     bool seen = false;
     for (; j < n && k < 3 && budget > 0; j++) {
@@ -1805,7 +1807,8 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     c->pdl = env_int("NS_CUDA_PDL", 1);
     c->pdl_gemv = env_int("NS_CUDA_PDL_GEMV", 0); /* v18: 0 measured 3% faster at 1k batch 1 */
     /* off by default: measured slower on H200 (docs/cuda.md, v7) */
-    c->prefetch = env_int("NS_CUDA_PREFETCH", 0);
+    c->prefetch = env_int("NS_CUDA_PREFETCH", 4); /* MB; docs/cuda.md v21 */
+    if (c->prefetch < 0 || c->prefetch > 1024) c->prefetch = 4;
     /* on: ~1.5% at 1k batch 1. Off from run B to v18 (docs/cuda.md): with
      * them on, the q/k-norm + RoPE + store kernel's .nc loads of v were
      * scheduled above its PDL wait, so the cache got the previous step's
@@ -1886,7 +1889,10 @@ extern "C" void ns_cuda_set_pdl_gemv(ns_backend *be, int on) { set_captured_sett
 extern "C" int ns_cuda_get_pdl_gemv(ns_backend *be) { return IMPL(be)->pdl_gemv; }
 extern "C" void ns_cuda_set_act_nc(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::act_nc, on != 0); }
 extern "C" int ns_cuda_get_act_nc(ns_backend *be) { return IMPL(be)->act_nc; }
-extern "C" void ns_cuda_set_prefetch(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::prefetch, on); }
+extern "C" void ns_cuda_set_prefetch(ns_backend *be, int mb) {
+    set_captured_setting(be, &cu_impl::prefetch, mb < 0 || mb > 1024 ? 4 : mb);
+}
+extern "C" int ns_cuda_get_prefetch(ns_backend *be) { return IMPL(be)->prefetch; }
 extern "C" void ns_cuda_set_early_loads(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::early_loads, on); }
 extern "C" int ns_cuda_get_early_loads(ns_backend *be) { return IMPL(be)->early_loads; }
 

@@ -192,7 +192,7 @@ typedef struct cu_impl {
     int pdl_gemv; /* NS_CUDA_PDL_GEMV (default 0): 0 = a GEMV launched right after a GEMV drops the PDL attribute;
                    * 1 = PDL there too; 2 = PDL there, and the bf16 GEMVs trigger after their main loop */
     bool gemv_next, gemv_prev; /* the launch about to happen / the last launch is a GEMV (cu_launch) */
-    int prefetch; /* L2 prefetch of the next GEMV's weights in small kernels */
+    int prefetch; /* MB of the next GEMVs' weights each small decode kernel prefetches into L2 (0: none) */
     int split_keys; /* fewest keys per decode-attention split */
     /* attention kernel switches (cuda.h: ns_cuda_set_attn_sm90,
      * ns_cuda_set_attn_dec_mma): 1 + the switch value once set, 0 = not
@@ -288,8 +288,11 @@ void cu_bump_generation(cu_impl *c);
  * that issue per-line prefetches (no completion is tracked, so they exit
  * at once) before their PDL wait -- weights never depend on earlier
  * kernels. Turns HBM idle time during small kernels and kernel boundaries
- * into useful transfer. (A bulk prefetch from one CTA was tried first: it
- * ran at ~0.2 TB/s and held the kernel; see docs/cuda.md.) */
+ * into useful transfer. The amount is what that idle time moves (c->
+ * prefetch, 4 MB, ~1 us of HBM): up to 2/3 of L2 per kernel overran into
+ * the GEMV and competed with its streams (docs/cuda.md v7, v21). (A bulk
+ * prefetch from one CTA was tried first: it ran at ~0.2 TB/s and held the
+ * kernel; see docs/cuda.md.) */
 #define CU_PF_BLOCKS 64
 typedef struct cu_prefetch {
     const void *p[3];
