@@ -11,7 +11,7 @@
  *   the (sequence, kv head) with the bf16 kernels' decode_merge
  *   (cuda_attn_common.cuh). At >= 64 splits (long context, few sequences)
  *   the decode rows go to cu_attn_decode_mma_fp8 (tensor cores,
- *   cuda_attention.cu) instead: NS_CUDA_FP8_MMA.
+ *   cuda_attn_fp8_mma.cu) instead: NS_CUDA_FP8_MMA.
  * - Prefill tiles (more than one new token): the pages the prefilling
  *   sequences reference are dequantized once per layer into a compact
  *   bf16 copy (scratch pool of one layer, remapped page table), and the
@@ -477,7 +477,7 @@ extern "C" void ns_cuda_set_fp8_qreg(ns_backend *be, int on) {
 }
 
 /* NS_CUDA_FP8_MMA / ns_cuda_set_fp8_mma: decode rows on the tensor cores
- * (cu_attn_decode_mma_fp8 in cuda_attention.cu, where the shape allows) or
+ * (cu_attn_decode_mma_fp8 in cuda_attn_fp8_mma.cu, where the shape allows) or
  * on the CUDA-core kernel here: 0 = never, 1 = always, 2 = auto (default):
  * tensor cores when set_batch chose >= 64 splits (long contexts, few
  * sequences), or, on the bulk-copy path, when each split holds >= 1024

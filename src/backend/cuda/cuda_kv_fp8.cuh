@@ -75,7 +75,7 @@ void cu_kv_fp8_fill_random(cu_impl *c, const ns_kv_layout *l, uint64_t seed);
  * "dequantized once for a long suffix prefill" of the design brief). */
 void cu_attention_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
                       int n_heads, float scale);
-/* FP8 decode rows on the tensor cores (cuda_attention.cu: the mma
+/* FP8 decode rows on the tensor cores (cuda_attn_fp8_mma.cu: the mma
  * decode's tile step on a 16-bit tile converted from each staged FP8
  * tile): whether it covers this shape (head dim 64 or 128, G <= 8),
  * whether layer `layer` may come by page-segment bulk copies (the fast
