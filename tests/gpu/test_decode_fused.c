@@ -193,15 +193,22 @@ static void free_bufs(float **bufs) {
     for (int j = 0; j < N_OUT; j++) free(bufs[j]);
 }
 
-/* Which fused decode kernels the profile report names: bit 0 the norm +
- * q/k/v group, bit 1 the norm + gate/up + SwiGLU, bit 2 GEMV + add. */
-static int profile_dec_kinds(void) {
+/* The GPU's profile report (which also resets it) as text; the caller
+ * frees it. NULL when it cannot be captured. */
+static char *profile_text(void) {
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
-    if (!f) return -1;
+    if (!f) return NULL;
     ns_cuda_profile_report(gpu, f);
     fclose(f);
+    return text;
+}
+
+/* Which fused decode kernels the profile report names: bit 0 the norm +
+ * q/k/v group, bit 1 the norm + gate/up + SwiGLU, bit 2 GEMV + add. */
+static int profile_dec_kinds(void) {
+    char *text = profile_text();
     int kinds = 0;
     if (text) {
         /* labels are padded with spaces in the report */
@@ -349,12 +356,7 @@ static void attn_block(ns_backend *be, int cpu_side, pair *q, pair *k, pair *v, 
 /* Whether the profile report names the fused q/k-norm + RoPE + store
  * kernel (cuda_fused.cu). */
 static int profile_has_qk_store(void) {
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    if (!f) return -1;
-    ns_cuda_profile_report(gpu, f);
-    fclose(f);
+    char *text = profile_text();
     const int seen = text && strstr(text, "fused qk_norm+rope+kv_store") != NULL;
     free(text);
     return seen;
