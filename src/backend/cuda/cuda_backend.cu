@@ -328,7 +328,7 @@ static void op_matmul(cu_impl *c, const ns_tensor *out, const ns_tensor *in, con
     cu_note_write(c, out);
 }
 
-static void prof_begin(cu_impl *c, const char *label, int *pi) {
+void cu_prof_begin(cu_impl *c, const char *label, int *pi) {
     *pi = -1;
     if (!c->profiling || c->n_prof_ev >= CU_PROF_EVENTS) return;
     *pi = c->n_prof_ev++;
@@ -336,7 +336,7 @@ static void prof_begin(cu_impl *c, const char *label, int *pi) {
     cudaEventRecord(c->prof_ev[2 * *pi], c->stream);
 }
 
-static void prof_end(cu_impl *c, int pi) {
+void cu_prof_end(cu_impl *c, int pi) {
     if (pi >= 0) cudaEventRecord(c->prof_ev[2 * pi + 1], c->stream);
 }
 
@@ -346,7 +346,7 @@ static int prof_begin_op(cu_impl *c, const cu_op *op) {
     if (c->profiling && c->n_prof_ev < CU_PROF_EVENTS) {
         char name[48];
         op_label(op, name, sizeof name);
-        prof_begin(c, name, &pi);
+        cu_prof_begin(c, name, &pi);
     }
     return pi;
 }
@@ -433,7 +433,7 @@ static void exec_op(cu_impl *c, const cu_op *op) {
     case OP_MOE: cu_exec_moe(c, op); break;
     default: break;
     }
-    prof_end(c, pi);
+    cu_prof_end(c, pi);
 }
 
 /* ops that need the backend (KV layout) are executed here */
@@ -511,284 +511,17 @@ static void exec_op_be(ns_backend *be, const cu_op *op) {
     }
     default: break;
     }
-    prof_end(c, pi);
+    cu_prof_end(c, pi);
 }
 
 /* ================================================================= tape */
 
-static bool same_view(const ns_tensor *a, const ns_tensor *b) {
-    return a->data == b->data && a->rows == b->rows && a->cols == b->cols && a->dtype == b->dtype;
-}
-
-static bool al16p(const void *p) { return ((uintptr_t)p % 16) == 0; }
-
-/* Would op_matmul take the GEMV path for this op? */
-static bool gemv_eligible(const cu_impl *c, const cu_op *op) {
-    const ns_tensor *out = &op->a, *in = &op->b, *w = &op->c;
-    return op->kind == OP_MATMUL && out->dtype == NS_DT_F32 && in->dtype == NS_DT_F32 && w->dtype == NS_DT_BF16 &&
-           in->rows >= 1 && in->rows <= c->gemv_max && in->cols % 8 == 0 && w->cols == in->cols &&
-           out->rows == in->rows && out->cols == w->rows && al16p(w->data) && al16p(in->data) &&
-           out->data != in->data;
-}
-
-
-/* Prefetch plan: the weights of the first matmuls at or after ops[j]
- * (stopping at the first non-matmul after a matmul), their first
- * c->prefetch MB (at most 2/3 of L2). */
-static void plan_prefetch(const cu_impl *c, const cu_op *ops, int32_t j, int32_t n, cu_prefetch *pf) {
-    memset(pf, 0, sizeof *pf);
-    if (c->prefetch <= 0 || !c->l2_bytes) return;
-    size_t budget = c->l2_bytes * 2 / 3;
-    if (((size_t)c->prefetch << 20) < budget) budget = (size_t)c->prefetch << 20;
-    int k = 0;
-    bool seen = false;
-    for (; j < n && k < 3 && budget > 0; j++) {
-        if (ops[j].kind != OP_MATMUL) {
-            if (seen) break;
-            if (ops[j].kind == OP_RMSNORM || ops[j].kind == OP_ADD || ops[j].kind == OP_GATHER) break;
-            continue; /* skip attention / kv ops between here and the matmul */
-        }
-        seen = true;
-        if (ops[j].c.dtype != NS_DT_BF16) break;
-        size_t b = ns_tensor_bytes(&ops[j].c);
-        if (b > budget) b = budget;
-        if (b > 0xFFFF0000u) b = 0xFFFF0000u;
-        pf->p[k] = ops[j].c.data;
-        pf->bytes[k] = (uint32_t)b;
-        budget -= b;
-        k++;
-    }
-}
-
-/* Would op_matmul take the quantized GEMV path (cuda_quant.cu) for this op? */
-static bool qgemv_eligible(const cu_op *op) {
-    const ns_tensor *out = &op->a, *in = &op->b, *w = &op->c;
-    return op->kind == OP_MATMUL && ns_dtype_is_quant((ns_dtype)w->dtype) && out->dtype == NS_DT_F32 &&
-           in->dtype == NS_DT_F32 && in->rows >= 1 && in->rows <= CU_QGEMV_MAX && w->cols == in->cols &&
-           out->rows == in->rows && out->cols == w->rows && out->data != in->data;
-}
-
-/* try_fuse's GEMV patterns on quantized weights: gate/up + SwiGLU in one
- * launch, and up to 3 matmuls sharing the input in one launch (one
- * activation quantization each). Weights of a group must share the type;
- * anything else runs unfused through op_matmul. */
-static int32_t try_fuse_quant(cu_impl *c, const cu_op *ops, int32_t i, int32_t n) {
-    const cu_op *o = &ops[i];
-    int pi;
-    int32_t g = 1;
-    while (g < 3 && i + g < n && qgemv_eligible(&ops[i + g]) && same_view(&ops[i + g].b, &o->b) &&
-           ops[i + g].c.dtype == o->c.dtype)
-        g++;
-    if (g >= 2 && i + 2 < n && ops[i + 2].kind == OP_SWIGLU) {
-        const cu_op *u = &ops[i + 1], *sw = &ops[i + 2];
-        const ns_tensor *gt = &o->a, *up = &u->a, *out = &sw->a;
-        if (same_view(&sw->b, gt) && same_view(&sw->c, up) && gt->cols == up->cols && out->dtype == NS_DT_F32 &&
-            out->rows == gt->rows && out->cols == gt->cols && gt->data != up->data && out->data != up->data &&
-            out->data != o->b.data) {
-            prof_begin(c, "fused qgemv gate/up+swiglu", &pi);
-            cu_note_write(c, gt);
-            cu_note_write(c, up);
-            bf16 *obf = cu_shadow_produce(c, out);
-            cu_quant_gemv_swiglu(c, (float *)gt->data, (float *)up->data, (float *)out->data, obf, &o->c, &u->c,
-                                 (const float *)o->b.data, (int)o->b.rows, (int)o->b.cols);
-            prof_end(c, pi);
-            return 3;
-        }
-    }
-    if (g < 2) return 0;
-    float *outs[3];
-    const ns_tensor *ws[3];
-    for (int32_t j = 0; j < g; j++) {
-        outs[j] = (float *)ops[i + j].a.data;
-        ws[j] = &ops[i + j].c;
-    }
-    prof_begin(c, "fused qgemv", &pi);
-    cu_quant_gemv_multi(c, g, outs, ws, (const float *)o->b.data, (int)o->b.rows, (int)o->b.cols);
-    prof_end(c, pi);
-    for (int32_t j = 0; j < g; j++) cu_note_write(c, &ops[i + j].a);
-    return g;
-}
-
-/* Runs the engine's fixed op sequences of a recorded tape as fused
- * kernels (see cuda_fused.cu). Returns the number of ops consumed, 0 when
- * nothing at ops[i] can be fused. Each pattern is checked completely
- * (kinds, aliasing, shapes) before anything runs. */
-static int32_t try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n) {
-    cu_impl *c = IMPL(be);
-    const cu_op *o = &ops[i];
-    int pi;
-    if (qgemv_eligible(o)) return try_fuse_quant(c, ops, i, n);
-    /* 0. batch-1/2 decode: RMSNorm / residual add folded into the GEMVs
-     * (cuda_decode.cu), ahead of the patterns below that they replace */
-    if (c->dec_fuse) {
-        cu_gemv_dec_args dg;
-        const char *label;
-        const int32_t used = cu_dec_match(c, ops, i, n, &dg, &label);
-        if (used > 0) {
-            prof_begin(c, label, &pi);
-            cu_dec_run(c, ops, i, used, &dg);
-            prof_end(c, pi);
-            return used;
-        }
-    }
-    /* 1a. gate and up GEMVs followed by swiglu: one launch with the
-     * SwiGLU epilogue */
-    if (gemv_eligible(c, o) && i + 2 < n && gemv_eligible(c, &ops[i + 1]) && same_view(&ops[i + 1].b, &o->b) &&
-        ops[i + 2].kind == OP_SWIGLU) {
-        const cu_op *u = &ops[i + 1], *sw = &ops[i + 2];
-        const ns_tensor *gt = &o->a, *up = &u->a, *out = &sw->a;
-        if (same_view(&sw->b, gt) && same_view(&sw->c, up) && gt->cols == up->cols && out->dtype == NS_DT_F32 &&
-            out->rows == gt->rows && out->cols == gt->cols && gt->data != up->data && out->data != up->data &&
-            out->data != o->b.data) {
-            prof_begin(c, "fused gemv gate/up+swiglu", &pi);
-            cu_note_write(c, gt);
-            cu_note_write(c, up);
-            bf16 *obf = cu_shadow_produce(c, out);
-            cu_gemv_swiglu(c, (float *)gt->data, (float *)up->data, (float *)out->data, obf,
-                           (const bf16 *)o->c.data, (const bf16 *)u->c.data, gt->cols, (const float *)o->b.data,
-                           (int)o->b.rows, (int)o->b.cols);
-            prof_end(c, pi);
-            return 3;
-        }
-    }
-    /* 1b. matmuls sharing one input, GEMV path: one launch */
-    if (gemv_eligible(c, o)) {
-        int32_t g = 1;
-        while (g < 3 && i + g < n && gemv_eligible(c, &ops[i + g]) && same_view(&ops[i + g].b, &o->b)) g++;
-        if (g < 2) return 0;
-        float *outs[3];
-        const bf16 *ws[3];
-        int64_t ms[3];
-        for (int32_t j = 0; j < g; j++) {
-            outs[j] = (float *)ops[i + j].a.data;
-            ws[j] = (const bf16 *)ops[i + j].c.data;
-            ms[j] = ops[i + j].c.rows;
-        }
-        char label[48];
-        snprintf(label, sizeof label, "fused gemv x%d k=%lld", g, (long long)o->b.cols);
-        prof_begin(c, label, &pi);
-        cu_gemv_multi(c, g, outs, ws, ms, (const float *)o->b.data, (int)o->b.rows, (int)o->b.cols);
-        prof_end(c, pi);
-        for (int32_t j = 0; j < g; j++) cu_note_write(c, &ops[i + j].a);
-        return g;
-    }
-    /* 2. [rmsnorm q heads, rmsnorm k heads,] rope q, rope k, kv_store k v */
-    if (c->kv && (o->kind == OP_RMSNORM || o->kind == OP_ROPE)) {
-        const ns_kv_layout *l = &be->kv;
-        const int D = l->head_dim;
-        const bool norm = o->kind == OP_RMSNORM;
-        const int32_t base = norm ? i + 2 : i;
-        if (base + 3 > n || D % 64 || D > 256) return 0;
-        const cu_op *rq = &ops[base], *rk = &ops[base + 1], *st = &ops[base + 2];
-        if (rq->kind != OP_ROPE || rk->kind != OP_ROPE || st->kind != OP_KV_STORE) return 0;
-        const ns_tensor *q = &rq->a, *k = &rk->a, *v = &st->b;
-        const int T = c->meta.n_tokens, H = rq->i0, KVH = l->n_kv_heads;
-        if (q->rows != T || k->rows != T || v->rows != T || rq->i1 != D || rk->i1 != D || rk->i0 != KVH ||
-            q->cols != (int64_t)H * D || k->cols != (int64_t)KVH * D || v->cols != (int64_t)KVH * D ||
-            st->a.data != k->data || st->a.cols != k->cols || rq->b.data != rk->b.data ||
-            rq->b.dtype != NS_DT_F32 || q->dtype != NS_DT_F32 || k->dtype != NS_DT_F32 || v->dtype != NS_DT_F32 ||
-            q->data == k->data || v->data == k->data || v->data == q->data || st->i0 < 0 || st->i0 >= l->n_layers)
-            return 0;
-        const float *qn = NULL, *kn = NULL;
-        float eps = 0.f;
-        if (norm) {
-            const cu_op *nq = &ops[i], *nk = &ops[i + 1];
-            if (nk->kind != OP_RMSNORM || nq->a.data != q->data || nq->b.data != q->data || nk->a.data != k->data ||
-                nk->b.data != k->data || nq->a.cols != D || nk->a.cols != D || nq->a.rows != (int64_t)T * H ||
-                nk->a.rows != (int64_t)T * KVH || nq->c.dtype != NS_DT_F32 || nk->c.dtype != NS_DT_F32 ||
-                nq->c.rows * nq->c.cols != D || nk->c.rows * nk->c.cols != D || nq->f0 != nk->f0)
-                return 0;
-            qn = (const float *)nq->c.data;
-            kn = (const float *)nk->c.data;
-            eps = nq->f0;
-        }
-        cu_prefetch pf;
-        plan_prefetch(c, ops, base + 3, n, &pf); /* the output projection after attention */
-        prof_begin(c, norm ? "fused qk_norm+rope+kv_store" : "fused rope+kv_store", &pi);
-        cu_launch_qk_norm_rope_store(c, l, st->i0, (float *)q->data, (float *)k->data, (const float *)v->data, T, H,
-                                     qn, kn, eps, (const float *)rq->b.data, &pf);
-        prof_end(c, pi);
-        cu_note_write(c, q);
-        cu_note_write(c, k);
-        return base + 3 - i;
-    }
-    /* 3. x += y; xn = rmsnorm(x) */
-    if (o->kind == OP_ADD && i + 1 < n && ops[i + 1].kind == OP_RMSNORM) {
-        const cu_op *nm = &ops[i + 1];
-        const ns_tensor *x = &o->a, *y = &o->b, *out = &nm->a, *w = &nm->c;
-        if (!same_view(&nm->b, x) || x->dtype != NS_DT_F32 || y->dtype != NS_DT_F32 || out->dtype != NS_DT_F32 ||
-            w->dtype != NS_DT_F32 || x->cols <= 1024 || x->cols % 4 || y->rows * y->cols != x->rows * x->cols ||
-            out->rows != x->rows || out->cols != x->cols || w->rows * w->cols != x->cols || !al16p(x->data) ||
-            !al16p(y->data) || !al16p(out->data) || !al16p(w->data))
-            return 0;
-        /* out may alias y (the engine normalizes into the buffer it just
-         * added from): each thread reads its y elements before writing the
-         * same out elements. */
-        cu_prefetch pf;
-        plan_prefetch(c, ops, i + 2, n, &pf); /* q/k/v or gate/up next */
-        prof_begin(c, "fused add+rmsnorm", &pi);
-        cu_note_write(c, x);
-        bf16 *obf = cu_shadow_produce(c, out);
-        cu_launch_add_rmsnorm(c, (float *)x->data, (const float *)y->data, (float *)out->data, obf,
-                              (const float *)w->data, x->rows, (int)x->cols, nm->f0, &pf);
-        prof_end(c, pi);
-        return 2;
-    }
-    return 0;
-}
-
-static int cmp_range(const void *a, const void *b) {
-    const uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* True when no op of the tape writes (as its output `a`) any byte of a
- * constant the fused decode kernels read before their PDL wait: RMSNorm
- * weights and RoPE frequencies (and matmul weights). Kernels before the
- * tape cannot overlap it: set_batch's uploads sit between them in the
- * stream. */
-static bool tape_weights_unwritten(cu_impl *c, const cu_op *ops, int32_t n) {
-    if (n > c->cap_wr) {
-        uintptr_t *p = (uintptr_t *)realloc(c->wr, (size_t)n * 2 * sizeof *p);
-        if (!p) return false;
-        c->wr = p;
-        c->cap_wr = n;
-    }
-    int32_t k = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (!ops[i].a.data) continue;
-        c->wr[2 * k] = (uintptr_t)ops[i].a.data;
-        c->wr[2 * k + 1] = (uintptr_t)ops[i].a.data + ns_tensor_bytes(&ops[i].a);
-        k++;
-    }
-    qsort(c->wr, (size_t)k, 2 * sizeof *c->wr, cmp_range);
-    /* prefix maximum of the range ends: a weight [lo, hi) overlaps some
-     * written range iff the last range starting below hi ends above lo */
-    for (int32_t j = 1; j < k; j++)
-        if (c->wr[2 * j + 1] < c->wr[2 * j - 1]) c->wr[2 * j + 1] = c->wr[2 * j - 1];
-    for (int32_t i = 0; i < n; i++) {
-        const ns_tensor *w = ops[i].kind == OP_MATMUL || ops[i].kind == OP_RMSNORM ? &ops[i].c
-                             : ops[i].kind == OP_ROPE                            ? &ops[i].b
-                                                                                 : NULL;
-        if (!w || !w->data) continue;
-        const uintptr_t lo = (uintptr_t)w->data, hi = lo + ns_tensor_bytes(w);
-        int32_t a = 0, b = k; /* first range with start >= hi */
-        while (a < b) {
-            const int32_t m = (a + b) / 2;
-            if (c->wr[2 * m] < hi) a = m + 1;
-            else b = m;
-        }
-        if (a > 0 && c->wr[2 * (a - 1) + 1] > lo) return false;
-    }
-    return true;
-}
-
 static void run_tape(ns_backend *be, const cu_op *ops, int32_t n) {
     cu_impl *c = IMPL(be);
-    c->tape_early = c->early_loads && c->pdl && tape_weights_unwritten(c, ops, n);
+    c->tape_early = c->early_loads && c->pdl && cu_tape_weights_unwritten(c, ops, n);
     for (int32_t i = 0; i < n;) {
         if (c->err_status != NS_OK) break;
-        int32_t used = c->fusion ? try_fuse(be, ops, i, n) : 0;
+        int32_t used = c->fusion ? cu_tape_try_fuse(be, ops, i, n) : 0;
         if (used > 0) {
             i += used;
             continue;

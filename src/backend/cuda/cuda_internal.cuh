@@ -267,6 +267,23 @@ void cu_note_write(cu_impl *c, const ns_tensor *t);
 void cu_shadow_invalidate_all(cu_impl *c);
 /* Memory a captured graph may reference moved: drop all graphs. */
 void cu_bump_generation(cu_impl *c);
+/* The backend's state (cuda_backend.cu). */
+cu_impl *cu_impl_of(ns_backend *be);
+
+/* Profiling (ns_cuda_set_profiling): events around what is enqueued
+ * between begin and end, summed under label; *pi is -1 when off or out
+ * of events. */
+void cu_prof_begin(cu_impl *c, const char *label, int *pi);
+void cu_prof_end(cu_impl *c, int pi);
+
+/* Tape fusions (cuda_tape_fuse.cu): at ops[i] of a recorded tape of n ops,
+ * launch the fused kernels of a known pattern and return how many ops
+ * they replace, or 0 (nothing launched: run ops[i] as it is). */
+int32_t cu_tape_try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n);
+/* True when no op of the tape writes (as its output) any byte of a weight,
+ * norm weight or RoPE frequency table that the fused decode kernels read
+ * before their PDL wait. */
+bool cu_tape_weights_unwritten(cu_impl *c, const cu_op *ops, int32_t n);
 
 /* ------------------------------------------------------------ kernels */
 
