@@ -883,40 +883,63 @@ static ns_status format_one(ns_tctx *c, ns_tsb *b, const ns_tv *v, const fspec *
     int zero_w = (f->zero && !f->align && f->width > 0) ? (int)(f->width > 400 ? 400 : f->width) : 0;
     if (type == 'd' || type == 'i' || type == 'u' || type == 'x' || type == 'X' || type == 'o' || type == 'c' ||
         (type == 0 && v->kind != NS_TV_FLOAT)) {
-        long long iv;
+        /* Python's %-formatting: %d/%i/%u truncate a float (its exact integer
+         * value, however large: '%d' % 1e20 is 100000000000000000000), while
+         * %x/%o/%c refuse one. A bare cast would be undefined behaviour past
+         * 2^63 (the fuzzer found '%d' % 7e159). */
+        long long iv = 0;
+        char digs[400]; /* most significant digit first; a double's integer part has <= 309 */
+        int k = 0;
+        bool neg;
         if (v->kind == NS_TV_FLOAT) {
+            double fv = v->u.f;
             if (!percent && type != 0) return ns_trt_fail(c, NS_ERR_INVALID, "Unknown format code '%c' for float", type);
-            if (!isfinite(v->u.f)) return ns_trt_fail(c, NS_ERR_INVALID, "cannot convert float to integer");
-            iv = (long long)v->u.f;
+            if (type == 'x' || type == 'X' || type == 'o')
+                return ns_trt_fail(c, NS_ERR_INVALID, "%%%c format: an integer is required, not float", type);
+            if (type == 'c') return ns_trt_fail(c, NS_ERR_INVALID, "%%c requires int or char");
+            if (isnan(fv)) return ns_trt_fail(c, NS_ERR_INVALID, "cannot convert float NaN to integer");
+            if (isinf(fv)) return ns_trt_fail(c, NS_ERR_INVALID, "cannot convert float infinity to integer");
+            fv = trunc(fv);
+            neg = fv < 0;
+            /* glibc prints a double's exact decimal value with %.0f */
+            int n = snprintf(digs, sizeof digs, "%.0f", fabs(fv));
+            if (n <= 0 || (size_t)n >= sizeof digs) return ns_trt_fail(c, NS_ERR_INVALID, "float too large to format");
+            k = n;
         } else {
             iv = v->kind == NS_TV_INT ? v->u.i : v->u.b;
+            neg = iv < 0;
+            if (type == 'c') {
+                /* Python: OverflowError for anything outside range(0x110000);
+                 * a surrogate could not be written out as UTF-8 either. */
+                if (iv < 0 || iv >= 0x110000 || (iv >= 0xD800 && iv < 0xE000))
+                    return ns_trt_fail(c, NS_ERR_INVALID, "%%c arg not in range(0x110000) (or a surrogate)");
+                char u[4];
+                size_t un = ns_utf8_encode((uint32_t)iv, u);
+                put_padded(b, f, u, un, '<');
+                return NS_OK;
+            }
+            int base = (type == 'x' || type == 'X') ? 16 : type == 'o' ? 8 : 10;
+            unsigned long long mag = neg ? 0ULL - (unsigned long long)iv : (unsigned long long)iv;
+            char rev[72];
+            do {
+                int d = (int)(mag % (unsigned)base);
+                rev[k++] = (char)(d < 10 ? '0' + d : (type == 'X' ? 'A' : 'a') + d - 10);
+                mag /= (unsigned)base;
+            } while (mag);
+            for (int i = 0; i < k; i++) digs[i] = rev[k - 1 - i];
         }
-        if (type == 'c') {
-            char u[4];
-            size_t k = ns_utf8_encode((uint32_t)iv, u);
-            put_padded(b, f, u, k, '<');
-            return NS_OK;
-        }
-        int base = (type == 'x' || type == 'X') ? 16 : type == 'o' ? 8 : 10;
-        unsigned long long mag = iv < 0 ? 0ULL - (unsigned long long)iv : (unsigned long long)iv;
-        char digs[72];
-        int k = 0;
-        do {
-            int d = (int)(mag % (unsigned)base);
-            digs[k++] = (char)(d < 10 ? '0' + d : (type == 'X' ? 'A' : 'a') + d - 10);
-            mag /= (unsigned)base;
-        } while (mag);
+        char ibuf[4 + 400 + sizeof digs];
         size_t o = 0;
-        if (iv < 0) buf[o++] = '-';
-        else if (sign) buf[o++] = sign;
-        if (f->alt && base != 10) {
-            buf[o++] = '0';
-            buf[o++] = base == 16 ? type : 'o';
+        if (neg) ibuf[o++] = '-';
+        else if (sign) ibuf[o++] = sign;
+        if (f->alt && (type == 'x' || type == 'X' || type == 'o')) {
+            ibuf[o++] = '0';
+            ibuf[o++] = type == 'o' ? 'o' : type;
         }
-        for (int64_t z = (int64_t)o + k; z < zero_w; z++) buf[o++] = '0';
-        while (k) buf[o++] = digs[--k];
-        buf[o] = 0;
-        put_padded(b, f, buf, strlen(buf), '>');
+        for (int64_t z = (int64_t)o + k; z < zero_w; z++) ibuf[o++] = '0';
+        memcpy(ibuf + o, digs, (size_t)k);
+        o += (size_t)k;
+        put_padded(b, f, ibuf, o, '>');
         return NS_OK;
     }
     double x = ns_tv_num(v);

@@ -676,7 +676,10 @@ TEST(kv_ssd_disk_full) {
  * the hashes it made durable to fd. */
 static void crash_child(const ns_kv_ssd_opts *o, int it, int fd, int ready_fd) {
     ns_kv_ssd *s = open_store(o);
-    if (!s) _exit(3);
+    if (!s) {
+        fflush(stdout); /* open_store's message; _exit does not flush */
+        _exit(3);
+    }
     if (write(ready_fd, "r", 1) != 1) _exit(7);
     int32_t t[8];
     unsigned char d[2048];
@@ -728,7 +731,10 @@ TEST(kv_ssd_crash_consistency) {
             usleep((useconds_t)(rand_r(&seed) % 20000));
         } else {
             char c;
-            if (read(rfd[0], &c, 1) != 1) bad_exit++;
+            if (read(rfd[0], &c, 1) != 1) {
+                bad_exit++;
+                fprintf(stdout, "#   iteration %d: the child never said ready\n", it);
+            }
             /* one kill in four only after a first flush returned, so the
              * durable-page check always runs, however slow fsync is on a
              * loaded machine (else every kill could land before one) */
@@ -736,11 +742,18 @@ TEST(kv_ssd_crash_consistency) {
                 while (got < 8 && (r = read(pfd[0], (char *)durable + got, 8 - got)) > 0) got += (size_t)r;
             usleep((useconds_t)(rand_r(&seed) % 15000));
         }
-        close(rfd[0]);
+        /* rfd closes only after the child is gone: closed before the kill,
+         * a child that says "ready" in between dies of SIGPIPE instead (a
+         * rare CI failure, when open outlasted the random sleep). */
         kill(pid, SIGKILL);
         int status = 0;
         waitpid(pid, &status, 0);
-        if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)) bad_exit++;
+        close(rfd[0]);
+        if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)) {
+            bad_exit++;
+            fprintf(stdout, "#   iteration %d: child status 0x%x (exit %d, signal %d)\n", it, status,
+                    WIFEXITED(status) ? WEXITSTATUS(status) : -1, WIFSIGNALED(status) ? WTERMSIG(status) : -1);
+        }
         while (got < sizeof durable && (r = read(pfd[0], (char *)durable + got, sizeof durable - got)) > 0)
             got += (size_t)r;
         close(pfd[0]);

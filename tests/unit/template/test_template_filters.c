@@ -105,6 +105,11 @@ static const rcase METHODS[] = {
     {"{{ '%s-%d-%05.2f|%x|%-4s|%r|%%' % ('a', 3, 3.14159, 255, 'b', 'c') }} {{ '%d items' % 3 }} {{ '%(a)s' % {'a': 1} }}",
      "{}",
      "a-3-03.14|ff|b   |'c'|% 3 items 1"},
+    /* %d of a float past 2^63 prints its exact integer value (the fuzzer
+     * found a cast that was undefined behaviour there) */
+    {"{{ '%d|%i|%+d|%d|%05d|%u|%d' % (7e159, -3.9, 2.5, 1e20, -2.0, 1.5e300, -9.2e18) }} {{ '%c%c|%x|%#x|%#o|%#X|%-5d|' % (65, 0x10FFFF, -255, 255, 8, 255, 7) }}",
+     "{}",
+     "6999999999999999889611426699677974328839788014562071695484284048615800701528878818488649316003925919056134575956424491644278526283649326476930400090892531662848|-3|+2|100000000000000000000|-0002|1500000000000000078757140382806630373056702871662238732373781173267703686983362293679557062620671796065556665749325817265413784853040645863467188277180060474272580801389863705606745350692182135089053429852456199917621678558451461320111979114170213741868888183230085264257173504208294580298189100810240|-9200000000000000000 A\364\217\277\277|-ff|0xff|0o10|0XFF|7    |"},
     {"{{ 'stra\303\237e \357\254\201'.upper() }} {{ '\316\237\316\224\316\237\316\243'.lower() }} {{ '\303\200\303\211\303\216'.lower() }} {{ 'hello wORLD'.capitalize() }} {{ \"they're bill's\".title() }}",
      "{}",
      "STRASSE FI \316\277\316\264\316\277\317\202 \303\240\303\251\303\256 Hello world They'Re Bill'S"},
@@ -184,6 +189,21 @@ TEST(filter_errors) {
     out = render_ctx("{{ ''.join(['a', 1]) }}", "{}", 0, &st, &err);
     CHECK(out == NULL && strstr(err.msg, "expected str instance"));
     free(out);
+    /* Python's errors for what %-formatting cannot print */
+    static const char *const PCT_ERR[][2] = {
+        {"{% set x = 1e308 * 10 %}{{ '%d' % x }}", "cannot convert float infinity to integer"},
+        {"{% set x = 1e308 * 10 %}{{ '%d' % (x - x) }}", "cannot convert float NaN to integer"},
+        {"{{ '%x' % 2.0 }}", "%x format: an integer is required, not float"},
+        {"{{ '%c' % 1.0 }}", "%c requires int or char"},
+        {"{{ '%c' % 1114112 }}", "%c arg not in range(0x110000)"},
+        {"{{ '%c' % -1 }}", "%c arg not in range(0x110000)"},
+    };
+    for (size_t i = 0; i < sizeof PCT_ERR / sizeof PCT_ERR[0]; i++) {
+        out = render_ctx(PCT_ERR[i][0], "{}", 0, &st, &err);
+        CHECKF(out == NULL && st == NS_ERR_INVALID && strstr(err.msg, PCT_ERR[i][1]), "%s: %s", PCT_ERR[i][0],
+               out ? out : err.msg);
+        free(out);
+    }
 }
 
 int main(void) {
