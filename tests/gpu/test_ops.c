@@ -626,8 +626,8 @@ TEST(test_attention_long_decode_splits) {
 typedef struct {
     void (*set)(ns_backend *, int);
     int n;
-    int pos[12];
-    const char *name[12];
+    int pos[16];
+    const char *name[16];
 } gpu_switch;
 
 static void attention_batch(const attn_cfg *cf, const seq_spec *fin, int ns, double tol, double row_tol,
@@ -710,14 +710,17 @@ TEST(test_attention_prefill_variants) {
     const seq_spec mixed[] = {{15, 15}, {32, 16}, {4112, 17}, {4097, 4097}, {4112, 4095}, {4096, 1}, {1, 1}, {18, 17}};
     const attn_cfg g4 = {128, 2, 8, 16}, g8 = {128, 1, 8, 16};
     const gpu_switch k = {ns_cuda_set_attn_sm90,
-                          11,
-                          {8, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11},
+                          15,
+                          {8, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15},
                           {"(hopper, TMA)", "(hopper)", "(hopper, pipelined)", "(hopper, pipelined, ping-pong)",
                            "(hopper, warp producers)", "(hopper, pipelined, warp producers)",
                            "(hopper, pipelined, ping-pong, warp producers)", "(hopper, offset groups)",
                            "(hopper, pipelined, ping-pong, TMA)",
                            "(hopper, TMA multicast in 2-CTA clusters)",
-                           "(hopper, pipelined, ping-pong, TMA multicast in 2-CTA clusters)"}};
+                           "(hopper, pipelined, ping-pong, TMA multicast in 2-CTA clusters)",
+                           "(hopper, offset groups, TMA)", "(hopper, pipelined, TMA)",
+                           "(hopper, offset groups, TMA, lean softmax)",
+                           "(hopper, pipelined, ping-pong, TMA, lean softmax)"}};
     attention_batch(&g4, mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-2, 3e-2, "prefill variants GQA4", &k);
     const seq_spec small[] = {{15, 15}, {33, 17}, {130, 64}, {300, 300}, {257, 1}};
     attention_batch(&g8, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill variants GQA8", &k);
@@ -725,10 +728,12 @@ TEST(test_attention_prefill_variants) {
      * tile, more than a warp's lanes) and 32 tokens; chunks ending inside
      * a page, on a page edge and on a 128-key tile edge */
     const gpu_switch tma = {ns_cuda_set_attn_sm90,
-                            5,
-                            {8, 1, 9, 10, 11},
+                            9,
+                            {8, 1, 9, 10, 11, 12, 13, 14, 15},
                             {"(hopper, TMA)", "(hopper)", "(hopper, pipelined, ping-pong, TMA)", "(hopper, TMA multicast)",
-                             "(hopper, pipelined, ping-pong, TMA multicast)"}};
+                             "(hopper, pipelined, ping-pong, TMA multicast)", "(hopper, offset groups, TMA)",
+                             "(hopper, pipelined, TMA)", "(hopper, offset groups, TMA, lean)",
+                             "(hopper, pipelined, ping-pong, TMA, lean)"}};
     const attn_cfg p8 = {128, 2, 8, 8}, p32 = {128, 2, 8, 32};
     const seq_spec pages[] = {{15, 15}, {256, 100}, {1000, 1000}, {1313, 77}, {520, 7}, {129, 1}};
     attention_batch(&p8, pages, (int)(sizeof pages / sizeof pages[0]), 1e-2, 3e-2, "prefill TMA pages of 8", &tma);

@@ -395,6 +395,25 @@ __device__ __forceinline__ float s9_ex2(float x) {
     return y;
 }
 
+/* 2^x for x <= 0 on the FMA and integer pipes instead of the SFU (FA4's
+ * trick, variants 12-15's lean softmax): x = j + f with j = round(x) by
+ * the 1.5 * 2^23 shift, 2^f on [-0.5, 0.5] by a degree-3 polynomial
+ * (coefficients fitted for relative error, max 7.5e-5: far below the bf16
+ * rounding of P, 3.9e-3), then j added to the exponent bits: one IMAD of
+ * t's bits (whose low bits are j) times 2^23. x is clamped at -125 so a
+ * masked score (-inf) gives 2^-125 (a normal float, ~2e-38; next to the
+ * row maximum's 1 it is nothing) instead of the NaN the shift would make.
+ * Why: the profile (docs/cuda.md v22) shows the SFU queue as a fifth of
+ * the softmax's stalls, one EX2 per score at 8 cycles per warp
+ * instruction per scheduler. */
+__device__ __forceinline__ float s9_ex2_poly(float x) {
+    x = fmaxf(x, -125.f);
+    const float t = x + 12582912.f; /* 1.5 * 2^23: t's low mantissa bits = round(x) */
+    const float f = x - (t - 12582912.f);
+    const float p = fmaf(fmaf(fmaf(0.0551716685f, f, 0.242611125f), f, 0.693260968f), f, 0.999928057f);
+    return __int_as_float(__float_as_int(t) * (1 << 23) + __float_as_int(p));
+}
+
 /* Online softmax of the scores of key tile kt: masks keys past each row's
  * position, updates m (kept unscaled: the scale is positive, so the max
  * commutes with it and each probability is one FFMA + EX2) and l, writes
@@ -402,6 +421,11 @@ __device__ __forceinline__ float s9_ex2(float x) {
  * the previous O must be scaled by. The softmax is a large share of the
  * instructions per tile next to the wgmma time (one EX2 per score, 16 per
  * clock per SM), hence the lean form. */
+/* LEAN (variants 12-15): the row maxima as trees instead of two chains of
+ * 16 dependent FMNMX, the row sums in four partial sums each, and one n8
+ * block in four (a quarter of the exponentials) through s9_ex2_poly, so
+ * the SFU and the FMA pipe share the exponentials. */
+template <bool LEAN>
 __device__ __forceinline__ void s9_softmax(float (&sc)[64], uint32_t (&pa)[S9_BN / 16][4], s9_rows &r, int kt,
                                            float scale_log2, float &a0, float &a1) {
     const int kb = kt * S9_BN;
@@ -416,10 +440,34 @@ __device__ __forceinline__ void s9_softmax(float (&sc)[64], uint32_t (&pa)[S9_BN
         }
     }
     float mx0 = r.m0, mx1 = r.m1;
+    if constexpr (LEAN) {
+        float t0[S9_BN / 8], t1[S9_BN / 8];
 #pragma unroll
-    for (int i = 0; i < S9_BN / 8; i++) {
-        mx0 = fmaxf(mx0, fmaxf(sc[4 * i], sc[4 * i + 1]));
-        mx1 = fmaxf(mx1, fmaxf(sc[4 * i + 2], sc[4 * i + 3]));
+        for (int i = 0; i < S9_BN / 8; i++) {
+            t0[i] = fmaxf(sc[4 * i], sc[4 * i + 1]);
+            t1[i] = fmaxf(sc[4 * i + 2], sc[4 * i + 3]);
+        }
+        /* four levels, strides 8 4 2 1, each a constant (a stride loop
+         * was left rolled and put t0/t1 in local memory) */
+#define S9_TREE_LEVEL(W)                         \
+    _Pragma("unroll") for (int i = 0; i < (W); i++) { \
+        t0[i] = fmaxf(t0[i], t0[i + (W)]);       \
+        t1[i] = fmaxf(t1[i], t1[i + (W)]);       \
+    }
+        static_assert(S9_BN / 8 == 16, "the tree below has four levels");
+        S9_TREE_LEVEL(8)
+        S9_TREE_LEVEL(4)
+        S9_TREE_LEVEL(2)
+        S9_TREE_LEVEL(1)
+#undef S9_TREE_LEVEL
+        mx0 = fmaxf(mx0, t0[0]);
+        mx1 = fmaxf(mx1, t1[0]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < S9_BN / 8; i++) {
+            mx0 = fmaxf(mx0, fmaxf(sc[4 * i], sc[4 * i + 1]));
+            mx1 = fmaxf(mx1, fmaxf(sc[4 * i + 2], sc[4 * i + 3]));
+        }
     }
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
@@ -435,17 +483,37 @@ __device__ __forceinline__ void s9_softmax(float (&sc)[64], uint32_t (&pa)[S9_BN
     r.m1 = mx1;
     const float b0 = -mx0 * scale_log2, b1 = -mx1 * scale_log2;
     float rs0 = 0.f, rs1 = 0.f;
+    float ps0[4] = {0.f, 0.f, 0.f, 0.f}, ps1[4] = {0.f, 0.f, 0.f, 0.f}; /* LEAN's partial sums */
 #pragma unroll
     for (int i = 0; i < S9_BN / 8; i++) {
-        const float e0 = s9_ex2(fmaf(sc[4 * i], scale_log2, b0)), e1 = s9_ex2(fmaf(sc[4 * i + 1], scale_log2, b0));
-        const float e2 = s9_ex2(fmaf(sc[4 * i + 2], scale_log2, b1)), e3 = s9_ex2(fmaf(sc[4 * i + 3], scale_log2, b1));
-        rs0 += e0 + e1;
-        rs1 += e2 + e3;
+        float e0, e1, e2, e3;
+        if (LEAN && (i & 3) == 3) {
+            e0 = s9_ex2_poly(fmaf(sc[4 * i], scale_log2, b0));
+            e1 = s9_ex2_poly(fmaf(sc[4 * i + 1], scale_log2, b0));
+            e2 = s9_ex2_poly(fmaf(sc[4 * i + 2], scale_log2, b1));
+            e3 = s9_ex2_poly(fmaf(sc[4 * i + 3], scale_log2, b1));
+        } else {
+            e0 = s9_ex2(fmaf(sc[4 * i], scale_log2, b0));
+            e1 = s9_ex2(fmaf(sc[4 * i + 1], scale_log2, b0));
+            e2 = s9_ex2(fmaf(sc[4 * i + 2], scale_log2, b1));
+            e3 = s9_ex2(fmaf(sc[4 * i + 3], scale_log2, b1));
+        }
+        if constexpr (LEAN) {
+            ps0[i & 3] += e0 + e1;
+            ps1[i & 3] += e2 + e3;
+        } else {
+            rs0 += e0 + e1;
+            rs1 += e2 + e3;
+        }
         /* the S accumulator layout of n8 block i is the A-fragment layout
          * of keys [16(i/2), 16(i/2)+16): regs 0/1 from even i, 2/3 from
          * odd i */
         pa[i >> 1][(i & 1) * 2 + 0] = s9_pack_bf16(e0, e1);
         pa[i >> 1][(i & 1) * 2 + 1] = s9_pack_bf16(e2, e3);
+    }
+    if constexpr (LEAN) {
+        rs0 = (ps0[0] + ps0[1]) + (ps0[2] + ps0[3]);
+        rs1 = (ps1[0] + ps1[1]) + (ps1[2] + ps1[3]);
     }
     r.l0 = r.l0 * a0 + rs0;
     r.l1 = r.l1 * a1 + rs1;
@@ -475,7 +543,7 @@ __device__ __forceinline__ void s9_scale_o(float (&o)[64], float a0, float a1) {
  * so one group's softmax runs while the other's products use the tensor
  * cores. Each group passes the turn after each of its nt + 1 issue points
  * except group 1's last, so every barrier phase completes before exit. */
-template <bool PIPE, bool PINGPONG, bool OFFSET, bool CL>
+template <bool PIPE, bool PINGPONG, bool OFFSET, bool CL, bool LEAN>
 __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *smem, uint32_t bar_full,
                                             uint32_t bar_empty, int w, int h, int t0, int q0, int rows, int pos0,
                                             int nt) {
@@ -537,7 +605,7 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
                 if (w == 0 && kt == 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
             }
             uint32_t pa[S9_BN / 16][4];
-            s9_softmax(sc, pa, r, kt, p.scale_log2, a0, a1);
+            s9_softmax<LEAN>(sc, pa, r, kt, p.scale_log2, a0, a1);
             s9_scale_o(o, a0, a1);
             wgmma_fence_regs(o);
             s9_issue_pv(o, pa, vbase + st * S9_KV_BYTES);
@@ -566,7 +634,7 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
         s9_issue_s(sc, qaddr, kbase);
         pass_turn(false);
         wgmma_wait0(sc);
-        s9_softmax(sc, pb0, r, 0, p.scale_log2, a0, a1); /* O is zero: nothing to scale */
+        s9_softmax<LEAN>(sc, pb0, r, 0, p.scale_log2, a0, a1); /* O is zero: nothing to scale */
         /* tile kt: issue S(kt) with PV(kt - 1) from pin, softmax into pout */
         auto step = [&](int kt, uint32_t (&pin)[S9_BN / 16][4], uint32_t (&pout)[S9_BN / 16][4]) {
             const int st = kt % S9_STAGES, sp = (kt - 1) % S9_STAGES;
@@ -577,7 +645,7 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
             s9_issue_pv(o, pin, vbase + sp * S9_KV_BYTES);
             pass_turn(false);
             wgmma_wait1(sc); /* S of tile kt done; PV of tile kt - 1 may still run */
-            s9_softmax(sc, pout, r, kt, p.scale_log2, a0, a1);
+            s9_softmax<LEAN>(sc, pout, r, kt, p.scale_log2, a0, a1);
             wgmma_wait0(o);
             s9_release<CL>(bar_empty + 8 * sp);
             s9_scale_o(o, a0, a1);
@@ -640,7 +708,8 @@ __device__ __forceinline__ void s9_consumer(const cu_sm90_params &p, uint8_t *sm
  * order (all KV heads at once) keeps 8x that working set, more than L2
  * at long contexts. Within a KV head the longest tiles (first in the
  * list) start first. */
-template <bool PIPE, bool PINGPONG, bool WARP_PRODUCER, bool OFFSET = false, bool TMA = false, bool CL = false>
+template <bool PIPE, bool PINGPONG, bool WARP_PRODUCER, bool OFFSET = false, bool TMA = false, bool CL = false,
+          bool LEAN = false>
 __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(const __grid_constant__ cu_sm90_params p,
                                                               const __grid_constant__ CUtensorMap tmap) {
 #if S9_ENABLED
@@ -682,7 +751,7 @@ __global__ __launch_bounds__(384, 1) void k_attn_prefill_sm90(const __grid_const
         else s9_producer(p, smem, bar_full, bar_empty, s, kvh, n_keys, nt);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
-        s9_consumer<PIPE, PINGPONG, OFFSET, CL>(p, smem, bar_full, bar_empty, wg - 1, h0 + wg - 1, t0, q0, rows, pos0,
+        s9_consumer<PIPE, PINGPONG, OFFSET, CL, LEAN>(p, smem, bar_full, bar_empty, wg - 1, h0 + wg - 1, t0, q0, rows, pos0,
                                                 nt);
     }
     /* CL: no CTA leaves while its peer may still arrive on its barriers */
@@ -721,7 +790,11 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
                                       s9_set_smem(c, k_attn_prefill_sm90<false, false, false, false, true>) &&
                                       s9_set_smem(c, k_attn_prefill_sm90<true, true, false, false, true>) &&
                                       s9_set_smem(c, k_attn_prefill_sm90<false, false, false, false, true, true>) &&
-                                      s9_set_smem(c, k_attn_prefill_sm90<true, true, false, false, true, true>)))
+                                      s9_set_smem(c, k_attn_prefill_sm90<true, true, false, false, true, true>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<false, false, false, true, true>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<true, false, false, false, true>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<false, false, false, true, true, false, true>) &&
+                                      s9_set_smem(c, k_attn_prefill_sm90<true, true, false, false, true, false, true>)))
             c->attn_sm90_cc = 2;
     }
     return c->attn_sm90_cc == 1;
@@ -800,17 +873,20 @@ bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
     int v = c->attn_sm90 - 1;
     /* the TMA variants fall back to their cp.async twins where no map fits */
     if ((v == 10 || v == 11) && (p->G / 2) % 2 != 0) v = v == 10 ? 8 : 9; /* clusters pair head pairs: G % 4 == 0 */
-    if (v >= 8 && v <= 11 &&
+    if (v >= 8 &&
         !cu_attn_kv_tmap(c, p->kv, p->kv_bytes, p->page_bytes, p->head_bytes, p->k_off, p->v_off, p->P,
                          reinterpret_cast<uint64_t *>(&tm)))
-        v = (v == 9 || v == 11) ? 3 : 1;
+        v = (v == 9 || v == 11 || v == 15) ? 3 : v == 13 ? 2 : (v == 12 || v == 14) ? 7 : 1;
     /* variants (cuda.h): 1 in order per tile (the fastest cp.async
      * producer, v13), 2 pipelined, 3 pipelined + ping-pong; 4-6 the same with
      * one producer warp per stage; 7 = 1 with the consumer groups half a
      * tile apart; 8, 9 = 1, 3 with the TMA producer (8: the default,
      * +17% on prefill 32k over 1, v16); 10 = 8 with the two
      * head pairs of a KV head as a 2-CTA cluster sharing K/V by multicast,
-     * 11 = the same with 9's pipelined ping-pong consumers */
+     * 11 = the same with 9's pipelined ping-pong consumers; 12 = 8 with
+     * 7's offset groups, 13 = 8 pipelined without ping-pong (the overlaps
+     * measured only with the cp.async producer, v13), 14, 15 = 12, 9
+     * with the lean softmax (docs/cuda.md v22) */
     switch (v) {
     case 2: cu_launch(c, k_attn_prefill_sm90<true, false, false>, grid, block, sm, *p, tm); break;
     case 3: cu_launch(c, k_attn_prefill_sm90<true, true, false>, grid, block, sm, *p, tm); break;
@@ -822,6 +898,10 @@ bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles) {
     case 9: cu_launch(c, k_attn_prefill_sm90<true, true, false, false, true>, grid, block, sm, *p, tm); break;
     case 10: s9_launch_cluster(c, k_attn_prefill_sm90<false, false, false, false, true, true>, grid, block, sm, *p, tm); break;
     case 11: s9_launch_cluster(c, k_attn_prefill_sm90<true, true, false, false, true, true>, grid, block, sm, *p, tm); break;
+    case 12: cu_launch(c, k_attn_prefill_sm90<false, false, false, true, true>, grid, block, sm, *p, tm); break;
+    case 13: cu_launch(c, k_attn_prefill_sm90<true, false, false, false, true>, grid, block, sm, *p, tm); break;
+    case 14: cu_launch(c, k_attn_prefill_sm90<false, false, false, true, true, false, true>, grid, block, sm, *p, tm); break;
+    case 15: cu_launch(c, k_attn_prefill_sm90<true, true, false, false, true, false, true>, grid, block, sm, *p, tm); break;
     default: cu_launch(c, k_attn_prefill_sm90<false, false, false>, grid, block, sm, *p, tm); break;
     }
     return !CU_LAUNCHED(c, "attention prefill sm90");

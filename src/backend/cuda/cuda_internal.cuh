@@ -481,10 +481,10 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G);
 enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2 };
 /* The value of an attention kernel switch (0 = off): once set, *field
  * holds 1 + the value; unset, env var `env` gives it (absent or outside
- * [0, max]: def). Values: Hopper prefill 0 off / 1..11 variants (cuda.h),
+ * [0, max]: def). Values: Hopper prefill 0 off / 1..15 variants (cuda.h),
  * decode 0 off / 1 auto / 2 always, decode copy mode 0..4 (cuda.h). */
 int cu_attn_switch(int *field, const char *env, int max, int def);
-#define CU_ATTN_SM90_MAX 11
+#define CU_ATTN_SM90_MAX 15
 /* defaults, the fastest measured: the TMA producer (docs/cuda.md v16);
  * whole pages by TMA in decode (v20: 32k batch 8 15.17 against 16.46
  * ms/step with one bulk copy per K/V row) */
