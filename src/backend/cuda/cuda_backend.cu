@@ -540,6 +540,14 @@ static void flush(ns_backend *be) {
         c->n_tape = 0;
         return;
     }
+    if (c->tape_eager_only) { /* a prefill / mixed step: fusions only (set_batch) */
+        cu_shadow_invalidate_all(c);
+        run_tape(be, c->tape, c->n_tape);
+        c->stat_eager++;
+        cu_shadow_invalidate_all(c);
+        c->n_tape = 0;
+        return;
+    }
     uint64_t key = tape_key(c);
     cu_graph_entry *g = graph_find(c, key);
     c->use_clock++;
@@ -1162,8 +1170,16 @@ static ns_status cu_set_batch(ns_backend *be, const ns_batch *b, ns_error *err) 
     c->staging_pending = true;
     c->pdl_anchor = c->pdl_anchors != 0; /* the step's first kernel waits for these copies */
     /* Pure decode steps are recorded: fused at flush, and captured into
-     * a graph / replayed when graphs are on. */
-    c->recording = b->n_seqs > 0 && n_dec == b->n_seqs && b->n_tokens <= 1024;
+     * a graph / replayed when graphs are on. Other steps (prefill chunks,
+     * mixed batches) are recorded too when prefill_fuse is on, only so
+     * that try_fuse sees whole op sequences: their row ops (q/k-norm +
+     * RoPE + KV store, add + RMSNorm) are ~16% of a prefill chunk's time
+     * as separate passes over its f32 activations (docs/cuda.md v23). They
+     * run eagerly at flush, never as graphs: their launch shapes (the
+     * attention's tile count) change from step to step. */
+    const bool pure_decode = b->n_seqs > 0 && n_dec == b->n_seqs && b->n_tokens <= 1024;
+    c->tape_eager_only = !pure_decode && c->prefill_fuse && c->fusion && b->n_tokens > 0;
+    c->recording = pure_decode || c->tape_eager_only;
     c->n_tape = 0;
     return report(c, err);
 }
@@ -1534,6 +1550,9 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     /* off until measured on the H200 (docs/cuda.md, v17) */
     c->dec_fuse = env_int("NS_CUDA_DEC_FUSE", 0);
     c->dec_early = env_int("NS_CUDA_DEC_EARLY", 0);
+    /* docs/cuda.md v23: prefill steps' q/k-norm + RoPE + KV store and
+     * add + RMSNorm fused like decode's (the tape run eagerly) */
+    c->prefill_fuse = env_int("NS_CUDA_PREFILL_FUSE", 1) != 0;
     c->act_nc = env_int("NS_CUDA_ACT_NC", 1) != 0; /* cu_ld_act4 (cuda_internal.cuh) */
     /* cu_launch: a kernel launched right after a copy does not use PDL */
     c->pdl_anchors = env_int("NS_CUDA_PDL_ANCHOR", 1);

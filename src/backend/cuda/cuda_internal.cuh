@@ -173,6 +173,8 @@ typedef struct cu_impl {
 
     /* tape + graphs */
     bool recording;      /* this step's ops go to the tape */
+    bool tape_eager_only; /* the tape is a prefill or mixed step's: fused and run at flush, never a graph */
+    int prefill_fuse;     /* NS_CUDA_PREFILL_FUSE (default 1): record non-decode steps for the row-op fusions */
     bool capturing;      /* inside cudaStreamBeginCapture */
     bool capture_failed; /* an op could not run under capture */
     cu_op *tape;

@@ -177,6 +177,10 @@ int32_t cu_tape_try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n)
         const bool norm = o->kind == OP_RMSNORM;
         const int32_t base = norm ? i + 2 : i;
         if (base + 3 > n || D % 64 || D > 256) return 0;
+        /* FP8 pages append a page-head's rows in order, rescaling the rows
+         * before when the scale grows (cu_fp8_append_row): one warp per
+         * row is safe only with one new row per sequence (decode) */
+        if (l->dtype == NS_DT_FP8_E4M3 && c->tape_eager_only) return 0;
         const cu_op *rq = &ops[base], *rk = &ops[base + 1], *st = &ops[base + 2];
         if (rq->kind != OP_ROPE || rk->kind != OP_ROPE || st->kind != OP_KV_STORE) return 0;
         const ns_tensor *q = &rq->a, *k = &rk->a, *v = &st->b;
