@@ -13,7 +13,11 @@
  * arguments; everything a kernel reads that changes between such steps
  * (tokens, positions, page tables, lengths) lives in the fixed metadata
  * buffers that set_batch refreshes with one async copy per region before
- * the step. The engine needs no changes for this. While a tape runs,
+ * the step. The engine needs no changes for this. Other steps (prefill
+ * chunks, mixed batches) are recorded too while fusion and
+ * NS_CUDA_PREFILL_FUSE are on, but only for the fusions: their tape runs
+ * eagerly at the sync point and is never hashed or captured (their launch
+ * shapes differ from step to step). While a tape runs,
  * the engine's fixed op sequences are executed by fused kernels
  * (try_fuse: grouped GEMVs, GEMV+SwiGLU, q/k-norm+RoPE+KV store,
  * add+RMSNorm), bit-identical to the unfused ops.
