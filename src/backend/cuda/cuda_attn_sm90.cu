@@ -424,7 +424,8 @@ __device__ __forceinline__ float s9_ex2_poly(float x) {
 /* LEAN (variants 12-15): the row maxima as trees instead of two chains of
  * 16 dependent FMNMX, the row sums in four partial sums each, and one n8
  * block in four (a quarter of the exponentials) through s9_ex2_poly, so
- * the SFU and the FMA pipe share the exponentials. */
+ * the SFU and the FMA pipe share the exponentials. Measured 2.3% slower
+ * than the plain form at 32k (docs/cuda.md v22): kept for A/B runs. */
 template <bool LEAN>
 __device__ __forceinline__ void s9_softmax(float (&sc)[64], uint32_t (&pa)[S9_BN / 16][4], s9_rows &r, int kt,
                                            float scale_log2, float &a0, float &a1) {

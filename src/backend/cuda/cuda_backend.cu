@@ -544,8 +544,10 @@ static void flush(ns_backend *be) {
         c->n_tape = 0;
         return;
     }
-    if (c->tape_eager_only) { /* a prefill / mixed step: fusions only (set_batch) */
-        cu_shadow_invalidate_all(c);
+    cu_shadow_invalidate_all(c);
+    /* eager: a prefill / mixed step's tape (fusions only, set_batch), or
+     * graphs off, or per-kernel profiling */
+    if (c->tape_eager_only || !c->graphs_enabled || c->profiling) {
         run_tape(be, c->tape, c->n_tape);
         c->stat_eager++;
         cu_shadow_invalidate_all(c);
@@ -555,14 +557,6 @@ static void flush(ns_backend *be) {
     uint64_t key = tape_key(c);
     cu_graph_entry *g = graph_find(c, key);
     c->use_clock++;
-    cu_shadow_invalidate_all(c);
-    if (!c->graphs_enabled || c->profiling) {
-        run_tape(be, c->tape, c->n_tape);
-        c->stat_eager++;
-        cu_shadow_invalidate_all(c);
-        c->n_tape = 0;
-        return;
-    }
     if (g && g->exec) {
         g->last_use = c->use_clock;
         cu_check(c, cudaGraphLaunch(g->exec, c->stream), "cudaGraphLaunch");
