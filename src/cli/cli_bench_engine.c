@@ -742,6 +742,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
         const int pdl_gemv = ns_cuda_get_pdl_gemv(B->be);   /* NS_CUDA_PDL_GEMV */
         const int act_nc = ns_cuda_get_act_nc(B->be);       /* NS_CUDA_ACT_NC */
         const int pf = ns_cuda_get_prefetch(B->be);         /* NS_CUDA_PREFETCH, MB */
+        const int bulk = ns_cuda_get_gemv_bulk(B->be);      /* NS_CUDA_GEMV_BULK */
         /* each row: set(alt), measure, set(dflt) */
         struct {
             const char *name;
@@ -760,7 +761,8 @@ static ns_status bench_run(bench *B, ns_error *err) {
                       ns_cuda_set_dec_early, dec_early, !dec_early},
                      {pdl_gemv ? "PDL between two GEMVs off" : "PDL between two GEMVs on", ns_cuda_set_pdl_gemv,
                       pdl_gemv, !pdl_gemv},
-                     {act_nc ? "activation loads .cg" : "activation loads .nc", ns_cuda_set_act_nc, act_nc, !act_nc}};
+                     {act_nc ? "activation loads .cg" : "activation loads .nc", ns_cuda_set_act_nc, act_nc, !act_nc},
+                     {bulk ? "bulk-copy GEMV off" : "bulk-copy GEMV on", ns_cuda_set_gemv_bulk, bulk, !bulk}};
         dec_result base;
         rc = run_decode(B, 1024, 1, B->o.steps, 3, &base, err);
         if (rc != NS_OK) return rc;

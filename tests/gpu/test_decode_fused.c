@@ -313,6 +313,16 @@ static void chain_check(int n, int64_t H, int64_t FF, int64_t mq, int64_t mk, bo
 
 TEST(test_chain_batch1) { chain_check(1, 2048, 2816, 2048, 512, true); }
 TEST(test_chain_batch2) { chain_check(2, 2048, 2816, 2048, 512, true); }
+/* the same chains with the unfused side's GEMVs (q/k/v group, gate/up +
+ * SwiGLU, output and down projections) on the bulk-copy kernel
+ * (cuda_gemv_bulk.cu): K = 2048 and 2816 are multiples of 256 */
+TEST(test_chain_bulk_gemv) {
+    const int saved = ns_cuda_get_gemv_bulk(gpu);
+    ns_cuda_set_gemv_bulk(gpu, 1);
+    chain_check(1, 2048, 2816, 2048, 512, true);
+    chain_check(2, 2048, 2816, 2048, 512, true);
+    ns_cuda_set_gemv_bulk(gpu, saved);
+}
 /* hidden 1064: the norm's 2048-element stride ends mid-way; k/v of 135
  * rows: a GEMV row pair spans k and v */
 TEST(test_chain_odd_shapes) {
@@ -663,6 +673,7 @@ int main(void) {
     if (!gpu_test_open(2)) return 1;
     RUN(test_chain_batch1);
     RUN(test_chain_batch2);
+    RUN(test_chain_bulk_gemv);
     RUN(test_chain_odd_shapes);
     RUN(test_chain_hidden_1024);
     RUN(test_attention_block_fused_vs_unfused);

@@ -345,6 +345,25 @@ TEST(test_matmul) {
     matmul_case(100, 512, 512, 0, 1, 1e-2);
 }
 
+/* Batch 1-2 matmuls through both GEMV kernels: the bulk-copy one
+ * (cuda_gemv_bulk.cu) and the register-streaming one (switch off), at
+ * shapes that cross its 16 KB stages (rows of 24 KB at k = 12288, of
+ * 4.5 KB at k = 2304), give its CTAs uneven row counts (m not a multiple
+ * of the SM count) or none (m = 50 < SMs), and the 8B model's q and down
+ * projections. */
+TEST(test_matmul_gemv_paths) {
+    const int saved = ns_cuda_get_gemv_bulk(gpu);
+    for (int on = 0; on < 2; on++) {
+        ns_cuda_set_gemv_bulk(gpu, on);
+        matmul_case(1, 1000, 12288, 1, 0, 1e-4);
+        matmul_case(2, 1003, 2304, 1, 0, 1e-4);
+        matmul_case(1, 50, 256, 1, 0, 1e-4);
+        matmul_case(2, 4096, 4096, 1, 0, 1e-4);
+        matmul_case(1, 4096, 12288, 0, 0, 1e-3);
+    }
+    ns_cuda_set_gemv_bulk(gpu, saved);
+}
+
 TEST(test_matmul_view_with_offset) {
     /* an input view that does not start at an allocation: scratch path */
     const int64_t n = 40, m = 256, k = 512;
@@ -955,6 +974,7 @@ int main(void) {
     RUN(test_swiglu_add);
     RUN(test_gather_rows);
     RUN(test_matmul);
+    RUN(test_matmul_gemv_paths);
     RUN(test_matmul_view_with_offset);
     RUN(test_attention);
     RUN(test_attention_long_decode_splits);

@@ -118,6 +118,12 @@ int ns_cuda_get_prefetch(ns_backend *be);
  * now. */
 void ns_cuda_set_early_loads(ns_backend *be, int on);
 int ns_cuda_get_early_loads(ns_backend *be);
+/* Batch 1-2 GEMVs fed by bulk copies into a shared-memory ring, one
+ * persistent CTA per SM (cuda_gemv_bulk.cu; env NS_CUDA_GEMV_BULK,
+ * default off; never below compute capability 9.0) or the register-streaming
+ * GEMV. Results agree to float rounding; for A/B runs. */
+void ns_cuda_set_gemv_bulk(ns_backend *be, int on);
+int ns_cuda_get_gemv_bulk(ns_backend *be);
 /* Prefill attention on Hopper (wgmma, warp-specialized; head dim 128,
  * even GQA ratio, compute capability 9.0): 0 = off (the mma.sync kernel);
  * on: 1 = S, softmax, PV in order per tile, 2 = pipelined (S of

@@ -1516,6 +1516,7 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     }
     c->n_sm = prop.multiProcessorCount;
     c->smem_optin = prop.sharedMemPerBlockOptin;
+    c->cc_major = prop.major;
     if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess ||
         cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->staging_done, cudaEventDisableTiming) != cudaSuccess ||
@@ -1576,6 +1577,22 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
      * measured 1% faster decode on H200 than 64 (docs/cuda.md, v11) */
     c->gemv_warps = env_int("NS_CUDA_GEMV_WARPS", 128);
     if (c->gemv_warps < 1) c->gemv_warps = 128;
+    /* cuda_gemv_bulk.cu: off until its decode step measures faster than
+     * k_gemv's (docs/cuda.md v24) */
+    c->gemv_bulk = env_int("NS_CUDA_GEMV_BULK", 0);
+    c->gemv_bulk_ctas = env_int("NS_CUDA_GEMV_BULK_CTAS", 1);
+    if (c->gemv_bulk_ctas < 1 || c->gemv_bulk_ctas > 4) c->gemv_bulk_ctas = 1;
+    c->gemv_bulk_stage = env_int("NS_CUDA_GEMV_BULK_STAGE_KB", 16) * 1024;
+    if (c->gemv_bulk_stage < 4096 || c->gemv_bulk_stage > 65536 || c->gemv_bulk_stage % 4096) c->gemv_bulk_stage = 16384;
+    /* two CTAs per SM: the next GEMV's CTAs are resident (and copying)
+     * while this one's run */
+    c->gemv_bulk_smem = env_int("NS_CUDA_GEMV_BULK_SMEM_KB", 112) * 1024;
+    if (c->gemv_bulk_smem < 16384 || c->gemv_bulk_smem > (int)c->smem_optin)
+        c->gemv_bulk_smem = (int)(c->smem_optin < 114688 ? c->smem_optin : 114688);
+    if (!cu_gemv_bulk_init(c)) {
+        rc = ns_fail(err, NS_ERR_INTERNAL, "cuda: cannot configure the bulk GEMV");
+        goto fail;
+    }
     c->prof_ev = (cudaEvent_t *)calloc(2 * CU_PROF_EVENTS, sizeof(cudaEvent_t));
     c->prof_label_of = (int32_t *)calloc(CU_PROF_EVENTS, sizeof(int32_t));
     if (!c->prof_ev || !c->prof_label_of) {
@@ -1645,6 +1662,11 @@ extern "C" void ns_cuda_set_prefetch(ns_backend *be, int mb) {
 extern "C" int ns_cuda_get_prefetch(ns_backend *be) { return IMPL(be)->prefetch; }
 extern "C" void ns_cuda_set_early_loads(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::early_loads, on); }
 extern "C" int ns_cuda_get_early_loads(ns_backend *be) { return IMPL(be)->early_loads; }
+extern "C" void ns_cuda_set_gemv_bulk(ns_backend *be, int on) {
+    /* below compute capability 9.0 it stays off (cu_gemv_bulk_init) */
+    set_captured_setting(be, &cu_impl::gemv_bulk, on && IMPL(be)->cc_major >= 9);
+}
+extern "C" int ns_cuda_get_gemv_bulk(ns_backend *be) { return IMPL(be)->gemv_bulk; }
 
 extern "C" void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager) {
     cu_impl *c = IMPL(be);

@@ -197,6 +197,7 @@ static int choose_ks(const cu_impl *c, int64_t pairs, int k) {
 void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w, const int64_t *m, const float *x,
                    int n, int k) {
     static const gemv_fn fns[2][8][3] = {GEMV_ROWS8(false), GEMV_ROWS8(true)};
+    if (n <= 2 && cu_gemv_bulk(c, nseg, out, w, m, x, n, k, NULL, NULL)) return;
     /* inputs beyond 8 rows: repeat in groups of 8 */
     for (int n0 = 0; n0 < n; n0 += 8) {
         int nn = n - n0 < 8 ? n - n0 : 8;
@@ -225,6 +226,12 @@ void cu_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf
                     int64_t m, const float *x, int n, int k) {
     static const gemv_fn fns[2][2][3] = {{GEMV_ROW(1, true, false), GEMV_ROW(2, true, false)},
                                          {GEMV_ROW(1, true, true), GEMV_ROW(2, true, true)}};
+    if (n <= 2) {
+        float *outs[2] = {gate, up};
+        const bf16 *ws[2] = {wg, wu};
+        const int64_t ms[2] = {m, m};
+        if (cu_gemv_bulk(c, 2, outs, ws, ms, x, n, k, out, out_bf)) return;
+    }
     for (int n0 = 0; n0 < n; n0 += 2) {
         int nn = n - n0 < 2 ? n - n0 : 2;
         gemv_segs sg;

@@ -194,6 +194,10 @@ typedef struct cu_impl {
     int pdl_gemv; /* NS_CUDA_PDL_GEMV (default 0): 0 = a GEMV launched right after a GEMV drops the PDL attribute;
                    * 1 = PDL there too; 2 = PDL there, and the bf16 GEMVs trigger after their main loop */
     bool gemv_next, gemv_prev; /* the launch about to happen / the last launch is a GEMV (cu_launch) */
+    /* the bulk-copy GEMV (cuda_gemv_bulk.cu) for batch 1-2: on/off, CTAs
+     * per SM, ring stage bytes, shared-memory budget per CTA (bytes) */
+    int gemv_bulk, gemv_bulk_ctas, gemv_bulk_stage, gemv_bulk_smem;
+    int cc_major; /* compute capability of the device */
     int prefetch; /* MB of the next GEMVs' weights each small decode kernel prefetches into L2 (0: none) */
     int split_keys; /* fewest keys per decode-attention split */
     /* attention kernel switches (cuda.h: ns_cuda_set_attn_sm90,
@@ -502,6 +506,14 @@ void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w
                    int n, int k);
 /* gate/up GEMV with the SwiGLU epilogue: gate = x Wg^T, up = x Wu^T,
  * out = silu(gate) * up (out may alias gate); out_bf optional shadow. */
+/* cuda_gemv_bulk.cu: the batch 1-2 GEMV fed by bulk copies. init sets
+ * its kernels' shared-memory limit (or turns it off below compute
+ * capability 9.0); cu_gemv_bulk launches it and returns true, or returns
+ * false without launching anything when the shape is not one it takes.
+ * sw_out: SwiGLU epilogue (nseg 2 = gate, up), as cu_gemv_swiglu. */
+bool cu_gemv_bulk_init(cu_impl *c);
+bool cu_gemv_bulk(cu_impl *c, int nseg, float *const *out, const bf16 *const *w, const int64_t *m, const float *x,
+                  int n, int k, float *sw_out, bf16 *sw_bf);
 void cu_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf, const bf16 *wg, const bf16 *wu,
                     int64_t m, const float *x, int n, int k);
 /* Decode GEMVs with a neighbouring row op folded in (cuda_gemm.cu; the
