@@ -28,19 +28,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     return r;
 }
 
-__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
-    float s = 0.f;
-    s = fmaf(__uint_as_float(w.x << 16), a.x, s);
-    s = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, s);
-    s = fmaf(__uint_as_float(w.y << 16), a.z, s);
-    s = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, s);
-    s = fmaf(__uint_as_float(w.z << 16), b.x, s);
-    s = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, s);
-    s = fmaf(__uint_as_float(w.w << 16), b.z, s);
-    s = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, s);
-    return s;
-}
-
 /* Each warp computes 2 output rows for all N inputs; lanes stride the
  * row in 16-byte chunks, 4 chunks per row in flight per lane. The rows
  * may come from up to 3 weight matrices that share the input (q/k/v,
@@ -107,8 +94,8 @@ __global__ __launch_bounds__(128) void k_gemv(gemv_segs sg, const float *__restr
                 for (int n = 0; n < N; n++) {
                     const float *xv = x + (size_t)n * K + 8 * (c + 32 * u);
                     float4 x0 = cu_ld_act4<NC>(xv), x1 = cu_ld_act4<NC>(xv + 4);
-                    acc0[n] += dot8(a[u], x0, x1);
-                    acc1[n] += dot8(b[u], x0, x1);
+                    acc0[n] += cu_dot8(a[u], x0, x1);
+                    acc1[n] += cu_dot8(b[u], x0, x1);
                 }
             }
         }
@@ -118,8 +105,8 @@ __global__ __launch_bounds__(128) void k_gemv(gemv_segs sg, const float *__restr
             for (int n = 0; n < N; n++) {
                 const float *xv = x + (size_t)n * K + 8 * c;
                 float4 x0 = cu_ld_act4<NC>(xv), x1 = cu_ld_act4<NC>(xv + 4);
-                acc0[n] += dot8(a, x0, x1);
-                acc1[n] += dot8(b, x0, x1);
+                acc0[n] += cu_dot8(a, x0, x1);
+                acc1[n] += cu_dot8(b, x0, x1);
             }
         }
 #pragma unroll
@@ -510,8 +497,8 @@ __global__ __launch_bounds__(128, N == 1 ? 7 : 1) void k_gemv_dec(gemv_segs sg, 
                 for (int n = 0; n < N; n++) {
                     float4 x0, x1;
                     dec_xin<NORM, NC>(x + (size_t)n * K, sd.nw, c + 32 * u, x0, x1, ss[n]);
-                    acc0[n] += dot8(a[u], x0, x1);
-                    acc1[n] += dot8(b[u], x0, x1);
+                    acc0[n] += cu_dot8(a[u], x0, x1);
+                    acc1[n] += cu_dot8(b[u], x0, x1);
                 }
             }
         }
@@ -521,8 +508,8 @@ __global__ __launch_bounds__(128, N == 1 ? 7 : 1) void k_gemv_dec(gemv_segs sg, 
             for (int n = 0; n < N; n++) {
                 float4 x0, x1;
                 dec_xin<NORM, NC>(x + (size_t)n * K, sd.nw, c, x0, x1, ss[n]);
-                acc0[n] += dot8(wa, x0, x1);
-                acc1[n] += dot8(wb, x0, x1);
+                acc0[n] += cu_dot8(wa, x0, x1);
+                acc1[n] += cu_dot8(wb, x0, x1);
             }
         }
 #pragma unroll

@@ -40,12 +40,13 @@
  */
 #include <string.h>
 
+#include "backend/cuda/cuda_attn_dm.cuh" /* the mbarrier and bulk-copy primitives (dm_*) */
 #include "backend/cuda/cuda_internal.cuh"
 
 #define GB_CONSUMERS 8
 #define GB_THREADS ((GB_CONSUMERS + 1) * 32)
 #define GB_MAX_STAGES 8
-#define GB_SPIN_MAX (1u << 24)
+#define GB_XU 12 /* x loads per thread in flight when staging x */
 
 struct gb_args {
     const bf16 *w[3];
@@ -62,44 +63,6 @@ struct gb_args {
 };
 
 __device__ __forceinline__ uint32_t gb_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void gb_wait(uint32_t bar, uint32_t parity) {
-    for (uint32_t i = 0; i < GB_SPIN_MAX; i++) {
-        uint32_t done;
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-        if (done) return;
-    }
-    __trap(); /* pipeline broken: fail the launch rather than hang */
-}
-
-__device__ __forceinline__ void gb_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-#else
-    (void)dst, (void)src, (void)bytes, (void)bar;
-    __trap(); /* the host selects this kernel only on compute capability >= 9.0 */
-#endif
-}
-
-__device__ __forceinline__ float gb_dot8(uint4 w, float4 a, float4 b) {
-    float s = 0.f;
-    s = fmaf(__uint_as_float(w.x << 16), a.x, s);
-    s = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, s);
-    s = fmaf(__uint_as_float(w.y << 16), a.z, s);
-    s = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, s);
-    s = fmaf(__uint_as_float(w.z << 16), b.x, s);
-    s = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, s);
-    s = fmaf(__uint_as_float(w.w << 16), b.z, s);
-    s = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, s);
-    return s;
-}
 
 /* Rows [r0, r1) of a segment of m rows owned by CTA b of G. */
 __device__ __forceinline__ void gb_range(int m, int b, int G, int &r0, int &r1) {
@@ -128,10 +91,11 @@ __device__ __forceinline__ void gb_produce(const gb_args &a, uint8_t *stages, ui
                     PDL_WAIT();
                     waited = true;
                 }
-                gb_wait(gb_addr(&empty[slot]), (uint32_t)((use - 1) & 1));
+                dm_mbar_wait(gb_addr(&empty[slot]), (uint32_t)((use - 1) & 1));
             }
             const uint32_t len = (uint32_t)(bytes - off < (size_t)SB ? bytes - off : (size_t)SB);
-            gb_copy(gb_addr(stages + (size_t)slot * SB), src + off, len, gb_addr(&full[slot]));
+            dm_mbar_expect(gb_addr(&full[slot]), len);
+            dm_bulk_copy(gb_addr(stages + (size_t)slot * SB), src + off, len, gb_addr(&full[slot]));
         }
     }
 }
@@ -162,7 +126,7 @@ __device__ __forceinline__ void gb_consume(const gb_args &a, const uint8_t *stag
         const size_t bytes = (size_t)(r1 - r0) * a.K * 2;
         for (size_t off = 0; off < bytes; off += SB, it++) {
             const int slot = it % NS, use = it / NS;
-            gb_wait(gb_addr(&full[slot]), (uint32_t)(use & 1));
+            dm_mbar_wait(gb_addr(&full[slot]), (uint32_t)(use & 1));
             const int g0 = (int)(off / 16);
             const int g1 = g0 + (int)((bytes - off < (size_t)SB ? bytes - off : (size_t)SB) / 16);
             const uint4 *ws = reinterpret_cast<const uint4 *>(stages + (size_t)slot * SB) - g0;
@@ -184,14 +148,14 @@ __device__ __forceinline__ void gb_consume(const gb_args &a, const uint8_t *stag
                         const int col = c + 32 * u - rb;
 #pragma unroll
                         for (int n = 0; n < N; n++)
-                            acc[n] += gb_dot8(w4[u], xs[(2 * n) * cpr + col], xs[(2 * n + 1) * cpr + col]);
+                            acc[n] += cu_dot8(w4[u], xs[(2 * n) * cpr + col], xs[(2 * n + 1) * cpr + col]);
                     }
                 }
                 for (; c < c1; c += 32) {
                     const uint4 wv = ws[c];
                     const int col = c - rb;
 #pragma unroll
-                    for (int n = 0; n < N; n++) acc[n] += gb_dot8(wv, xs[(2 * n) * cpr + col], xs[(2 * n + 1) * cpr + col]);
+                    for (int n = 0; n < N; n++) acc[n] += cu_dot8(wv, xs[(2 * n) * cpr + col], xs[(2 * n + 1) * cpr + col]);
                 }
                 if (c1 == rb + cpr) { /* the row ends in this stage */
 #pragma unroll
@@ -224,9 +188,8 @@ __global__ __launch_bounds__(GB_THREADS, 2) void k_gemv_bulk(const __grid_consta
     uint64_t *empty = full + GB_MAX_STAGES;
     if (threadIdx.x == 0) {
         for (int i = 0; i < a.n_stages; i++) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(gb_addr(&full[i])) : "memory");
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(gb_addr(&empty[i])), "r"(GB_CONSUMERS)
-                         : "memory");
+            dm_mbar_init(gb_addr(&full[i]), 1);
+            dm_mbar_init(gb_addr(&empty[i]), GB_CONSUMERS);
         }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
@@ -239,13 +202,16 @@ __global__ __launch_bounds__(GB_THREADS, 2) void k_gemv_bulk(const __grid_consta
     PDL_WAIT();
     /* x[n][8c + 4h .. +3] -> xs[(2n + h) * cpr + c]: a warp's float4 loads
      * of one half are consecutive (no bank conflicts) */
-    for (int i0 = tid; i0 < N * 2 * cpr; i0 += 4 * nthr) {
-        float4 v[4]; /* four loads in flight per thread, then the stores */
+    for (int i0 = tid; i0 < N * 2 * cpr; i0 += GB_XU * nthr) {
+        /* all of a thread's loads in flight at once (12 float4 cover
+         * K = 12288 at one row), then the stores: this is on the path
+         * from the PDL wait to the first dot product */
+        float4 v[GB_XU];
 #pragma unroll
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < GB_XU; u++)
             if (i0 + u * nthr < N * 2 * cpr) v[u] = cu_ld_act4<false>(a.x + 4 * (size_t)(i0 + u * nthr));
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < GB_XU; u++) {
             const int i = i0 + u * nthr, n = i / (2 * cpr), j = i - n * 2 * cpr;
             if (i < N * 2 * cpr) xs[(2 * n + (j & 1)) * cpr + (j >> 1)] = v[u];
         }

@@ -349,6 +349,23 @@ __device__ __forceinline__ float cu_ld_act(const float *p) {
     return r;
 }
 
+/* The dot product of 8 BF16 weights (w, little-endian pairs) with 8 F32
+ * values a (the first 4) and b (the next 4), in that order, fp32 fused
+ * multiply-adds from 0: the GEMVs' inner step (cuda_gemm.cu,
+ * cuda_gemv_bulk.cu, cuda_moe.cu). */
+__device__ __forceinline__ float cu_dot8(uint4 w, float4 a, float4 b) {
+    float s = 0.f;
+    s = fmaf(__uint_as_float(w.x << 16), a.x, s);
+    s = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, s);
+    s = fmaf(__uint_as_float(w.y << 16), a.z, s);
+    s = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, s);
+    s = fmaf(__uint_as_float(w.z << 16), b.x, s);
+    s = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, s);
+    s = fmaf(__uint_as_float(w.w << 16), b.z, s);
+    s = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, s);
+    return s;
+}
+
 /* Sum of v over the 32 lanes of a warp; every lane gets it. */
 __device__ __forceinline__ float cu_warp_sum(float v) {
 #pragma unroll

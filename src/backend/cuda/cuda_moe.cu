@@ -156,17 +156,7 @@ __device__ __forceinline__ uint4 moe_ld(const void *p) {
 }
 
 __device__ __forceinline__ float moe_dot8(uint4 w, const float *x) {
-    const float4 a = *reinterpret_cast<const float4 *>(x), b = *reinterpret_cast<const float4 *>(x + 4);
-    float s = 0.f;
-    s = fmaf(__uint_as_float(w.x << 16), a.x, s);
-    s = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, s);
-    s = fmaf(__uint_as_float(w.y << 16), a.z, s);
-    s = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, s);
-    s = fmaf(__uint_as_float(w.z << 16), b.x, s);
-    s = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, s);
-    s = fmaf(__uint_as_float(w.w << 16), b.z, s);
-    s = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, s);
-    return s;
+    return cu_dot8(w, *reinterpret_cast<const float4 *>(x), *reinterpret_cast<const float4 *>(x + 4));
 }
 
 __device__ __forceinline__ float moe_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
