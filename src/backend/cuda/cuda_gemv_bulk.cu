@@ -30,6 +30,11 @@
  * gate and up of equal rows: gate, up, silu(gate) * up and its bf16
  * shadow).
  *
+ * Status: measured slower than k_gemv in the decode step (1k batch 1
+ * 4.54 -> 6.75 ms/step; isolated GEMVs within 5-35%), so off by default
+ * (NS_CUDA_GEMV_BULK); docs/cuda.md v24 has the numbers and what they
+ * mean for a persistent per-layer kernel.
+ *
  * Invariants
  * - Shapes the host accepts: 1 <= n <= 2, K % 256 == 0, 16-byte aligned
  *   weights, rows per CTA within the shared-memory budget; otherwise
