@@ -160,7 +160,8 @@ __device__ __forceinline__ void gb_consume(const gb_args &a, const uint8_t *stag
                     const uint4 wv = ws[c];
                     const int col = c - rb;
 #pragma unroll
-                    for (int n = 0; n < N; n++) acc[n] += cu_dot8(wv, xs[(2 * n) * cpr + col], xs[(2 * n + 1) * cpr + col]);
+                    for (int n = 0; n < N; n++)
+                        acc[n] += cu_dot8(wv, xs[(2 * n) * cpr + col], xs[(2 * n + 1) * cpr + col]);
                 }
                 if (c1 == rb + cpr) { /* the row ends in this stage */
 #pragma unroll
@@ -188,8 +189,8 @@ __global__ __launch_bounds__(GB_THREADS, 2) void k_gemv_bulk(const __grid_consta
     uint8_t *stages = gb_smem;
     float4 *xs = reinterpret_cast<float4 *>(gb_smem + (size_t)a.n_stages * a.stage_bytes); /* [N][2][cpr] */
     float *part = reinterpret_cast<float *>(xs + (size_t)N * 2 * cpr); /* [rows_cap][N] */
-    uint64_t *full = reinterpret_cast<uint64_t *>(gb_smem + (size_t)a.n_stages * a.stage_bytes +
-                                                  (size_t)N * 2 * cpr * 16 + (((size_t)a.rows_cap * N * 4 + 15) & ~(size_t)15));
+    const size_t part_bytes = ((size_t)a.rows_cap * N * 4 + 15) & ~(size_t)15;
+    uint64_t *full = reinterpret_cast<uint64_t *>(reinterpret_cast<uint8_t *>(part) + part_bytes);
     uint64_t *empty = full + GB_MAX_STAGES;
     if (threadIdx.x == 0) {
         for (int i = 0; i < a.n_stages; i++) {
