@@ -1583,7 +1583,8 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     c->gemv_bulk_ctas = env_int("NS_CUDA_GEMV_BULK_CTAS", 1);
     if (c->gemv_bulk_ctas < 1 || c->gemv_bulk_ctas > 4) c->gemv_bulk_ctas = 1;
     c->gemv_bulk_stage = env_int("NS_CUDA_GEMV_BULK_STAGE_KB", 16) * 1024;
-    if (c->gemv_bulk_stage < 4096 || c->gemv_bulk_stage > 65536 || c->gemv_bulk_stage % 4096) c->gemv_bulk_stage = 16384;
+    if (c->gemv_bulk_stage < 4096 || c->gemv_bulk_stage > 65536 || c->gemv_bulk_stage % 4096)
+        c->gemv_bulk_stage = 16384;
     /* two CTAs per SM: the next GEMV's CTAs are resident (and copying)
      * while this one's run */
     c->gemv_bulk_smem = env_int("NS_CUDA_GEMV_BULK_SMEM_KB", 112) * 1024;

@@ -521,8 +521,6 @@ bool cu_attn_prefill_sm90(cu_impl *c, const cu_sm90_params *p, int n_tiles);
  * out[i][n, m[i]] = x @ w[i]^T. */
 void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w, const int64_t *m, const float *x,
                    int n, int k);
-/* gate/up GEMV with the SwiGLU epilogue: gate = x Wg^T, up = x Wu^T,
- * out = silu(gate) * up (out may alias gate); out_bf optional shadow. */
 /* cuda_gemv_bulk.cu: the batch 1-2 GEMV fed by bulk copies. init sets
  * its kernels' shared-memory limit (or turns it off below compute
  * capability 9.0); cu_gemv_bulk launches it and returns true, or returns
@@ -531,6 +529,8 @@ void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w
 bool cu_gemv_bulk_init(cu_impl *c);
 bool cu_gemv_bulk(cu_impl *c, int nseg, float *const *out, const bf16 *const *w, const int64_t *m, const float *x,
                   int n, int k, float *sw_out, bf16 *sw_bf);
+/* gate/up GEMV with the SwiGLU epilogue: gate = x Wg^T, up = x Wu^T,
+ * out = silu(gate) * up (out may alias gate); out_bf optional shadow. */
 void cu_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf, const bf16 *wg, const bf16 *wu,
                     int64_t m, const float *x, int n, int k);
 /* Decode GEMVs with a neighbouring row op folded in (cuda_gemm.cu; the
