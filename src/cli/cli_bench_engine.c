@@ -35,6 +35,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#include "cli/cli_common.h"
 #include "engine/engine.h"
 #include "sample/sample.h"
 #include "model/model.h"
@@ -100,7 +101,7 @@ static void usage(FILE *f) {
             "  --contexts LIST          decode contexts, or none (default 1k,32k)\n"
             "  --steps N                timed decode steps per point (default 24)\n"
             "  --chunk N                prefill tokens per step (default 8192)\n"
-            "  --page-tokens N          KV page size in tokens (default 16)\n"
+            "  --page-tokens N          KV page size in tokens (default: the server's, 16 on the CPU, 64 on CUDA)\n"
             "  --threads N              CPU threads (default: one per core)\n"
             "  --kv-gb X                CPU KV pool budget in GB (default 4)\n"
             "  --kv-dtype auto|bf16|f32|fp8  KV element type (default auto: bf16 on CUDA, f32 on the CPU)\n"
@@ -145,7 +146,7 @@ static int parse_args(int argc, char **argv, bopts *o) {
 #else
     o->device = "cpu";
 #endif
-    o->page_tokens = 16;
+    o->page_tokens = 0; /* the server's default for the device (ns_cli_default_page_tokens) */
     o->chunk = 8192;
     o->steps = 24;
     o->seed = 1;
@@ -275,6 +276,7 @@ static int parse_args(int argc, char **argv, bopts *o) {
                         "(use --model FILE.gguf for a quantized checkpoint)\n");
         return -1;
     }
+    if (o->page_tokens <= 0) o->page_tokens = ns_cli_default_page_tokens(o->device);
     return 0;
 }
 

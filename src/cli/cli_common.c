@@ -22,7 +22,7 @@
 void ns_cli_engine_opts_default(ns_cli_engine_opts *o) {
     memset(o, 0, sizeof *o);
     o->device = "cpu";
-    o->page_tokens = 16;
+    o->page_tokens = 0;      /* per backend, see ns_cli_page_tokens */
     o->max_batch_tokens = 0; /* per backend, see ns_cli_batch_tokens */
     o->max_logits = 1;
     o->default_pool_contexts = 1;
@@ -31,6 +31,11 @@ void ns_cli_engine_opts_default(ns_cli_engine_opts *o) {
 int32_t ns_cli_batch_tokens(const ns_cli_engine_opts *o) {
     if (o->max_batch_tokens > 0) return o->max_batch_tokens;
     return o->device && strcmp(o->device, "cuda") == 0 ? NS_CLI_BATCH_TOKENS_CUDA : NS_CLI_BATCH_TOKENS_CPU;
+}
+
+int32_t ns_cli_page_tokens(const ns_cli_engine_opts *o) {
+    if (o->page_tokens > 0) return o->page_tokens;
+    return ns_cli_default_page_tokens(o->device);
 }
 
 ns_status ns_cli_dummy_config(const char *path, ns_model_config *cfg, ns_error *err) {
@@ -97,9 +102,11 @@ static const char *log_level_name(ns_log_level l) {
 }
 
 void ns_cli_engine_usage(FILE *f, const ns_cli_engine_opts *d) {
-    char batch[64];
+    char batch[64], page[64];
     if (d->max_batch_tokens > 0) snprintf(batch, sizeof batch, "%d", (int)d->max_batch_tokens);
     else snprintf(batch, sizeof batch, "%d on the CPU, %d on CUDA", NS_CLI_BATCH_TOKENS_CPU, NS_CLI_BATCH_TOKENS_CUDA);
+    if (d->page_tokens > 0) snprintf(page, sizeof page, "%d", (int)d->page_tokens);
+    else snprintf(page, sizeof page, "%d on the CPU, %d on CUDA", NS_CLI_PAGE_TOKENS_CPU, NS_CLI_PAGE_TOKENS_CUDA);
     fprintf(f,
             "engine options:\n"
             "  --model DIR              Hugging Face checkpoint directory: config.json, *.safetensors,\n"
@@ -107,7 +114,7 @@ void ns_cli_engine_usage(FILE *f, const ns_cli_engine_opts *d) {
             "                           (default: the built-in demo model, RANDOM weights)\n"
             "  --device cpu|cuda        backend (default %s)\n"
             "  --threads N              CPU threads (default: one per core, at most 64; %d here)\n"
-            "  --page-size P            KV page size in tokens (default %d)\n"
+            "  --page-size P            KV page size in tokens (default %s)\n"
             "  --max-batch-tokens N     tokens per engine step (default %s)\n"
             "  --kv-dtype auto|bf16|f32|fp8  KV cache element type (default auto: f32 on the CPU, bf16\n"
             "                           on CUDA); fp8 = e4m3 with a scale per page and head, half the\n"
@@ -120,7 +127,7 @@ void ns_cli_engine_usage(FILE *f, const ns_cli_engine_opts *d) {
             "  --kv-memory SIZE         in bytes, e.g. 512M, 8G\n"
             "  --gpu-memory F|SIZE      CUDA: a fraction (0, 1] of the free device memory, or a size\n"
             "  --kv-tokens N            in tokens, rounded up to whole pages\n",
-            d->device, ns_cli_default_threads(), d->page_tokens, batch, log_level_name(ns_log_get_level()),
+            d->device, ns_cli_default_threads(), page, batch, log_level_name(ns_log_get_level()),
             d->default_pool_contexts, d->default_pool_contexts == 1 ? "" : "s");
 }
 
@@ -235,11 +242,11 @@ ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_
         rc = ns_model_create_random(&cfg, ce->be, NS_DT_F32, NS_DEMO_SEED, &ce->model, err);
     }
     if (rc != NS_OK) goto fail;
-    const int32_t batch = ns_cli_batch_tokens(o);
+    const int32_t batch = ns_cli_batch_tokens(o), P = ns_cli_page_tokens(o);
     ns_engine_opts eo = {
         .max_batch_tokens = batch,
         .max_logits = o->max_logits > batch ? batch : o->max_logits,
-        .page_tokens = o->page_tokens,
+        .page_tokens = P,
     };
     rc = ns_kv_dtype_choose(o->kv_dtype, ce->be->ops->name, &eo.kv_dtype, err);
     if (rc != NS_OK) goto fail;
@@ -249,10 +256,10 @@ ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_
     if (o->kv_pages) {
         pages = o->kv_pages;
     } else if (o->kv_memory) {
-        pages = o->kv_memory / (int64_t)ns_engine_page_bytes(&ce->model->cfg, o->page_tokens, eo.kv_dtype);
+        pages = o->kv_memory / (int64_t)ns_engine_page_bytes(&ce->model->cfg, P, eo.kv_dtype);
         if (pages < 1) {
             rc = ns_fail(err, NS_ERR_INVALID, "--kv-memory %lld bytes is less than one KV page (%zu bytes)",
-                         (long long)o->kv_memory, ns_engine_page_bytes(&ce->model->cfg, o->page_tokens, eo.kv_dtype));
+                         (long long)o->kv_memory, ns_engine_page_bytes(&ce->model->cfg, P, eo.kv_dtype));
             goto fail;
         }
     } else if (o->gpu_memory > 0 || (!o->kv_tokens && strcmp(ce->be->ops->name, "cuda") == 0)) {
@@ -274,12 +281,12 @@ ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_
             goto fail;
 #endif
         }
-        pages = (int64_t)(bytes / (double)ns_engine_page_bytes(&ce->model->cfg, o->page_tokens, eo.kv_dtype));
+        pages = (int64_t)(bytes / (double)ns_engine_page_bytes(&ce->model->cfg, P, eo.kv_dtype));
         if (o->gpu_memory <= 0) {
             /* Default sizing: a small model would get tens of millions of
              * pages (and host-side page tables to match); 64 contexts is
              * more than any workload of it needs. */
-            int64_t cap = 64 * (((int64_t)ce->model->cfg.max_position_embeddings + o->page_tokens - 1) / o->page_tokens);
+            int64_t cap = 64 * (((int64_t)ce->model->cfg.max_position_embeddings + P - 1) / P);
             if (pages > cap) pages = cap;
         }
         if (pages < 1) {
@@ -287,18 +294,18 @@ ns_status ns_cli_engine_open(const ns_cli_engine_opts *o, ns_cli_engine *ce, ns_
             goto fail;
         }
     } else if (o->kv_tokens) {
-        pages = (o->kv_tokens + o->page_tokens - 1) / o->page_tokens;
+        pages = (o->kv_tokens + P - 1) / P;
     } else {
         /* A request without max_tokens reserves up to a whole context, so a
          * pool of one context would serialize such requests. Default to
          * several contexts, but never more than a quarter of the RAM. */
         const int64_t ctx = ce->model->cfg.max_position_embeddings;
-        const int64_t page_bytes = (int64_t)ns_engine_page_bytes(&ce->model->cfg, o->page_tokens, eo.kv_dtype);
-        int64_t want = ((int64_t)ctx * (o->default_pool_contexts > 0 ? o->default_pool_contexts : 1) + o->page_tokens - 1) /
-                       o->page_tokens;
+        const int64_t page_bytes = (int64_t)ns_engine_page_bytes(&ce->model->cfg, P, eo.kv_dtype);
+        int64_t want = ((int64_t)ctx * (o->default_pool_contexts > 0 ? o->default_pool_contexts : 1) + P - 1) /
+                       P;
         long phys = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
         int64_t cap = phys > 0 && psz > 0 ? (int64_t)phys * psz / 4 / page_bytes : want;
-        int64_t one_ctx = (ctx + o->page_tokens - 1) / o->page_tokens;
+        int64_t one_ctx = (ctx + P - 1) / P;
         pages = want < cap ? want : cap;
         if (pages < one_ctx) pages = one_ctx;
     }
