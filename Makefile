@@ -129,6 +129,20 @@ $(BUILD)/gpu-tests/bench_engine: bench/bench_engine_main.c $(BUILD)/libns_core.a
 $(BUILD)/gpu-tests/bench_%: bench/bench_%.c $(BUILD)/libns_core.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libns_core.a $(LDFLAGS) $(GPU_LDLIBS)
+
+# bench/cupti_trace.c: an LD_PRELOAD kernel timeline (graph nodes included)
+# for the decode accounting; built with the GPU tests where the toolkit
+# has CUPTI (its header and library sit in lib64/, lib/ or extras/CUPTI/).
+CUPTI_INC := $(firstword $(dir $(wildcard $(CUDA_HOME)/include/cupti.h $(CUDA_HOME)/extras/CUPTI/include/cupti.h)))
+.PHONY: cupti-trace
+cupti-trace: $(BUILD)/libns_cupti_trace.so
+$(BUILD)/libns_cupti_trace.so: bench/cupti_trace.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -fPIC -shared -I$(CUPTI_INC) -o $@ $< -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib \
+	    -L$(CUDA_HOME)/extras/CUPTI/lib64 -lcupti
+ifneq ($(CUPTI_INC),)
+gpu-tests: $(BUILD)/libns_cupti_trace.so
+endif
 endif
 
 # `make run` and `make test` first run scripts/setup: it installs what is

@@ -520,6 +520,10 @@ static ns_status run_prefill(bench *B, int32_t L, double *secs, ns_error *err) {
 
 typedef struct dec_result {
     double step_s, tok_s, bytes, floor_s;
+    /* host seconds per step inside ns_engine_forward (recording the step;
+     * on CUDA the previous step has been synced, so the GPU idles then)
+     * and inside sample (the launch, then waiting for the GPU) */
+    double host_fwd_s, host_sample_s;
     int copies;
     bool skipped;
 } dec_result;
@@ -590,12 +594,20 @@ static ns_status run_decode(bench *B, int32_t ctx, int32_t batch, int steps, int
         ns_batch b = {.n_tokens = batch, .n_seqs = batch, .tokens = B->tok, .positions = B->pos,
                       .seq_start = B->ss, .seq_len = B->sl, .page_table = B->pt, .max_pages = max_pages,
                       .logit_rows = B->lr, .n_logits = batch};
+        const double h0 = ns_clock_now();
         rc = ns_engine_forward(B->e, &b, err);
+        const double h1 = ns_clock_now();
         if (rc == NS_OK) rc = B->be->ops->sample(B->be, &B->e->logits, batch, sp, cur, err);
         if (rc != NS_OK) goto cleanup;
-        if (k >= warm) kv_tokens += (double)batch * (ctx + k + 1);
+        if (k >= warm) {
+            kv_tokens += (double)batch * (ctx + k + 1);
+            r->host_fwd_s += h1 - h0;
+            r->host_sample_s += ns_clock_now() - h1;
+        }
     }
     double dt = ns_clock_now() - t0;
+    r->host_fwd_s /= steps;
+    r->host_sample_s /= steps;
     r->step_s = dt / steps;
     r->tok_s = (double)batch * steps / dt;
     double kv_bytes_tok = (double)c->n_layers * 2 * c->n_kv_heads * c->head_dim * ns_dtype_size(B->be->kv.dtype);
@@ -723,6 +735,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
                    ctx, batch, r.step_s * 1e3, r.tok_s, r.bytes / 1e9, r.floor_s * 1e3, 100.0 * r.floor_s / r.step_s);
             if (tok1 > 0 && batch > 1) printf("  (%.1fx batch 1)", r.tok_s / tok1);
             if (r.copies < batch) printf("  [context KV shared: %d copies for %d seqs]", r.copies, batch);
+            printf("  host: forward %.0f us, sample %.0f us", r.host_fwd_s * 1e6, r.host_sample_s * 1e6);
             printf("\n");
             fflush(stdout);
         }

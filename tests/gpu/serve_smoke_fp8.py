@@ -23,9 +23,15 @@ if not sm.wait_ready("fp8_health_ready"):
 
 _, st = sm.get("/v1/status")
 _, cap = sm.get("/v1/capacity")
-# tiny-qwen3: 4 layers x 2 x 2 kv heads x 32 dims = 512 codes + 4 bytes of scales per token
-sm.report(st.get("kv_dtype") == "fp8" and cap.get("kv_dtype") == "fp8" and st.get("kv_bytes_per_token") == 516,
-          "fp8_reported", f"status {st.get('kv_dtype')}/{st.get('kv_bytes_per_token')}, capacity {cap.get('kv_dtype')}")
+# tiny-qwen3: 4 layers x 2 x 2 kv heads x 32 dims = 512 codes per token, and
+# a 4-byte scale per (layer, K/V, kv head) and page: 64 bytes per page
+# (4 per token at 16-token pages, 1 at the CUDA default of 64)
+P = st.get("page_tokens") or 0
+want = 512 + 64 // P if P > 0 and 64 % P == 0 else None
+sm.report(st.get("kv_dtype") == "fp8" and cap.get("kv_dtype") == "fp8" and want is not None
+          and st.get("kv_bytes_per_token") == want, "fp8_reported",
+          f"status {st.get('kv_dtype')}/{st.get('kv_bytes_per_token')} (pages of {P}: {want} expected), "
+          f"capacity {cap.get('kv_dtype')}")
 
 golden = json.load(open(shared + "/goldens/logits-tiny-qwen3.json"))
 for p in golden["prompts"]:

@@ -714,7 +714,8 @@ TEST(test_attention_prefill_boundaries) {
     const attn_cfg g4 = {128, 2, 8, 16}, g8 = {128, 1, 8, 16}, g1 = {128, 2, 2, 16};
     /* on a device without the Hopper kernel all run the mma.sync kernel;
      * the first position is the default (the TMA producer) */
-    const gpu_switch k = {ns_cuda_set_attn_sm90, 3, {8, 1, 0}, {"(hopper, TMA)", "(hopper)", "(mma.sync)"}};
+    const gpu_switch k = {ns_cuda_set_attn_sm90, 4, {13, 8, 1, 0},
+                          {"(hopper, TMA, pipelined)", "(hopper, TMA)", "(hopper)", "(mma.sync)"}};
     attention_batch(&g4, mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-2, 3e-2, "prefill boundaries GQA4", &k);
     attention_batch(&g8, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA8", &k);
     attention_batch(&g1, small, (int)(sizeof small / sizeof small[0]), 1e-2, 3e-2, "prefill GQA1 (mma.sync)", NULL);
@@ -730,14 +731,14 @@ TEST(test_attention_prefill_variants) {
     const attn_cfg g4 = {128, 2, 8, 16}, g8 = {128, 1, 8, 16};
     const gpu_switch k = {ns_cuda_set_attn_sm90,
                           15,
-                          {8, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15},
-                          {"(hopper, TMA)", "(hopper)", "(hopper, pipelined)", "(hopper, pipelined, ping-pong)",
+                          {13, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 8, 14, 15},
+                          {"(hopper, pipelined, TMA)", "(hopper)", "(hopper, pipelined)", "(hopper, pipelined, ping-pong)",
                            "(hopper, warp producers)", "(hopper, pipelined, warp producers)",
                            "(hopper, pipelined, ping-pong, warp producers)", "(hopper, offset groups)",
                            "(hopper, pipelined, ping-pong, TMA)",
                            "(hopper, TMA multicast in 2-CTA clusters)",
                            "(hopper, pipelined, ping-pong, TMA multicast in 2-CTA clusters)",
-                           "(hopper, offset groups, TMA)", "(hopper, pipelined, TMA)",
+                           "(hopper, offset groups, TMA)", "(hopper, TMA)",
                            "(hopper, offset groups, TMA, lean softmax)",
                            "(hopper, pipelined, ping-pong, TMA, lean softmax)"}};
     attention_batch(&g4, mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-2, 3e-2, "prefill variants GQA4", &k);
@@ -748,15 +749,17 @@ TEST(test_attention_prefill_variants) {
      * a page, on a page edge and on a 128-key tile edge */
     const gpu_switch tma = {ns_cuda_set_attn_sm90,
                             9,
-                            {8, 1, 9, 10, 11, 12, 13, 14, 15},
-                            {"(hopper, TMA)", "(hopper)", "(hopper, pipelined, ping-pong, TMA)", "(hopper, TMA multicast)",
-                             "(hopper, pipelined, ping-pong, TMA multicast)", "(hopper, offset groups, TMA)",
-                             "(hopper, pipelined, TMA)", "(hopper, offset groups, TMA, lean)",
+                            {13, 1, 9, 10, 11, 12, 8, 14, 15},
+                            {"(hopper, pipelined, TMA)", "(hopper)", "(hopper, pipelined, ping-pong, TMA)",
+                             "(hopper, TMA multicast)", "(hopper, pipelined, ping-pong, TMA multicast)",
+                             "(hopper, offset groups, TMA)", "(hopper, TMA)", "(hopper, offset groups, TMA, lean)",
                              "(hopper, pipelined, ping-pong, TMA, lean)"}};
-    const attn_cfg p8 = {128, 2, 8, 8}, p32 = {128, 2, 8, 32};
+    const attn_cfg p8 = {128, 2, 8, 8}, p32 = {128, 2, 8, 32}, p64 = {128, 2, 8, 64};
     const seq_spec pages[] = {{15, 15}, {256, 100}, {1000, 1000}, {1313, 77}, {520, 7}, {129, 1}};
     attention_batch(&p8, pages, (int)(sizeof pages / sizeof pages[0]), 1e-2, 3e-2, "prefill TMA pages of 8", &tma);
     attention_batch(&p32, pages, (int)(sizeof pages / sizeof pages[0]), 1e-2, 3e-2, "prefill TMA pages of 32", &tma);
+    /* 64-token pages: the CUDA server's default (two boxes per 128-key tile and half) */
+    attention_batch(&p64, pages, (int)(sizeof pages / sizeof pages[0]), 1e-2, 3e-2, "prefill TMA pages of 64", &tma);
     /* a 40000-token prefix through the TMA producer: 313 tiles, row
      * coordinates deep into the pool */
     const seq_spec long_ctx[] = {{40017, 17}, {40001, 1}};
@@ -802,12 +805,12 @@ static void set_dec_load_forced(ns_backend *be, int mode) {
  * keys, the last holding one key, two with none), batch 1 at 12001 tokens with
  * the Qwen3-8B head layout (32 splits, as a 32k decode step), a mixed
  * batch (1 ... 33000 tokens, tiles ending at every page offset that
- * matters), GQA 1/4/8, head dims 64 and 128, pages of 16 and 32 tokens. */
+ * matters), GQA 1/4/8, head dims 64 and 128, pages of 16, 32 and 64 tokens. */
 TEST(test_attention_decode_load_modes) {
     const seq_spec b1_40k[] = {{40001, 1}}, b1_12k[] = {{12001, 1}};
     const seq_spec mixed[] = {{33000, 1}, {1, 1}, {4095, 1}, {17, 1}, {16, 1}, {15, 1}, {8191, 1}, {65, 1}};
     const attn_cfg g4 = {128, 2, 8, 16}, qwen = {128, 8, 32, 16}, g8 = {128, 1, 8, 16}, g1 = {128, 2, 2, 16},
-                   d64 = {64, 2, 8, 32};
+                   d64 = {64, 2, 8, 32}, p64 = {128, 2, 8, 64};
     const gpu_switch k = {set_dec_load_forced,
                           5,
                           {4, 2, 0, 1, 3},
@@ -815,10 +818,11 @@ TEST(test_attention_decode_load_modes) {
                            "(bulk rows, issued before the wait)"}};
     attention_batch(&g4, b1_40k, 1, 1e-4, 1e-3, "decode B1 40001 GQA4", &k);
     attention_batch(&qwen, b1_12k, 1, 1e-4, 1e-3, "decode B1 12001 Qwen3-8B heads", &k);
-    const attn_cfg *mc[] = {&g4, &g8, &g1, &d64};
+    const attn_cfg *mc[] = {&g4, &g8, &g1, &d64, &p64};
     for (size_t i = 0; i < sizeof mc / sizeof mc[0]; i++) {
         char what[96];
-        snprintf(what, sizeof what, "decode load modes mixed GQA%d D=%d", mc[i]->H / mc[i]->KVH, mc[i]->D);
+        snprintf(what, sizeof what, "decode load modes mixed GQA%d D=%d P=%d", mc[i]->H / mc[i]->KVH, mc[i]->D,
+                 mc[i]->P);
         attention_batch(mc[i], mixed, (int)(sizeof mixed / sizeof mixed[0]), 1e-4, 1e-3, what, &k);
     }
     ns_cuda_set_attn_dec_mma(gpu, -1); /* back to the defaults */
@@ -952,6 +956,55 @@ TEST(test_sample) {
     free(lg);
 }
 
+/* Greedy rows of a 151936-token vocabulary (the device argmax cuts a row
+ * into slices of 4096 columns, one CTA each, meeting in an atomic
+ * maximum): the maximum in the last slice and at the last column, a tie
+ * across slices (the lowest id wins), +Inf, a NaN (-1), a row with
+ * nothing above -Inf (-1); four rounds, so the per-row state the kernel
+ * resets is reused, against the CPU sampler. */
+TEST(test_argmax_large_vocab) {
+    enum { R = 6, V = 151936 };
+    float *lg = malloc((size_t)R * V * sizeof *lg);
+    pair p;
+    pair_alloc(&p, R, V);
+    ns_sampler sc[R], sg[R];
+    ns_sampler *pc[R], *pg[R];
+    for (int i = 0; i < R; i++) {
+        ns_sampling_params sp = ns_sampling_default();
+        OK(ns_sampler_init(&sc[i], &sp, V, &_e));
+        OK(ns_sampler_init(&sg[i], &sp, V, &_e));
+        pc[i] = &sc[i];
+        pg[i] = &sg[i];
+    }
+    for (int rep = 0; rep < 4; rep++) {
+        for (size_t i = 0; i < (size_t)R * V; i++) lg[i] = frand() * 8.0f - 4.0f;
+        lg[0 * V + V - 1] = 40.0f + (float)rep;     /* last column */
+        lg[1 * V + 150000] = 30.0f;                 /* last slice */
+        lg[2 * V + 100] = 30.0f;                    /* a tie across slices */
+        lg[2 * V + 140000 - rep] = 30.0f;
+        lg[3 * V + 77777] = INFINITY;
+        lg[4 * V + 5000 + rep] = NAN;
+        for (size_t i = 0; i < V; i++) lg[5 * V + i] = -INFINITY;
+        pair_set(&p, lg);
+        int32_t tc[R], tg[R];
+        OK(cpu->ops->sample(cpu, &p.c, R, pc, tc, &_e));
+        OK(gpu->ops->sample(gpu, &p.g, R, pg, tg, &_e));
+        for (int i = 0; i < R; i++) CHECKF(tc[i] == tg[i], "rep %d row %d: cpu %d cuda %d", rep, i, tc[i], tg[i]);
+        CHECK_EQ_INT(tg[0], V - 1);
+        CHECK_EQ_INT(tg[1], 150000);
+        CHECK_EQ_INT(tg[2], 100);
+        CHECK_EQ_INT(tg[3], 77777);
+        CHECK_EQ_INT(tg[4], -1);
+        CHECK_EQ_INT(tg[5], -1);
+    }
+    for (int i = 0; i < R; i++) {
+        ns_sampler_free(&sc[i]);
+        ns_sampler_free(&sg[i]);
+    }
+    pair_free(&p);
+    free(lg);
+}
+
 TEST(test_errors_are_reported) {
     /* a bad op is reported at the next sync point, not silently ignored */
     pair a, b;
@@ -985,6 +1038,7 @@ int main(void) {
     RUN(test_kv_pages);
     RUN(test_kv_pages_async);
     RUN(test_sample);
+    RUN(test_argmax_large_vocab);
     RUN(test_attention_prefill_variants); /* late: a trapping variant ends the context */
     RUN(test_errors_are_reported); /* last: leaves the backend in error */
     cpu->ops->destroy(cpu);

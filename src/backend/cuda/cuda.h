@@ -132,10 +132,11 @@ int ns_cuda_get_gemv_bulk(ns_backend *be);
  * warp per K/V stage; 7 = 1 with the consumer groups started half a tile
  * apart; 8, 9 = 1, 3 with K/V tiles fetched by TMA (one tensor-map box per
  * page and 64-dim half; pages of 8, 16, 32, 64 or 128 tokens, else as 1,
- * 3; 8 is the default); 10 = 8 with the two head pairs of a KV head as
+ * 3); 10 = 8 with the two head pairs of a KV head as
  * a 2-CTA cluster fetching each K/V tile once by multicast (GQA ratio a
  * multiple of 4, else as 8); 11 = 10 with 9's consumers (else as 9);
- * 12 = 8 with 7's offset groups, 13 = 8 pipelined without ping-pong, 14,
+ * 12 = 8 with 7's offset groups, 13 = 8 pipelined without ping-pong (the
+ * default: docs/cuda.md v25), 14,
  * 15 = 12, 9 with the lean softmax (tree maxima, partial row sums, a
  * quarter of the exponentials by polynomial on the FMA pipe; docs/cuda.md
  * v22); without a tensor map 12, 14 run as 7, 13 as 2, 15 as 3. Env

@@ -5,7 +5,7 @@
  *   pool into 128-byte-swizzled shared memory (the layout wgmma reads
  *   without bank conflicts), S9_STAGES deep, and signals each stage on a
  *   "full" mbarrier; it waits on the stage's "empty" mbarrier before
- *   overwriting it. Default (variant 8): one warp issues TMA boxes of one
+ *   overwriting it. Variants 8-15: one warp issues TMA boxes of one
  *   page and 64 dims through a tensor map over the pool (s9_producer_tma;
  *   a tile's last partial part goes through cp.async, zero-filled).
  *   Variants 1-7: cp.async, 16 threads per key row so every instruction

@@ -166,6 +166,8 @@ typedef struct cu_impl {
     int32_t *attn_cnt;     /* per (dec seq, kv head): splits finished (self-resetting) */
     size_t attn_cnt_n;
     int32_t *d_argmax;     /* [cap] */
+    unsigned long long *d_argmax_key; /* [cap] per-row running (value, ~index) maxima, zero between launches */
+    int32_t *d_argmax_aux; /* [2 cap] per row: a NaN was seen, CTAs finished; zero between launches */
     int32_t *h_argmax;     /* pinned [cap] */
     int32_t argmax_cap;
     float *h_rows;         /* pinned host copy of logits rows for host sampling */
@@ -508,10 +510,13 @@ enum { CU_SW_UNSET = 0, CU_SW_ON = 1, CU_SW_OFF = 2 };
  * decode 0 off / 1 auto / 2 always, decode copy mode 0..4 (cuda.h). */
 int cu_attn_switch(int *field, const char *env, int max, int def);
 #define CU_ATTN_SM90_MAX 15
-/* defaults, the fastest measured: the TMA producer (docs/cuda.md v16);
- * whole pages by TMA in decode (v20: 32k batch 8 15.17 against 16.46
- * ms/step with one bulk copy per K/V row) */
-#define CU_ATTN_SM90_DEFAULT 8
+/* defaults, the fastest measured: the TMA producer with pipelined
+ * consumers (variant 13; docs/cuda.md v25: with 64-token pages it beats
+ * variant 8, the default from v16 to v24, by 3% at 32k and 6% on a 100k
+ * prompt; with 16-token pages the producer bounded both); whole pages by
+ * TMA in decode (v20: 32k batch 8 15.17 against 16.46 ms/step with one
+ * bulk copy per K/V row) */
+#define CU_ATTN_SM90_DEFAULT 13
 #define CU_ATTN_DEC_LOAD_DEFAULT 4
 #define CU_ATTN_DEC_MMA_MAX 2
 #define CU_ATTN_DEC_LOAD_MAX 4

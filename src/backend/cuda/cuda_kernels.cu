@@ -373,48 +373,83 @@ __device__ __forceinline__ void better(float &bv, int &bi, float v, int i) {
     }
 }
 
+/* A row is cut into slices of ARGMAX_SLICE columns, one CTA each, so the
+ * 151936 logits of a 150k vocabulary are read by ~38 SMs with 16 loads in
+ * flight per thread; one CTA per row looping over the row spent ~40 us of
+ * every decode step waiting on dependent L2 loads (bench/cupti_trace.c
+ * timeline, docs/cuda.md v25). The CTAs of a row meet in a 64-bit
+ * atomicMax of (value's order bits, ~index), which keeps "largest value,
+ * lowest index" whatever order they finish in; the last CTA of the row
+ * (a counter) writes the answer and resets the row's key, NaN flag and
+ * counter to zero for the next launch (graph replays included). */
+#define ARGMAX_THREADS 256
+#define ARGMAX_PER_THREAD 16
+#define ARGMAX_SLICE (ARGMAX_THREADS * ARGMAX_PER_THREAD)
+
+/* Float bits -> unsigned with the same order (-Inf lowest, +Inf highest;
+ * never called on NaN). */
+__device__ __forceinline__ uint32_t argmax_order(float v) {
+    const uint32_t u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
 template <bool NC> /* activation loads: cu_ld_act (cuda_internal.cuh) */
-__global__ void k_argmax(int32_t *out, const float *__restrict__ logits, int cols, int stride) {
+__global__ __launch_bounds__(ARGMAX_THREADS) void k_argmax(int32_t *out, unsigned long long *key, int32_t *aux,
+                                                           const float *__restrict__ logits, int cols, int stride) {
     PDL_ENTRY();
-    const float *x = logits + (size_t)blockIdx.x * stride;
+    const int row = blockIdx.y;
+    const float *x = logits + (size_t)row * stride;
+    const int first = blockIdx.x * ARGMAX_SLICE + threadIdx.x;
+    float v[ARGMAX_PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < ARGMAX_PER_THREAD; j++) {
+        const int i = first + j * ARGMAX_THREADS;
+        v[j] = i < cols ? cu_ld_act<NC>(x + i) : -INFINITY;
+    }
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     int nan = 0;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        const float v = cu_ld_act<NC>(x + i);
-        nan |= isnan(v);
-        if (v > -INFINITY) better(bv, bi, v, i);
+#pragma unroll
+    for (int j = 0; j < ARGMAX_PER_THREAD; j++) {
+        nan |= isnan(v[j]);
+        if (v[j] > -INFINITY) better(bv, bi, v[j], first + j * ARGMAX_THREADS);
     }
     nan = __syncthreads_or(nan);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
         better(bv, bi, ov, oi);
     }
-    __shared__ float sv[32];
-    __shared__ int si[32];
+    __shared__ float sv[ARGMAX_THREADS / 32];
+    __shared__ int si[ARGMAX_THREADS / 32];
     if ((threadIdx.x & 31) == 0) {
         sv[threadIdx.x / 32] = bv;
         si[threadIdx.x / 32] = bi;
     }
     __syncthreads();
-    if (threadIdx.x < 32) {
-        bv = threadIdx.x < blockDim.x / 32 ? sv[threadIdx.x] : -INFINITY;
-        bi = threadIdx.x < blockDim.x / 32 ? si[threadIdx.x] : 0x7fffffff;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            better(bv, bi, ov, oi);
-        }
-        if (threadIdx.x == 0) out[blockIdx.x] = nan || bi == 0x7fffffff ? -1 : bi;
-    }
+    if (threadIdx.x != 0) return;
+    for (int w = 1; w < ARGMAX_THREADS / 32; w++) better(bv, bi, sv[w], si[w]);
+    if (bi != 0x7fffffff)
+        atomicMax(key + row, ((unsigned long long)argmax_order(bv) << 32) | (unsigned long long)(0xffffffffu - (uint32_t)bi));
+    if (nan) atomicOr(aux + 2 * row, 1);
+    __threadfence();
+    if (atomicAdd(aux + 2 * row + 1, 1) != (int)gridDim.x - 1) return;
+    /* the row's last CTA: every other CTA's update is visible (their
+     * fences came before their counter increments) */
+    __threadfence();
+    const unsigned long long k = atomicExch(key + row, 0ull);
+    const int any_nan = atomicExch(aux + 2 * row, 0);
+    aux[2 * row + 1] = 0;
+    /* k == 0: nothing above -Inf (a found key's order bits are never 0) */
+    out[row] = any_nan || k == 0 ? -1 : (int32_t)(0xffffffffu - (uint32_t)(k & 0xffffffffu));
 }
 
 void cu_launch_argmax(cu_impl *c, int32_t *out, const float *logits, int n_rows, int cols, int stride) {
     if (n_rows <= 0) return;
-    cu_launch(c, c->act_nc ? k_argmax<true> : k_argmax<false>, dim3(n_rows), dim3(1024), 0, out, logits, cols, stride);
+    const dim3 grid((unsigned)((cols + ARGMAX_SLICE - 1) / ARGMAX_SLICE), (unsigned)n_rows);
+    cu_launch(c, c->act_nc ? k_argmax<true> : k_argmax<false>, grid, dim3(ARGMAX_THREADS), 0, out, c->d_argmax_key,
+              c->d_argmax_aux, logits, cols, stride);
     CU_LAUNCHED(c, "argmax");
 }
 

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""bench/trace_step.py — what each kernel costs inside one decode step.
+
+Reads a kernel timeline CSV ("Start (ns)","Duration (ns)","Name": the
+output of bench/cupti_trace.c) of a bench-engine decode run. Steps are cut
+at k_embed (the first kernel of a step); step N (default: the 12th, past
+the graph captures) is printed kernel by kernel:
+
+  start / end      relative to the step's first kernel start, in us
+  dur              the kernel's own start -> end (with PDL this includes
+                   time spent waiting for the kernel before)
+  inc              end - the latest end before it: the time this kernel
+                   adds to the step's critical path
+
+then the increments and durations summed per kernel name over the step.
+The increments add up to the step time; that is the accounting the
+docs/cuda.md decode tables want, measured inside the replayed graph.
+
+Usage: trace_step.py TRACE.csv [STEP] [--all]
+"""
+import collections
+import csv
+import sys
+
+
+def short(name):
+    """k_gemv<1, 4, 0, 1> out of a mangled or demangled name, best effort."""
+    n = name.split('(')[0]
+    if n.startswith('_Z'):
+        # _Z<len><name>I...: keep the identifier
+        i = 2
+        while i < len(n) and n[i] == 'L':
+            i += 1
+        j = i
+        while j < len(n) and n[j].isdigit():
+            j += 1
+        if j > i:
+            ln = int(n[i:j])
+            base = n[j:j + ln]
+            rest = n[j + ln:]
+            return base + ('<' + rest[1:40] + '>' if rest.startswith('I') else '')
+    return n[:70]
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith('--')]
+    show_all = '--all' in sys.argv
+    rows = []
+    with open(args[0]) as f:
+        for x in csv.DictReader(f):
+            try:
+                rows.append((int(x['Start (ns)']), int(x['Duration (ns)']), x['Name']))
+            except (KeyError, ValueError):
+                continue
+    rows.sort()
+    starts = [i for i, r in enumerate(rows) if short(r[2]).startswith('k_embed') or short(r[2]).startswith('k_qembed')]
+    which = int(args[1]) if len(args) > 1 else 12
+    print('%d kernels, %d steps' % (len(rows), len(starts)))
+    if which + 1 >= len(starts):
+        print('not enough steps')
+        return 1
+    step = rows[starts[which]:starts[which + 1]]
+    t0 = step[0][0]
+    prev_end = t0
+    agg = collections.OrderedDict()
+    last_end = max(s + d for s, d, _ in step)
+    print('step %d: %d kernels, %.1f us (first start -> last end); next step starts %.1f us after this one' %
+          (which, len(step), (last_end - t0) / 1e3, (rows[starts[which + 1]][0] - t0) / 1e3))
+    for i, (st, du, nm) in enumerate(step):
+        en = st + du
+        inc = max(0, en - prev_end)
+        if show_all or i < 24 or i > len(step) - 8:
+            print('%4d start %8.2f end %8.2f dur %7.2f inc %6.2f  %s' %
+                  (i, (st - t0) / 1e3, (en - t0) / 1e3, du / 1e3, inc / 1e3, short(nm)))
+        s = agg.setdefault(short(nm), [0, 0.0, 0.0])
+        s[0] += 1
+        s[1] += inc / 1e3
+        s[2] += du / 1e3
+        prev_end = max(prev_end, en)
+    print('per kernel: calls, sum of increments (us), sum of durations (us), name')
+    for k, v in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+        print('%5d %9.1f %9.1f  %s' % (v[0], v[1], v[2], k))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
