@@ -497,12 +497,16 @@ __global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off
  * lo halves (two MMAs each) so the result matches the fp32 CUDA-core
  * kernel to ~1e-5: decode error would otherwise compound over generated
  * tokens. The four warps' states merge in shared memory; the splits merge
- * in decode_merge. */
+ * in decode_merge.
+ * early: DM_EARLY_META, the metadata chain runs before the PDL wait;
+ * DM_EARLY_KV (with it), so do the first two tiles' copies of a split
+ * whose keys all predate this step (see kv_early below). */
 template <int D, int LOAD>
 __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_t k_off, size_t v_off, int early,
                                                              const __grid_constant__ dm_tmap tm) {
     PDL_TRIGGER();
-    if (!early) PDL_WAIT();
+    const bool meta_early = (early & DM_EARLY_META) != 0;
+    if (!meta_early) PDL_WAIT();
     constexpr bool SWZ = LOAD == DM_LOAD_TMA;
     static_assert(!SWZ || D == 128, "TMA tiles: rows of 128 dims");
     constexpr int LD = SWZ ? D : D + 8; /* padded rows: ldmatrix conflict-free; TMA: unpadded, swizzled */
@@ -541,7 +545,24 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
     }
 
     auto issue = [&](int it) { dm_issue<D, LOAD>(p, s, kvh, k0, k1, it, Ks, Vs, bars, pg, k_off, v_off, &tm); };
-    if (early) PDL_WAIT();
+    auto issue_first = [&]() {
+        if (n_tiles > 0) issue(0);
+        if (!BULK) cp_async_commit();
+        if (n_tiles > 1) issue(1);
+        if (!BULK) cp_async_commit();
+    };
+    /* The only key a kernel of this step stores before this one is the
+     * decode token's own, position L - 1 (the q/k-norm kernel); every
+     * other key of the sequence was stored by an earlier step, whose
+     * kernels completed before this step's first launch (an anchored,
+     * non-PDL launch after set_batch's copies; page copies anchor the
+     * launch after them too). A split that ends before L - 1 copies its
+     * first tiles before the wait, so their HBM latency overlaps the
+     * kernels before instead of following it on the step's critical path.
+     * The split holding L - 1 copies after the wait and the proxy fence. */
+    const bool kv_early = meta_early && (early & DM_EARLY_KV) && k1 < L;
+    if (kv_early) issue_first();
+    if (meta_early) PDL_WAIT();
     /* The new token's K/V row was stored by the kernel before, through the
      * generic proxy; the bulk copies read through the async proxy, and the
      * PTX memory model orders the two only across a proxy fence. With the
@@ -550,10 +571,7 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
      * copies after the store: the suspected cause of the timing-dependent
      * fused-decode errors with early loads (docs/cuda.md v17, v18). */
     if (BULK) asm volatile("fence.proxy.async.global;\n" ::: "memory");
-    if (n_tiles > 0) issue(0);
-    if (!BULK) cp_async_commit();
-    if (n_tiles > 1) issue(1);
-    if (!BULK) cp_async_commit();
+    if (!kv_early) issue_first();
 
     uint32_t qh[NI][2], ql[NI][2];
     dm_load_q<D>(p, t, h_first, G, qh, ql);
@@ -645,7 +663,8 @@ static bool launch_decode_mma_t(cu_impl *c, const attn_params &p, dim3 grid, con
             return false;
         attr_done = true;
     }
-    cu_launch(c, k_attn_decode_mma<D, LOAD>, dim3(grid), dim3(128), smem, p, p.k_off, p.v_off, cu_early(c, CU_EARLY_ATTN),
+    const int early = (cu_early(c, CU_EARLY_ATTN) ? DM_EARLY_META : 0) | (cu_early(c, CU_EARLY_ATTN_KV) ? DM_EARLY_KV : 0);
+    cu_launch(c, k_attn_decode_mma<D, LOAD>, dim3(grid), dim3(128), smem, p, p.k_off, p.v_off, early,
               tm);
     return !CU_LAUNCHED(c, "attention decode mma");
 }

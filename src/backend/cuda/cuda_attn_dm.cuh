@@ -175,9 +175,12 @@ __device__ __forceinline__ void split_hilo(float a, float b, uint32_t &hi, uint3
  *                  ~35% of the 32k kernel's stall samples in that loop,
  *                  v20); the tile lands unpadded and swizzled (dm_at);
  *                  rows past the end are zeroed after it lands.
- * (A mode that issued the first tiles before the PDL wait was tried and
- * removed: docs/cuda.md v16.) */
+ * (A copy mode that issued the first tiles before the PDL wait was tried
+ * and removed: docs/cuda.md v16; it returned as DM_EARLY_KV, v25.) */
 enum { DM_LOAD_CPASYNC = 0, DM_LOAD_AHEAD = 1, DM_LOAD_BULK = 2, DM_LOAD_BULK_DEEP = 3, DM_LOAD_TMA = 4 };
+/* k_attn_decode_mma's early flags: the metadata chain, and the first K/V tiles of
+ * splits that predate the step, before the PDL wait */
+enum { DM_EARLY_META = 1, DM_EARLY_KV = 2 };
 
 /* The pool's tensor map as a kernel parameter (an opaque 128-byte
  * CUtensorMap; zeros for the modes that do not use it). */

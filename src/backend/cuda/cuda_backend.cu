@@ -520,6 +520,12 @@ static void exec_op_be(ns_backend *be, const cu_op *op) {
 static void run_tape(ns_backend *be, const cu_op *ops, int32_t n) {
     cu_impl *c = IMPL(be);
     c->tape_early = c->early_loads && c->pdl && cu_tape_weights_unwritten(c, ops, n);
+    /* a KV page copy in the tape rewrites keys older than the step's new
+     * tokens: the decode attention must not read any K/V before its wait
+     * (CU_EARLY_ATTN_KV; the anchor after the copy orders it too, but the
+     * kernel's premise is simpler kept true) */
+    c->tape_kv_copy = false;
+    for (int32_t i = 0; i < n && !c->tape_kv_copy; i++) c->tape_kv_copy = ops[i].kind == OP_KV_COPY;
     for (int32_t i = 0; i < n;) {
         if (c->err_status != NS_OK) break;
         int32_t used = c->fusion ? cu_tape_try_fuse(be, ops, i, n) : 0;
@@ -531,6 +537,7 @@ static void run_tape(ns_backend *be, const cu_op *ops, int32_t n) {
         i++;
     }
     c->tape_early = false;
+    c->tape_kv_copy = false;
 }
 
 /* Executes the recorded tape (eager / capture / replay). */
@@ -1573,7 +1580,8 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
      * scheduled above its PDL wait, so the cache got the previous step's
      * V row; those loads are coherent (.cg) now. */
     c->early_loads = env_int("NS_CUDA_EARLY_LOADS", 1);
-    c->early_mask = env_int("NS_CUDA_EARLY_MASK", CU_EARLY_ADDNORM | CU_EARLY_QKNORM | CU_EARLY_ATTN);
+    c->early_mask =
+        env_int("NS_CUDA_EARLY_MASK", CU_EARLY_ADDNORM | CU_EARLY_QKNORM | CU_EARLY_ATTN | CU_EARLY_ATTN_KV);
     /* fewest keys per decode-attention split (a multiple of 64) */
     c->split_keys = env_int("NS_CUDA_SPLIT_KEYS", 64);
     if (c->split_keys < 64 || c->split_keys % 64) c->split_keys = 64;

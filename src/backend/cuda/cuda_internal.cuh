@@ -218,6 +218,7 @@ typedef struct cu_impl {
     int attn_tmap_ok;
     int early_loads; /* decode tapes: small kernels read constants and metadata before the PDL wait */
     bool tape_early; /* run_tape: this tape's norm weights / RoPE frequencies are written by none of its ops */
+    bool tape_kv_copy; /* run_tape: this tape copies a KV page (no K/V may be read before a PDL wait) */
     int early_mask;  /* NS_CUDA_EARLY_MASK (default all): which small kernels take early loads (CU_EARLY_*) */
     uintptr_t *wr;   /* run_tape scratch: written ranges [lo, hi) pairs */
     int32_t cap_wr;
@@ -420,9 +421,15 @@ __device__ __forceinline__ void l2_prefetch(const cu_prefetch &pf, int pb) {
 
 /* Which small kernels read constants before their PDL wait when the tape
  * allows it (c->tape_early): a bisection switch for the early-load fault
- * (docs/cuda.md v17, v18), NS_CUDA_EARLY_MASK, all by default. */
-enum { CU_EARLY_ADDNORM = 1, CU_EARLY_QKNORM = 2, CU_EARLY_ATTN = 4 };
-static inline int cu_early(const cu_impl *c, int kernel) { return c->tape_early && (c->early_mask & kernel) ? 1 : 0; }
+ * (docs/cuda.md v17, v18), NS_CUDA_EARLY_MASK, all by default.
+ * CU_EARLY_ATTN_KV (with CU_EARLY_ATTN): the bf16 tensor-core decode also
+ * copies the first K/V tiles of splits that end before the new token
+ * (docs/cuda.md v25). */
+enum { CU_EARLY_ADDNORM = 1, CU_EARLY_QKNORM = 2, CU_EARLY_ATTN = 4, CU_EARLY_ATTN_KV = 8 };
+static inline int cu_early(const cu_impl *c, int kernel) {
+    if (kernel == CU_EARLY_ATTN_KV && c->tape_kv_copy) return 0;
+    return c->tape_early && (c->early_mask & kernel) ? 1 : 0;
+}
 
 /* Launches kernel on c->stream (with the PDL attribute when c->pdl) and
  * records a launch failure. */
