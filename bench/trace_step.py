@@ -12,7 +12,9 @@ the graph captures) is printed kernel by kernel:
   inc              end - the latest end before it: the time this kernel
                    adds to the step's critical path
 
-then the increments and durations summed per kernel name over the step.
+then the increments and durations summed per kernel name and
+predecessor (one template serves several roles: the q/k/v GEMV follows
+add + RMSNorm, the output GEMV the attention) over the step.
 The increments add up to the step time; that is the accounting the
 docs/cuda.md decode tables want, measured inside the replayed graph.
 
@@ -72,12 +74,15 @@ def main():
         if show_all or i < 24 or i > len(step) - 8:
             print('%4d start %8.2f end %8.2f dur %7.2f inc %6.2f  %s' %
                   (i, (st - t0) / 1e3, (en - t0) / 1e3, du / 1e3, inc / 1e3, short(nm)))
-        s = agg.setdefault(short(nm), [0, 0.0, 0.0])
+        # a kernel template serves several roles (the q/k/v, output and
+        # down GEMVs are one instantiation): name it by its predecessor too
+        role = short(nm) + ('  after ' + short(step[i - 1][2]) if i > 0 else '')
+        s = agg.setdefault(role, [0, 0.0, 0.0])
         s[0] += 1
         s[1] += inc / 1e3
         s[2] += du / 1e3
         prev_end = max(prev_end, en)
-    print('per kernel: calls, sum of increments (us), sum of durations (us), name')
+    print('per kernel and predecessor: calls, sum of increments (us), sum of durations (us), name')
     for k, v in sorted(agg.items(), key=lambda kv: -kv[1][1]):
         print('%5d %9.1f %9.1f  %s' % (v[0], v[1], v[2], k))
     return 0
