@@ -315,6 +315,26 @@ typedef struct ns_backend_ops {
      * load fails saying so). */
     void (*moe_ffn)(ns_backend *be, ns_tensor *out, const ns_tensor *in, const ns_tensor *router,
                     const ns_tensor *experts, int n_experts, int top_k, bool norm_topk);
+
+    /* ---- step memo (optional) ----
+     * The engine issues the same ops, with the same tensors, in every step
+     * of one shape (token and logits-row counts): everything per-step is
+     * batch metadata, which ops read from set_batch. A backend that records
+     * its steps (CUDA: a tape replayed as a graph) can keep the last step's
+     * op sequence, so that a decode step skips issuing ~300 op calls while
+     * the device idles between steps.
+     * memo_save(be, id): called right after a step's last op; remembers
+     *   the ops issued since set_batch under id (any earlier memo is
+     *   dropped), or forgets everything if it cannot keep them.
+     * memo_replay(be, id): called right after set_batch; if the backend
+     *   holds a memo saved under id, still valid (no allocation or setting
+     *   that ops depend on has changed since) and nothing was issued since
+     *   set_batch, it issues those ops again and returns true; otherwise
+     *   false, and the caller issues the ops itself.
+     * The caller owns the promise that equal ids mean equal op sequences.
+     * NULL: no memo (the CPU backend runs ops as they come). */
+    void (*memo_save)(ns_backend *be, uint64_t id);
+    bool (*memo_replay)(ns_backend *be, uint64_t id);
 } ns_backend_ops;
 
 struct ns_backend {

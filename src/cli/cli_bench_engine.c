@@ -744,8 +744,8 @@ static ns_status bench_run(bench *B, ns_error *err) {
     if (B->cuda) {
         int64_t rep, cap, eag;
         ns_cuda_graph_stats(B->be, &rep, &cap, &eag);
-        printf("cuda graphs: %lld replays, %lld captures, %lld eager decode tapes\n", (long long)rep, (long long)cap,
-               (long long)eag);
+        printf("cuda graphs: %lld replays, %lld captures, %lld eager decode tapes; %lld steps from the step memo\n",
+               (long long)rep, (long long)cap, (long long)eag, (long long)ns_cuda_memo_replays(B->be));
     }
     if (B->cuda && B->o.n_batches && B->o.n_contexts) {
         /* what each decode-path feature is worth: batch 1, 1k context,
@@ -758,6 +758,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
         const int act_nc = ns_cuda_get_act_nc(B->be);       /* NS_CUDA_ACT_NC */
         const int pf = ns_cuda_get_prefetch(B->be);         /* NS_CUDA_PREFETCH, MB */
         const int bulk = ns_cuda_get_gemv_bulk(B->be);      /* NS_CUDA_GEMV_BULK */
+        const int memo = ns_cuda_get_memo(B->be);           /* NS_CUDA_MEMO */
         /* each row: set(alt), measure, set(dflt) */
         struct {
             const char *name;
@@ -777,7 +778,8 @@ static ns_status bench_run(bench *B, ns_error *err) {
                      {pdl_gemv ? "PDL between two GEMVs off" : "PDL between two GEMVs on", ns_cuda_set_pdl_gemv,
                       pdl_gemv, !pdl_gemv},
                      {act_nc ? "activation loads .cg" : "activation loads .nc", ns_cuda_set_act_nc, act_nc, !act_nc},
-                     {bulk ? "bulk-copy GEMV off" : "bulk-copy GEMV on", ns_cuda_set_gemv_bulk, bulk, !bulk}};
+                     {bulk ? "bulk-copy GEMV off" : "bulk-copy GEMV on", ns_cuda_set_gemv_bulk, bulk, !bulk},
+                     {memo ? "step memo off" : "step memo on", ns_cuda_set_memo, memo, !memo}};
         dec_result base;
         rc = run_decode(B, 1024, 1, B->o.steps, 3, &base, err);
         if (rc != NS_OK) return rc;

@@ -92,6 +92,13 @@ ns_status ns_engine_forward(ns_engine *e, const ns_batch *b, ns_error *err) {
                            c->vocab_size);
     ns_status rc = o->set_batch(be, b, err);
     if (rc != NS_OK) return rc;
+    /* Everything below depends only on the model, this engine's workspace
+     * and (n_tokens, n_logits): the step memo's id (backend.h). The
+     * engine's address tells engines sharing a backend apart; a freed
+     * engine's tensors invalidate the backend's memo. */
+    const uint64_t memo_id =
+        ns_mix64((uint64_t)(uintptr_t)e ^ ns_mix64(((uint64_t)(uint32_t)b->n_tokens << 32) | (uint32_t)b->n_logits));
+    if (o->memo_replay && o->memo_replay(be, memo_id)) return NS_OK;
 
     const int64_t T = b->n_tokens, H = c->hidden_size, D = c->head_dim, NH = c->n_heads, NKV = c->n_kv_heads;
     ns_tensor x = view(&e->x, T, H), xn = view(&e->xn, T, H), q = view(&e->q, T, NH * D),
@@ -140,6 +147,7 @@ ns_status ns_engine_forward(ns_engine *e, const ns_batch *b, ns_error *err) {
         o->rmsnorm(be, &hid, &hid, &m->final_norm, c->rms_norm_eps);
         o->matmul(be, &logits, &hid, &m->lm_head);
     }
+    if (o->memo_save) o->memo_save(be, memo_id);
     return NS_OK;
 }
 

@@ -76,6 +76,13 @@ int ns_cuda_get_fp8_bulk(ns_backend *be);
 
 /* CUDA graphs for decode steps: on (default) or off. */
 void ns_cuda_set_graphs(ns_backend *be, int on);
+/* The step memo (backend.h memo_save / memo_replay): a decode step of the
+ * last step's shape reuses its op tape instead of the engine issuing the
+ * ops again; on (default; env NS_CUDA_MEMO) or off. Same results either
+ * way. ns_cuda_memo_replays counts the steps that reused a memo. */
+void ns_cuda_set_memo(ns_backend *be, int on);
+int ns_cuda_get_memo(ns_backend *be);
+int64_t ns_cuda_memo_replays(ns_backend *be);
 /* Fused kernels for the engine's fixed op sequences in decode steps: on
  * (default) or off. Fused and unfused give the same numbers. */
 void ns_cuda_set_fusion(ns_backend *be, int on);

@@ -707,24 +707,6 @@ static bool launch_decode_mma(cu_impl *c, const ns_kv_layout *l, const attn_para
     }
 }
 
-/* Splits of the tensor-core decode kernel. set_batch's count (in the
- * graph key) aims at >= 8 CTAs per SM with >= 64 keys each, right for the
- * CUDA-core kernel; the MMA kernel streams a split much faster, so long
- * contexts get fewer, longer splits (fewer partials to merge, longer
- * cp.async streams): n_splits / NS_CUDA_DEC_MMA_DIV (default 8) once
- * n_splits >= 64. Measured at 32k batch 1 (H200, docs/cuda.md v13):
- * divisor 1 111.6 tok/s, 2 138.7, 4 149.5, 8 156.2 (256 CTAs of 1024
- * keys: one wave at two CTAs per SM). A function of n_splits only, so a
- * replayed graph always has the grid it was captured with. */
-static int decode_mma_splits(int n_splits) {
-    static int div = 0;
-    if (div == 0) {
-        const char *e = getenv("NS_CUDA_DEC_MMA_DIV");
-        div = e ? atoi(e) : 8;
-        if (div < 1 || div > 64 || (div & (div - 1))) div = 8;
-    }
-    return n_splits >= 64 ? n_splits / div : n_splits;
-}
 
 template <int D>
 static bool launch_decode(cu_impl *c, const attn_params &p, dim3 grid, int gb) {
@@ -857,7 +839,7 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
         const int dm = cu_attn_switch(&c->attn_dec_mma, "NS_CUDA_ATTN_DEC_MMA", CU_ATTN_DEC_MMA_MAX, 1);
         const bool use_mma =
             (D == 64 || D == 128) && G <= 8 && (dm == 2 || (dm == 1 && (m->n_splits >= 32 || m->n_dec >= 16)));
-        int nsp = use_mma ? decode_mma_splits(m->n_splits) : m->n_splits;
+        int nsp = use_mma ? m->mma_splits : m->n_splits; /* choose_mma_splits (cuda_backend.cu) */
         if (nsp > 1) {
             if (!cu_attn_reserve_partials(c, (size_t)m->n_dec * n_heads * nsp * CU_WS_ROW(D),
                                           (size_t)m->n_dec * l->n_kv_heads))

@@ -167,6 +167,7 @@ static void graphs_clear(cu_impl *c) {
 void cu_bump_generation(cu_impl *c) {
     c->generation++;
     graphs_clear(c);
+    c->memo_valid = false;
 }
 #define bump_generation cu_bump_generation
 
@@ -177,8 +178,8 @@ void cu_bump_generation(cu_impl *c) {
  * it took tens of microseconds of every decode step. */
 static uint64_t tape_key(const cu_impl *c) {
     const cu_meta *m = &c->meta;
-    int32_t shape[8] = {m->n_tokens, m->n_seqs,   m->n_logits, m->pt_stride,
-                        m->n_dec,    m->n_splits, m->n_tiles,  m->long_splits};
+    int32_t shape[9] = {m->n_tokens, m->n_seqs, m->n_logits,  m->pt_stride,  m->n_dec,
+                        m->n_splits, m->n_tiles, m->long_splits, m->mma_splits};
     return XXH3_64bits_withSeed(c->tape, (size_t)c->n_tape * sizeof(cu_op), XXH3_64bits(shape, sizeof shape));
 }
 
@@ -621,6 +622,44 @@ static void submit(ns_backend *be, const cu_op *op) {
     c->tape[c->n_tape++] = *op;
 }
 
+/* ============================================================ step memo */
+
+/* A decode step's ops are recorded into the tape and only then hashed,
+ * looked up and replayed as a graph; recording ~300 ops is host time
+ * between the previous step's sync and this step's launch, so the GPU
+ * idles through it. The memo keeps the last decode step's tape so the
+ * engine can skip issuing the same ops again (backend.h). Only recorded,
+ * graph-eligible steps are kept: an eager-only (prefill) tape is not
+ * replayed, and a tape with a MoE op is not kept because that op prepares
+ * its expert table at submit time (cu_moe_ffn_op). Any change that drops
+ * graphs (cu_bump_generation: an allocation moved, a captured setting
+ * changed) drops the memo too. */
+static void cu_memo_save(ns_backend *be, uint64_t id) {
+    cu_impl *c = IMPL(be);
+    c->memo_valid = false;
+    if (!c->memo_enabled || c->err_status != NS_OK || !c->recording || c->tape_eager_only || c->n_tape <= 0) return;
+    for (int32_t i = 0; i < c->n_tape; i++)
+        if (c->tape[i].kind == OP_MOE || c->tape[i].kind == OP_KV_COPY) return;
+    if (NS_VEC_GROW(c->memo, c->cap_memo, (size_t)c->n_tape, INT32_MAX) != NS_OK) return; /* no memo: record */
+    memcpy(c->memo, c->tape, (size_t)c->n_tape * sizeof(cu_op));
+    c->n_memo = c->n_tape;
+    c->memo_id = id;
+    c->memo_generation = c->generation;
+    c->memo_valid = true;
+}
+
+static bool cu_memo_replay(ns_backend *be, uint64_t id) {
+    cu_impl *c = IMPL(be);
+    if (!c->memo_valid || !c->memo_enabled || c->memo_id != id || c->memo_generation != c->generation ||
+        c->err_status != NS_OK || !c->recording || c->tape_eager_only || c->n_tape != 0)
+        return false;
+    if (NS_VEC_GROW(c->tape, c->cap_tape, (size_t)c->n_memo, INT32_MAX) != NS_OK) return false;
+    memcpy(c->tape, c->memo, (size_t)c->n_memo * sizeof(cu_op));
+    c->n_tape = c->n_memo;
+    c->stat_memo++;
+    return true;
+}
+
 /* Copies the fields that define a tensor (not padding or alloc), so tapes
  * compare byte for byte. */
 static void put_tensor(ns_tensor *dst, const ns_tensor *src) {
@@ -1022,6 +1061,62 @@ static int32_t choose_splits(const cu_impl *c, int32_t n_dec, int32_t n_kv_heads
     return p;
 }
 
+/* Places the metadata regions in d_base (and, at the same offsets, in the
+ * staging buffer) for a step of T tokens, S sequences, page-table stride
+ * `stride`, L logits rows, TL prefill tiles and D decode sequences: packed
+ * back to back, each CU_META_ALIGN ints aligned, so the step's metadata is
+ * one contiguous span and set_batch uploads it with one copy (eight small
+ * copies cost the host a few microseconds each and the stream as many DMA
+ * round trips, between the previous step's sync and this step's first
+ * kernel, while the GPU idles). The offsets are a function of the counts
+ * alone, all of which are in the graph key (tape_key): a replayed graph
+ * reads its metadata where it was captured to. The counts never exceed
+ * the capacities, so the span fits meta_grow's allocation. */
+static void meta_place(cu_meta *m, size_t T, size_t S, size_t stride, size_t L, size_t TL, size_t D) {
+    const size_t sizes[9] = {T, T, T, S + 1, S, S * stride, L, 2 * TL, D};
+    int32_t **regions[9] = {&m->tokens,   &m->positions,  &m->tok_seq, &m->seq_start, &m->seq_len,
+                            &m->page_table, &m->logit_rows, &m->tiles,   &m->dec_seqs};
+    size_t off = 0;
+    for (int i = 0; i < 9; i++) {
+        *regions[i] = m->d_base + off;
+        off += (sizes[i] + CU_META_ALIGN - 1) / CU_META_ALIGN * CU_META_ALIGN;
+    }
+    m->used_ints = off;
+}
+
+/* Splits of the tensor-core decode kernel. choose_splits aims at >= 8
+ * CTAs per SM with >= 64 keys each, right for the CUDA-core kernel; the
+ * MMA kernel streams a split much faster, so:
+ * - long contexts get fewer, longer splits (fewer partials to merge,
+ *   longer copy streams): n_splits / NS_CUDA_DEC_MMA_DIV (default 8) once
+ *   n_splits >= 64. Measured at 32k batch 1 (H200, docs/cuda.md v13):
+ *   divisor 1 111.6 tok/s, 2 138.7, 4 149.5, 8 156.2.
+ * - below that, where the count is bound by the length (L <= 64 keys x
+ *   splits), it is halved until every split holds two 64-key tiles: at
+ *   1k, 32 splits made 17 CTAs of one tile per KV head and 15 empty ones,
+ *   all merged by the last; 16 splits of two tiles (both copied before
+ *   the PDL wait, CU_EARLY_ATTN_KV) measured 1% faster at batch 1 and 7%
+ *   at batch 8 (docs/cuda.md v26). NS_CUDA_DEC_MMA_TILES (default 2) is
+ *   that least tile count; 1 keeps set_batch's count.
+ * - then halved while the grid has more than NS_CUDA_DEC_MMA_CTAS
+ *   (default 2; 0: no cap) CTAs per SM: every CTA pays a fixed chain (Q,
+ *   the first tiles' round trip, its partial, the merge counter) that more
+ *   keys per CTA amortize. Batches 8 and 32 at 1k-4k measured 3-9% faster
+ *   with the cap of 2 than without, 32k batch 32 7%; batch 1 below 64
+ *   splits is under the cap (docs/cuda.md v26).
+ * It depends on max_len, so it is part of the graph key (tape_key): a
+ * replayed graph has the grid and split count it was captured with. */
+static int32_t choose_mma_splits(const cu_impl *c, int32_t n_splits, int32_t max_len, int32_t n_dec,
+                                 int32_t n_kv_heads) {
+    int32_t q = n_splits;
+    if (n_splits >= 64) q = n_splits / c->dec_mma_div;
+    else
+        while (q > 1 && max_len <= 64LL * (c->dec_mma_tiles - 1) * q) q /= 2;
+    if (c->dec_mma_ctas > 0)
+        while (q > 1 && (int64_t)n_dec * n_kv_heads * q > (int64_t)c->dec_mma_ctas * c->n_sm) q /= 2;
+    return q;
+}
+
 static ns_status meta_grow(ns_backend *be, int32_t need_tokens, int32_t need_seqs, int32_t need_stride,
                            int32_t need_logits, int32_t need_tiles, ns_error *err) {
     cu_impl *c = IMPL(be);
@@ -1047,22 +1142,14 @@ static ns_status meta_grow(ns_backend *be, int32_t need_tokens, int32_t need_seq
     m->d_base = NULL;
     m->h_base = NULL;
     size_t T = (size_t)m->cap_tokens, S = (size_t)m->cap_seqs, L = (size_t)m->cap_logits, TL = (size_t)m->cap_tiles;
-    size_t total = 3 * T + (S + 1) + S + S * (size_t)m->cap_pt_stride + L + 2 * TL + S + 64;
+    /* + room for meta_place's region alignment */
+    size_t total = 3 * T + (S + 1) + S + S * (size_t)m->cap_pt_stride + L + 2 * TL + S + 64 + 9 * CU_META_ALIGN;
     if (cudaMalloc(&m->d_base, total * 4) != cudaSuccess || cudaMallocHost(&m->h_base, total * 4) != cudaSuccess) {
         (void)cudaGetLastError();
         return ns_fail(err, NS_ERR_NOMEM, "cuda: cannot allocate batch metadata (%zu bytes)", total * 4);
     }
     m->total_ints = total;
-    int32_t *p = m->d_base;
-    m->tokens = p, p += T;
-    m->positions = p, p += T;
-    m->tok_seq = p, p += T;
-    m->seq_start = p, p += S + 1;
-    m->seq_len = p, p += S;
-    m->page_table = p, p += S * (size_t)m->cap_pt_stride;
-    m->logit_rows = p, p += L;
-    m->tiles = p, p += 2 * TL;
-    m->dec_seqs = p, p += S;
+    meta_place(m, m->cap_tokens, m->cap_seqs, m->cap_pt_stride, m->cap_logits, m->cap_tiles, m->cap_seqs);
     bump_generation(c);
     return NS_OK;
 }
@@ -1117,6 +1204,8 @@ static ns_status cu_set_batch(ns_backend *be, const ns_batch *b, ns_error *err) 
         cu_check(c, cudaEventSynchronize(c->staging_done), "staging");
         c->staging_pending = false;
     }
+    meta_place(m, (size_t)b->n_tokens, (size_t)b->n_seqs, (size_t)stride, (size_t)b->n_logits, (size_t)n_tiles,
+               (size_t)n_dec);
     int32_t *h_tok_seq = staging(m, m->tok_seq), *h_pt = staging(m, m->page_table), *h_tiles = staging(m, m->tiles),
             *h_dec = staging(m, m->dec_seqs);
     memcpy(staging(m, m->tokens), b->tokens, (size_t)b->n_tokens * 4);
@@ -1152,22 +1241,12 @@ static ns_status cu_set_batch(ns_backend *be, const ns_batch *b, ns_error *err) 
     m->max_len = max_len;
     m->n_splits = choose_splits(c, n_dec, be->kv.n_kv_heads, max_len);
     m->long_splits = m->n_splits < 64 && max_len >= 1024LL * m->n_splits;
+    m->mma_splits = choose_mma_splits(c, m->n_splits, max_len, n_dec, be->kv.n_kv_heads);
     m->valid = true;
-    struct {
-        int32_t *dev;
-        size_t n;
-    } regions[] = {
-        {m->tokens, (size_t)b->n_tokens},     {m->positions, (size_t)b->n_tokens},
-        {m->tok_seq, (size_t)b->n_tokens},    {m->seq_start, (size_t)b->n_seqs + 1},
-        {m->seq_len, (size_t)b->n_seqs},      {m->page_table, (size_t)b->n_seqs * stride},
-        {m->logit_rows, (size_t)b->n_logits}, {m->tiles, 2 * (size_t)n_tiles},
-        {m->dec_seqs, (size_t)n_dec},
-    };
-    for (size_t i = 0; i < sizeof regions / sizeof regions[0]; i++) {
-        if (!regions[i].n) continue;
-        cu_check(c, cudaMemcpyAsync(regions[i].dev, staging(m, regions[i].dev), regions[i].n * 4,
-                                    cudaMemcpyHostToDevice, c->stream), "set_batch upload");
-    }
+    /* one copy of the packed span (meta_place); the alignment gaps it
+     * carries are never read */
+    cu_check(c, cudaMemcpyAsync(m->d_base, m->h_base, m->used_ints * 4, cudaMemcpyHostToDevice, c->stream),
+             "set_batch upload");
     cu_check(c, cudaEventRecord(c->staging_done, c->stream), "set_batch event");
     c->staging_pending = true;
     c->pdl_anchor = c->pdl_anchors != 0; /* the step's first kernel waits for these copies */
@@ -1420,6 +1499,7 @@ static void cu_destroy(ns_backend *be) {
         }
         free(c->prof_label_of);
         free(c->tape);
+        free(c->memo);
         free(c->wr);
         cu_moe_free(c);
         if (c->fence_ev) {
@@ -1489,6 +1569,8 @@ static const ns_backend_ops cuda_ops = {
     /* .compute_after = */ cu_compute_after,
     /* .add_bias = */ cu_add_bias_op,
     /* .moe_ffn = */ cu_moe_ffn_op,
+    /* .memo_save = */ cu_memo_save,
+    /* .memo_replay = */ cu_memo_replay,
 };
 
 static int env_int(const char *name, int dflt) {
@@ -1560,6 +1642,7 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
         goto fail;
     }
     c->graphs_enabled = env_int("NS_CUDA_GRAPHS", 1);
+    c->memo_enabled = env_int("NS_CUDA_MEMO", 1) != 0; /* the step memo (cu_memo_save) */
     c->fusion = env_int("NS_CUDA_FUSION", 1);
     /* off until measured on the H200 (docs/cuda.md, v17) */
     c->dec_fuse = env_int("NS_CUDA_DEC_FUSE", 0);
@@ -1583,6 +1666,12 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     c->early_mask =
         env_int("NS_CUDA_EARLY_MASK", CU_EARLY_ADDNORM | CU_EARLY_QKNORM | CU_EARLY_ATTN | CU_EARLY_ATTN_KV);
     /* fewest keys per decode-attention split (a multiple of 64) */
+    c->dec_mma_div = env_int("NS_CUDA_DEC_MMA_DIV", 8); /* choose_mma_splits */
+    if (c->dec_mma_div < 1 || c->dec_mma_div > 64 || (c->dec_mma_div & (c->dec_mma_div - 1))) c->dec_mma_div = 8;
+    c->dec_mma_tiles = env_int("NS_CUDA_DEC_MMA_TILES", 2);
+    if (c->dec_mma_tiles < 1 || c->dec_mma_tiles > 16) c->dec_mma_tiles = 2;
+    c->dec_mma_ctas = env_int("NS_CUDA_DEC_MMA_CTAS", 2);
+    if (c->dec_mma_ctas < 0 || c->dec_mma_ctas > 64) c->dec_mma_ctas = 2;
     c->split_keys = env_int("NS_CUDA_SPLIT_KEYS", 64);
     if (c->split_keys < 64 || c->split_keys % 64) c->split_keys = 64;
     c->l2_bytes = (size_t)prop.l2CacheSize;
@@ -1691,6 +1780,15 @@ extern "C" void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *c
     *captures = c->stat_captures;
     *eager = c->stat_eager;
 }
+
+extern "C" void ns_cuda_set_memo(ns_backend *be, int on) {
+    cu_impl *c = IMPL(be);
+    flush(be);
+    c->memo_enabled = on != 0;
+    c->memo_valid = false;
+}
+extern "C" int ns_cuda_get_memo(ns_backend *be) { return IMPL(be)->memo_enabled; }
+extern "C" int64_t ns_cuda_memo_replays(ns_backend *be) { return IMPL(be)->stat_memo; }
 
 extern "C" void ns_cuda_set_profiling(ns_backend *be, int on) {
     cu_impl *c = IMPL(be);

@@ -5,9 +5,11 @@
  * - One stream per backend; every op is enqueued on it in call order.
  * - Errors are sticky: the first CUDA/cuBLAS failure is kept in cu_impl
  *   and reported at the next sync point; later ops become no-ops.
- * - Per-step metadata lives in fixed device buffers (cu_meta) whose
- *   addresses only change when a capacity grows; every growth bumps
- *   `generation`, which drops all captured graphs (they bake addresses).
+ * - Per-step metadata lives in one device buffer (cu_meta), its regions
+ *   packed per step at offsets that depend only on the step's counts (all
+ *   part of the graph key); the buffer only moves when a capacity grows,
+ *   and every growth bumps `generation`, which drops all captured graphs
+ *   (they bake addresses).
  * - F32 activations allocated through tensor_alloc may own a BF16
  *   "shadow" (cu_shadow): producers that feed matmuls (rmsnorm, swiglu,
  *   attention, gather_rows) write it in the same kernel, so a GEMM never
@@ -63,21 +65,25 @@ typedef struct cu_op {
 
 /* ------------------------------------------------------------ metadata */
 
+#define CU_META_ALIGN 16 /* ints: each metadata region starts 64-byte aligned */
+
 typedef struct cu_meta {
     /* capacities (device buffers are sized by these) */
     int32_t cap_tokens, cap_seqs, cap_pt_stride, cap_logits, cap_tiles;
-    /* device regions (int32), fixed addresses between growths */
+    /* device regions (int32), placed per step by meta_place (cuda_backend.cu) */
     int32_t *d_base;
     int32_t *tokens, *positions, *tok_seq, *seq_start, *seq_len, *page_table, *logit_rows, *tiles, *dec_seqs;
     /* pinned host staging, same layout */
     int32_t *h_base;
     size_t total_ints;
+    size_t used_ints; /* this step's packed span from d_base (meta_place in cuda_backend.cu) */
     /* this step's values */
     int32_t n_tokens, n_seqs, n_logits, pt_stride, n_tiles, n_dec, n_splits, max_len;
     int32_t n_prefill_seqs; /* sequences with more than one new token */
     /* 1 when n_splits < 64 and a split of the longest decode row holds
      * >= 1024 keys (the FP8 decode's choice of kernel, in the graph key) */
     int32_t long_splits;
+    int32_t mma_splits; /* splits of the tensor-core decode kernel (choose_mma_splits; in the graph key) */
     bool valid;
 } cu_meta;
 
@@ -202,6 +208,9 @@ typedef struct cu_impl {
     int cc_major; /* compute capability of the device */
     int prefetch; /* MB of the next GEMVs' weights each small decode kernel prefetches into L2 (0: none) */
     int split_keys; /* fewest keys per decode-attention split */
+    int dec_mma_div; /* NS_CUDA_DEC_MMA_DIV: long contexts' tensor-core decode splits = n_splits / this */
+    int dec_mma_tiles; /* NS_CUDA_DEC_MMA_TILES: shorter ones halved until a split holds this many tiles */
+    int dec_mma_ctas;  /* NS_CUDA_DEC_MMA_CTAS: and until there are at most this many CTAs per SM (0: no cap) */
     /* attention kernel switches (cuda.h: ns_cuda_set_attn_sm90,
      * ns_cuda_set_attn_dec_mma): 1 + the switch value once set, 0 = not
      * set yet (the env var decides at first use); see cu_attn_switch */
@@ -224,6 +233,15 @@ typedef struct cu_impl {
     int32_t cap_wr;
     size_t l2_bytes;
     int64_t stat_replays, stat_captures, stat_eager;
+    /* step memo (backend.h memo_save / memo_replay): the op tape of the
+     * last recorded decode step, valid while `generation` is unchanged */
+    cu_op *memo;
+    int32_t n_memo;
+    size_t cap_memo;
+    uint64_t memo_id, memo_generation;
+    bool memo_valid;
+    int memo_enabled; /* NS_CUDA_MEMO (default 1) */
+    int64_t stat_memo;
 
     /* mixture of experts (cuda_moe.cu): device tables of expert weight
      * pointers (kept until destroy: graphs bake them) and the scratch */
