@@ -94,7 +94,7 @@ bool cu_check_blas(cu_impl *c, cublasStatus_t s, const char *what) {
 }
 
 /* Reports (and keeps) the sticky error. */
-static ns_status report(cu_impl *c, ns_error *err) {
+ns_status cu_report(cu_impl *c, ns_error *err) {
     if (c->err_status == NS_OK) return NS_OK;
     return ns_fail(err, c->err_status, "%s", c->err_msg);
 }
@@ -520,13 +520,13 @@ static void exec_op_be(ns_backend *be, const cu_op *op) {
 
 static void run_tape(ns_backend *be, const cu_op *ops, int32_t n) {
     cu_impl *c = IMPL(be);
-    c->tape_early = c->early_loads && c->pdl && cu_tape_weights_unwritten(c, ops, n);
+    bool kv_copy = false;
+    c->tape_early = c->early_loads && c->pdl && cu_tape_weights_unwritten(c, ops, n, &kv_copy);
     /* a KV page copy in the tape rewrites keys older than the step's new
      * tokens: the decode attention must not read any K/V before its wait
      * (CU_EARLY_ATTN_KV; the anchor after the copy orders it too, but the
      * kernel's premise is simpler kept true) */
-    c->tape_kv_copy = false;
-    for (int32_t i = 0; i < n && !c->tape_kv_copy; i++) c->tape_kv_copy = ops[i].kind == OP_KV_COPY;
+    c->tape_early_mask = c->tape_early ? c->early_mask & ~(kv_copy ? CU_EARLY_ATTN_KV : 0) : 0;
     for (int32_t i = 0; i < n;) {
         if (c->err_status != NS_OK) break;
         int32_t used = c->fusion ? cu_tape_try_fuse(be, ops, i, n) : 0;
@@ -538,7 +538,7 @@ static void run_tape(ns_backend *be, const cu_op *ops, int32_t n) {
         i++;
     }
     c->tape_early = false;
-    c->tape_kv_copy = false;
+    c->tape_early_mask = 0;
 }
 
 /* Executes the recorded tape (eager / capture / replay). */
@@ -775,7 +775,7 @@ static ns_status cu_weight_quant(ns_backend *be, ns_tensor *t, ns_dtype dt, int6
     if (ok) ok = !cu_check(c, cudaStreamSynchronize(c->stream), "quantized weight");
     if (ok) return NS_OK;
     cu_tensor_free(be, t);
-    rc = report(c, err);
+    rc = cu_report(c, err);
     c->err_status = NS_OK; /* reported to the caller; not sticky for later ops */
     return rc;
 }
@@ -826,7 +826,7 @@ static ns_status cu_weight_from_host(ns_backend *be, ns_tensor *t, const void *s
     return NS_OK;
 fail:
     cu_tensor_free(be, t);
-    rc = report(c, err);
+    rc = cu_report(c, err);
     c->err_status = NS_OK; /* reported to the caller; not sticky for later ops */
     return rc;
 }
@@ -846,7 +846,7 @@ static ns_status cu_weight_random(ns_backend *be, ns_tensor *t, ns_dtype dt, int
     else cu_launch_fill_random(c, NULL, (float *)t->data, n, seed, scale, round_bf);
     cu_check(c, cudaStreamSynchronize(c->stream), "weight_random");
     if (c->err_status != NS_OK) {
-        rc = report(c, err);
+        rc = cu_report(c, err);
         c->err_status = NS_OK;
         cu_tensor_free(be, t);
         return rc;
@@ -862,7 +862,7 @@ static ns_status cu_tensor_upload(ns_backend *be, ns_tensor *t, const float *src
     c->pdl_anchor = c->pdl_anchors != 0;
     cu_check(c, cudaStreamSynchronize(c->stream), "upload");
     cu_note_write(c, t);
-    return report(c, err);
+    return cu_report(c, err);
 }
 
 static ns_status cu_tensor_download(ns_backend *be, const ns_tensor *t, float *dst, ns_error *err) {
@@ -882,7 +882,7 @@ static ns_status cu_tensor_download(ns_backend *be, const ns_tensor *t, float *d
         return ns_fail(err, NS_ERR_UNSUPPORTED, "tensor_download: f16 tensors are not kept on cuda");
     }
     cu_check(c, cudaStreamSynchronize(c->stream), "download");
-    return report(c, err);
+    return cu_report(c, err);
 }
 
 /* ============================================================= KV pool */
@@ -920,7 +920,7 @@ static ns_status cu_kv_alloc(ns_backend *be, const ns_kv_layout *layout, ns_erro
     c->kv = (uint8_t *)p;
     be->kv = *layout;
     bump_generation(c);
-    return report(c, err);
+    return cu_report(c, err);
 }
 
 static void cu_kv_free(ns_backend *be) {
@@ -949,7 +949,7 @@ static ns_status cu_kv_page_read(ns_backend *be, int32_t page, void *dst, ns_err
     cu_check(c, cudaMemcpyAsync(dst, c->kv + (size_t)page * be->kv.page_size_bytes, be->kv.page_size_bytes,
                                 cudaMemcpyDeviceToHost, c->stream), "kv_page_read");
     cu_check(c, cudaStreamSynchronize(c->stream), "kv_page_read");
-    return report(c, err);
+    return cu_report(c, err);
 }
 
 static ns_status cu_kv_page_write(ns_backend *be, int32_t page, const void *src, ns_error *err) {
@@ -960,7 +960,7 @@ static ns_status cu_kv_page_write(ns_backend *be, int32_t page, const void *src,
     cu_check(c, cudaMemcpyAsync(c->kv + (size_t)page * be->kv.page_size_bytes, src, be->kv.page_size_bytes,
                                 cudaMemcpyHostToDevice, c->stream), "kv_page_write");
     cu_check(c, cudaStreamSynchronize(c->stream), "kv_page_write");
-    return report(c, err);
+    return cu_report(c, err);
 }
 
 /* ---- asynchronous page transfers (the cache tiers' demotions and
@@ -1041,228 +1041,6 @@ static void cu_kv_page_copy(ns_backend *be, int32_t dst_page, int32_t src_page, 
     op.i1 = src_page;
     op.i2 = n_slots;
     submit(be, &op);
-}
-
-/* ================================================================ batch */
-
-/* Decode partitions along the sequence (flash-decoding): enough CTAs to
- * fill the chip several times over, never fewer than 64 keys (one tile)
- * per split, at most 1024 splits (the merge keeps one weight per split in
- * shared memory). A power of two so graphs are keyed by few values. */
-static int32_t choose_splits(const cu_impl *c, int32_t n_dec, int32_t n_kv_heads, int32_t max_len) {
-    if (n_dec <= 0 || n_kv_heads <= 0) return 1;
-    int64_t want = (8LL * c->n_sm + (int64_t)n_dec * n_kv_heads - 1) / ((int64_t)n_dec * n_kv_heads);
-    const int64_t sk = c->split_keys;
-    int64_t by_len = (max_len + sk - 1) / sk;
-    int64_t s = want < by_len ? want : by_len;
-    if (s < 1) s = 1;
-    int32_t p = 1;
-    while (p < s && p < 1024) p *= 2;
-    return p;
-}
-
-/* Places the metadata regions in d_base (and, at the same offsets, in the
- * staging buffer) for a step of T tokens, S sequences, page-table stride
- * `stride`, L logits rows, TL prefill tiles and D decode sequences: packed
- * back to back, each CU_META_ALIGN ints aligned, so the step's metadata is
- * one contiguous span and set_batch uploads it with one copy (eight small
- * copies cost the host a few microseconds each and the stream as many DMA
- * round trips, between the previous step's sync and this step's first
- * kernel, while the GPU idles). The offsets are a function of the counts
- * alone, all of which are in the graph key (tape_key): a replayed graph
- * reads its metadata where it was captured to. The counts never exceed
- * the capacities, so the span fits meta_grow's allocation. */
-static void meta_place(cu_meta *m, size_t T, size_t S, size_t stride, size_t L, size_t TL, size_t D) {
-    const size_t sizes[9] = {T, T, T, S + 1, S, S * stride, L, 2 * TL, D};
-    int32_t **regions[9] = {&m->tokens,   &m->positions,  &m->tok_seq, &m->seq_start, &m->seq_len,
-                            &m->page_table, &m->logit_rows, &m->tiles,   &m->dec_seqs};
-    size_t off = 0;
-    for (int i = 0; i < 9; i++) {
-        *regions[i] = m->d_base + off;
-        off += (sizes[i] + CU_META_ALIGN - 1) / CU_META_ALIGN * CU_META_ALIGN;
-    }
-    m->used_ints = off;
-}
-
-/* Splits of the tensor-core decode kernel. choose_splits aims at >= 8
- * CTAs per SM with >= 64 keys each, right for the CUDA-core kernel; the
- * MMA kernel streams a split much faster, so:
- * - long contexts get fewer, longer splits (fewer partials to merge,
- *   longer copy streams): n_splits / NS_CUDA_DEC_MMA_DIV (default 8) once
- *   n_splits >= 64. Measured at 32k batch 1 (H200, docs/cuda.md v13):
- *   divisor 1 111.6 tok/s, 2 138.7, 4 149.5, 8 156.2.
- * - below that, where the count is bound by the length (L <= 64 keys x
- *   splits), it is halved until every split holds two 64-key tiles: at
- *   1k, 32 splits made 17 CTAs of one tile per KV head and 15 empty ones,
- *   all merged by the last; 16 splits of two tiles (both copied before
- *   the PDL wait, CU_EARLY_ATTN_KV) measured 1% faster at batch 1 and 7%
- *   at batch 8 (docs/cuda.md v26). NS_CUDA_DEC_MMA_TILES (default 2) is
- *   that least tile count; 1 keeps set_batch's count.
- * - then halved while the grid has more than NS_CUDA_DEC_MMA_CTAS
- *   (default 2; 0: no cap) CTAs per SM: every CTA pays a fixed chain (Q,
- *   the first tiles' round trip, its partial, the merge counter) that more
- *   keys per CTA amortize. Batches 8 and 32 at 1k-4k measured 3-9% faster
- *   with the cap of 2 than without, 32k batch 32 7%; batch 1 below 64
- *   splits is under the cap (docs/cuda.md v26).
- * It depends on max_len, so it is part of the graph key (tape_key): a
- * replayed graph has the grid and split count it was captured with. */
-static int32_t choose_mma_splits(const cu_impl *c, int32_t n_splits, int32_t max_len, int32_t n_dec,
-                                 int32_t n_kv_heads) {
-    int32_t q = n_splits;
-    if (n_splits >= 64) q = n_splits / c->dec_mma_div;
-    else
-        while (q > 1 && max_len <= 64LL * (c->dec_mma_tiles - 1) * q) q /= 2;
-    if (c->dec_mma_ctas > 0)
-        while (q > 1 && (int64_t)n_dec * n_kv_heads * q > (int64_t)c->dec_mma_ctas * c->n_sm) q /= 2;
-    return q;
-}
-
-static ns_status meta_grow(ns_backend *be, int32_t need_tokens, int32_t need_seqs, int32_t need_stride,
-                           int32_t need_logits, int32_t need_tiles, ns_error *err) {
-    cu_impl *c = IMPL(be);
-    cu_meta *m = &c->meta;
-    if (m->d_base && need_tokens <= m->cap_tokens && need_seqs <= m->cap_seqs && need_stride <= m->cap_pt_stride &&
-        need_logits <= m->cap_logits && need_tiles <= m->cap_tiles)
-        return NS_OK;
-#define GROW(cap, need, min)                   \
-    do {                                       \
-        int32_t v = (cap) < (min) ? (min) : (cap); \
-        while (v < (need)) v *= 2;             \
-        (cap) = v;                             \
-    } while (0)
-    GROW(m->cap_tokens, need_tokens, 512);
-    GROW(m->cap_seqs, need_seqs, 128);
-    GROW(m->cap_pt_stride, need_stride, 256);
-    GROW(m->cap_logits, need_logits, 256);
-    GROW(m->cap_tiles, need_tiles, 256);
-#undef GROW
-    cu_check(c, cudaStreamSynchronize(c->stream), "sync");
-    if (m->d_base) cudaFree(m->d_base);
-    if (m->h_base) cudaFreeHost(m->h_base);
-    m->d_base = NULL;
-    m->h_base = NULL;
-    size_t T = (size_t)m->cap_tokens, S = (size_t)m->cap_seqs, L = (size_t)m->cap_logits, TL = (size_t)m->cap_tiles;
-    /* + room for meta_place's region alignment */
-    size_t total = 3 * T + (S + 1) + S + S * (size_t)m->cap_pt_stride + L + 2 * TL + S + 64 + 9 * CU_META_ALIGN;
-    if (cudaMalloc(&m->d_base, total * 4) != cudaSuccess || cudaMallocHost(&m->h_base, total * 4) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return ns_fail(err, NS_ERR_NOMEM, "cuda: cannot allocate batch metadata (%zu bytes)", total * 4);
-    }
-    m->total_ints = total;
-    meta_place(m, m->cap_tokens, m->cap_seqs, m->cap_pt_stride, m->cap_logits, m->cap_tiles, m->cap_seqs);
-    bump_generation(c);
-    return NS_OK;
-}
-
-/* Same region offsets in the pinned staging buffer. */
-static int32_t *staging(const cu_meta *m, const int32_t *dev) { return m->h_base + (dev - m->d_base); }
-
-static ns_status cu_set_batch(ns_backend *be, const ns_batch *b, ns_error *err) {
-    cu_impl *c = IMPL(be);
-    cudaSetDevice(c->device);
-    flush(be);
-    if (c->err_status != NS_OK) return report(c, err);
-    if (b->n_tokens < 0 || b->n_seqs < 0 || b->n_logits < 0 || b->max_pages < 0)
-        return ns_fail(err, NS_ERR_INVALID, "set_batch: negative size");
-    if (b->n_seqs > 0 && (b->seq_start[0] != 0 || b->seq_start[b->n_seqs] != b->n_tokens))
-        return ns_fail(err, NS_ERR_INVALID, "set_batch: seq_start does not cover the tokens");
-    const int32_t P = be->kv.page_tokens;
-    int32_t need_stride = 1, n_tiles = 0, n_dec = 0, max_len = 0, n_pre = 0;
-    for (int32_t s = 0; s < b->n_seqs; s++) {
-        int32_t n = b->seq_start[s + 1] - b->seq_start[s];
-        if (n < 0) return ns_fail(err, NS_ERR_INVALID, "set_batch: seq_start not ascending");
-        if (n > b->seq_len[s]) return ns_fail(err, NS_ERR_INVALID, "set_batch: more new tokens than context");
-        int32_t pages = P ? (b->seq_len[s] + P - 1) / P : 0;
-        if (pages > b->max_pages) return ns_fail(err, NS_ERR_INVALID, "set_batch: page table too short");
-        for (int32_t p = 0; p < pages; p++) {
-            int32_t pg = b->page_table[(size_t)s * (size_t)b->max_pages + (size_t)p];
-            if (pg < 0 || pg >= be->kv.n_pages) return ns_fail(err, NS_ERR_RANGE, "set_batch: bad page %d", pg);
-        }
-        for (int32_t t = b->seq_start[s]; t < b->seq_start[s + 1]; t++)
-            if (b->positions[t] != b->seq_len[s] - n + (t - b->seq_start[s]))
-                return ns_fail(err, NS_ERR_INVALID,
-                               "set_batch: positions of a sequence must be consecutive and end at seq_len-1");
-        if (pages > need_stride) need_stride = pages;
-        if (n == 1) {
-            n_dec++;
-            if (b->seq_len[s] > max_len) max_len = b->seq_len[s];
-        } else if (n > 1) {
-            n_pre++;
-            n_tiles += (n + 63) / 64;
-        }
-    }
-    for (int32_t i = 0; i < b->n_logits; i++)
-        if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n_tokens)
-            return ns_fail(err, NS_ERR_INVALID, "set_batch: logit row out of range");
-    /* page-table stride: a power of two so decode graphs survive growth */
-    int32_t stride = 16;
-    while (stride < need_stride) stride *= 2;
-    ns_status rc = meta_grow(be, b->n_tokens, b->n_seqs, stride, b->n_logits, n_tiles, err);
-    if (rc != NS_OK) return rc;
-    cu_meta *m = &c->meta;
-    if (c->staging_pending) {
-        cu_check(c, cudaEventSynchronize(c->staging_done), "staging");
-        c->staging_pending = false;
-    }
-    meta_place(m, (size_t)b->n_tokens, (size_t)b->n_seqs, (size_t)stride, (size_t)b->n_logits, (size_t)n_tiles,
-               (size_t)n_dec);
-    int32_t *h_tok_seq = staging(m, m->tok_seq), *h_pt = staging(m, m->page_table), *h_tiles = staging(m, m->tiles),
-            *h_dec = staging(m, m->dec_seqs);
-    memcpy(staging(m, m->tokens), b->tokens, (size_t)b->n_tokens * 4);
-    memcpy(staging(m, m->positions), b->positions, (size_t)b->n_tokens * 4);
-    memcpy(staging(m, m->seq_start), b->seq_start, ((size_t)b->n_seqs + 1) * 4);
-    memcpy(staging(m, m->seq_len), b->seq_len, (size_t)b->n_seqs * 4);
-    memcpy(staging(m, m->logit_rows), b->logit_rows, (size_t)b->n_logits * 4);
-    int32_t ti = 0, di = 0;
-    for (int32_t s = 0; s < b->n_seqs; s++) {
-        int32_t n = b->seq_start[s + 1] - b->seq_start[s];
-        int32_t pages = P ? (b->seq_len[s] + P - 1) / P : 0;
-        memcpy(h_pt + (size_t)s * stride, b->page_table + (size_t)s * b->max_pages, (size_t)pages * 4);
-        for (int32_t t = b->seq_start[s]; t < b->seq_start[s + 1]; t++) h_tok_seq[t] = s;
-        if (n == 1) {
-            h_dec[di++] = s;
-        } else if (n > 1) {
-            /* last tiles first: they attend to the most keys, and starting
-             * them early shortens the tail of the launch */
-            for (int32_t q0 = ((n - 1) / 64) * 64; q0 >= 0; q0 -= 64) {
-                h_tiles[2 * ti] = s;
-                h_tiles[2 * ti + 1] = q0;
-                ti++;
-            }
-        }
-    }
-    m->n_tokens = b->n_tokens;
-    m->n_seqs = b->n_seqs;
-    m->n_logits = b->n_logits;
-    m->pt_stride = stride;
-    m->n_tiles = n_tiles;
-    m->n_dec = n_dec;
-    m->n_prefill_seqs = n_pre;
-    m->max_len = max_len;
-    m->n_splits = choose_splits(c, n_dec, be->kv.n_kv_heads, max_len);
-    m->long_splits = m->n_splits < 64 && max_len >= 1024LL * m->n_splits;
-    m->mma_splits = choose_mma_splits(c, m->n_splits, max_len, n_dec, be->kv.n_kv_heads);
-    m->valid = true;
-    /* one copy of the packed span (meta_place); the alignment gaps it
-     * carries are never read */
-    cu_check(c, cudaMemcpyAsync(m->d_base, m->h_base, m->used_ints * 4, cudaMemcpyHostToDevice, c->stream),
-             "set_batch upload");
-    cu_check(c, cudaEventRecord(c->staging_done, c->stream), "set_batch event");
-    c->staging_pending = true;
-    c->pdl_anchor = c->pdl_anchors != 0; /* the step's first kernel waits for these copies */
-    /* Pure decode steps are recorded: fused at flush, and captured into
-     * a graph / replayed when graphs are on. Other steps (prefill chunks,
-     * mixed batches) are recorded too when prefill_fuse is on, only so
-     * that try_fuse sees whole op sequences: their row ops (q/k-norm +
-     * RoPE + KV store, add + RMSNorm) are ~16% of a prefill chunk's time
-     * as separate passes over its f32 activations (docs/cuda.md v23). They
-     * run eagerly at flush, never as graphs: their launch shapes (the
-     * attention's tile count) change from step to step. */
-    const bool pure_decode = b->n_seqs > 0 && n_dec == b->n_seqs && b->n_tokens <= 1024;
-    c->tape_eager_only = !pure_decode && c->prefill_fuse && c->fusion && b->n_tokens > 0;
-    c->recording = pure_decode || c->tape_eager_only;
-    c->n_tape = 0;
-    return report(c, err);
 }
 
 /* ================================================================== ops */
@@ -1432,7 +1210,7 @@ static ns_status cu_sample(ns_backend *be, const ns_tensor *logits, int n_rows, 
         j++;
     }
     cu_check(c, cudaStreamSynchronize(c->stream), "sample");
-    if (c->err_status != NS_OK) return report(c, err);
+    if (c->err_status != NS_OK) return cu_report(c, err);
     j = 0;
     for (int i = 0; i < n_rows; i++) {
         if (on_device(samplers[i])) {
@@ -1450,7 +1228,7 @@ static ns_status cu_sync(ns_backend *be, ns_error *err) {
     flush(be);
     cu_check(c, cudaStreamSynchronize(c->stream), "sync");
     if (c->profiling) prof_resolve(c);
-    return report(c, err);
+    return cu_report(c, err);
 }
 
 /* ============================================================ lifecycle */
@@ -1707,7 +1485,7 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     }
     rc = ensure_argmax(c, 1024, err);
     if (rc != NS_OK) goto fail;
-    rc = meta_grow(be, 512, 128, 256, 256, 256, err);
+    rc = cu_meta_grow(be, 512, 128, 256, 256, 256, err);
     if (rc != NS_OK) goto fail;
     if (env_int("NS_CUDA_PROFILE", 0)) ns_cuda_set_profiling(be, 1);
     *out = be;

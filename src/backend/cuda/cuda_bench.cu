@@ -12,7 +12,6 @@
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/cuda_kv_fp8.cuh"
 
-void cu_flush(ns_backend *be);
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

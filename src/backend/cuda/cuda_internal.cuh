@@ -227,7 +227,7 @@ typedef struct cu_impl {
     int attn_tmap_ok;
     int early_loads; /* decode tapes: small kernels read constants and metadata before the PDL wait */
     bool tape_early; /* run_tape: this tape's norm weights / RoPE frequencies are written by none of its ops */
-    bool tape_kv_copy; /* run_tape: this tape copies a KV page (no K/V may be read before a PDL wait) */
+    int tape_early_mask; /* run_tape: the CU_EARLY_* kernels that read before their PDL wait in this tape (cu_early) */
     int early_mask;  /* NS_CUDA_EARLY_MASK (default all): which small kernels take early loads (CU_EARLY_*) */
     uintptr_t *wr;   /* run_tape scratch: written ranges [lo, hi) pairs */
     int32_t cap_wr;
@@ -296,6 +296,18 @@ void cu_shadow_invalidate_all(cu_impl *c);
 void cu_bump_generation(cu_impl *c);
 /* The backend's state (cuda_backend.cu). */
 cu_impl *cu_impl_of(ns_backend *be);
+/* Runs what the tape holds (cuda_backend.cu): eagerly, captured or replayed. */
+void cu_flush(ns_backend *be);
+/* The sticky error as a status (NS_OK when none), copied into err. */
+ns_status cu_report(cu_impl *c, ns_error *err);
+
+/* The step's batch (cuda_batch.cu): checks b, uploads its metadata in one
+ * copy, chooses the decode split counts and starts recording the step
+ * (decode, or prefill with fusion). cu_meta_grow sizes the metadata
+ * buffers for at least these counts (a growth drops every graph). */
+ns_status cu_set_batch(ns_backend *be, const ns_batch *b, ns_error *err);
+ns_status cu_meta_grow(ns_backend *be, int32_t need_tokens, int32_t need_seqs, int32_t need_stride,
+                       int32_t need_logits, int32_t need_tiles, ns_error *err);
 
 /* Profiling (ns_cuda_set_profiling): events around what is enqueued
  * between begin and end, summed under label; *pi is -1 when off or out
@@ -309,8 +321,9 @@ void cu_prof_end(cu_impl *c, int pi);
 int32_t cu_tape_try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n);
 /* True when no op of the tape writes (as its output) any byte of a weight,
  * norm weight or RoPE frequency table that the fused decode kernels read
- * before their PDL wait. */
-bool cu_tape_weights_unwritten(cu_impl *c, const cu_op *ops, int32_t n);
+ * before their PDL wait. *kv_copy: whether the tape copies a KV page
+ * (set on the same pass; left false when it returns early). */
+bool cu_tape_weights_unwritten(cu_impl *c, const cu_op *ops, int32_t n, bool *kv_copy);
 
 /* ------------------------------------------------------------ kernels */
 
@@ -442,12 +455,10 @@ __device__ __forceinline__ void l2_prefetch(const cu_prefetch &pf, int pb) {
  * (docs/cuda.md v17, v18), NS_CUDA_EARLY_MASK, all by default.
  * CU_EARLY_ATTN_KV (with CU_EARLY_ATTN): the bf16 tensor-core decode also
  * copies the first K/V tiles of splits that end before the new token
- * (docs/cuda.md v25). */
+ * (docs/cuda.md v25); never in a tape that copies a KV page. run_tape
+ * resolves the mask once per tape (c->tape_early_mask). */
 enum { CU_EARLY_ADDNORM = 1, CU_EARLY_QKNORM = 2, CU_EARLY_ATTN = 4, CU_EARLY_ATTN_KV = 8 };
-static inline int cu_early(const cu_impl *c, int kernel) {
-    if (kernel == CU_EARLY_ATTN_KV && c->tape_kv_copy) return 0;
-    return c->tape_early && (c->early_mask & kernel) ? 1 : 0;
-}
+static inline int cu_early(const cu_impl *c, int kernel) { return (c->tape_early_mask & kernel) ? 1 : 0; }
 
 /* Launches kernel on c->stream (with the PDL attribute when c->pdl) and
  * records a launch failure. */

@@ -249,7 +249,8 @@ static int cmp_range(const void *a, const void *b) {
  * weights and RoPE frequencies (and matmul weights). Kernels before the
  * tape cannot overlap it: set_batch's uploads sit between them in the
  * stream. */
-bool cu_tape_weights_unwritten(cu_impl *c, const cu_op *ops, int32_t n) {
+bool cu_tape_weights_unwritten(cu_impl *c, const cu_op *ops, int32_t n, bool *kv_copy) {
+    *kv_copy = false;
     if (n > c->cap_wr) {
         uintptr_t *p = (uintptr_t *)realloc(c->wr, (size_t)n * 2 * sizeof *p);
         if (!p) return false;
@@ -258,6 +259,7 @@ bool cu_tape_weights_unwritten(cu_impl *c, const cu_op *ops, int32_t n) {
     }
     int32_t k = 0;
     for (int32_t i = 0; i < n; i++) {
+        if (ops[i].kind == OP_KV_COPY) *kv_copy = true;
         if (!ops[i].a.data) continue;
         c->wr[2 * k] = (uintptr_t)ops[i].a.data;
         c->wr[2 * k + 1] = (uintptr_t)ops[i].a.data + ns_tensor_bytes(&ops[i].a);
