@@ -381,7 +381,8 @@ static int profile_has_qk_store(void) {
  * first step must name the fused q/k-norm + RoPE + store kernel); GPU
  * with fusion off. q, k and the attention output of every step must be
  * bit-identical between the two GPU runs and close to the CPU. mma: the
- * tensor-core decode kernel for every step (ns_cuda_set_attn_dec_mma 2).
+ * tensor-core decode kernel for every step (ns_cuda_set_attn_dec_mma 2),
+ * else the CUDA-core kernel (0; the default chooses tensor cores).
  * Steps past 64 cross pages, tiles (64 keys) and splits, so the new
  * token's row falls in every warp's quarter of a tile and in the first,
  * middle and last split. */
@@ -433,7 +434,7 @@ static void attn_block_check(int n, int D, int H, int steps, int mma) {
         const int cs = run == 0;
         if (run > 0) {
             ns_cuda_set_fusion(gpu, run == 1);
-            ns_cuda_set_attn_dec_mma(gpu, mma ? 2 : 1);
+            ns_cuda_set_attn_dec_mma(gpu, mma ? 2 : 0);
         }
         for (int st = 0; st < steps; st++) {
             int32_t tok[2] = {1, 2}, pos[2] = {st, st}, ss[3] = {0, 1, 2}, sl[2] = {st + 1, st + 1};

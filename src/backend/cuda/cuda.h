@@ -152,8 +152,10 @@ int ns_cuda_get_gemv_bulk(ns_backend *be);
 void ns_cuda_set_attn_sm90(ns_backend *be, int on);
 /* Decode attention on tensor cores (mma.sync; the GQA group's query heads
  * as the MMA N dimension, each K/V tile read once per group): 1 = where it
- * measured faster (default: >= 32 splits or >= 16 decode rows), 2 =
- * always, 0 = never (CUDA cores); env NS_CUDA_ATTN_DEC_MMA likewise. */
+ * applies (default: head dim 64 or 128, GQA <= 8; it measured faster than
+ * the CUDA-core kernel at every context from 256 keys, docs/cuda.md v26),
+ * 2 = always (the same since v26), 0 = never (CUDA cores); env
+ * NS_CUDA_ATTN_DEC_MMA likewise. */
 void ns_cuda_set_attn_dec_mma(ns_backend *be, int on);
 /* How the tensor-core decode kernel copies its K/V tiles: 0 = 16-byte
  * cp.async, page ids looked up per tile, 1 = the same with page ids

@@ -833,12 +833,15 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
     if (m->n_dec > 0) {
         const int G = p.G;
         const int gb = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
-        /* tensor cores where they measured faster: long contexts (many
-         * splits) and large batches; at 1k batch 1 the CUDA-core kernel
-         * was 2% faster per step (docs/cuda.md v13) */
+        /* tensor cores wherever the kernel applies: with its own split
+         * count (choose_mma_splits, v26) it measured faster than the
+         * CUDA-core kernel at every context from 256 keys on, batch 1
+         * (-0.4 to -2%) and 8 (-4 to -10%) (docs/cuda.md v26; in v13, at
+         * set_batch's split count, the CUDA-core kernel had been 2%
+         * faster at 1k batch 1). Mode 1 (auto) and 2 (always) now agree;
+         * 0 keeps the CUDA-core kernel. */
         const int dm = cu_attn_switch(&c->attn_dec_mma, "NS_CUDA_ATTN_DEC_MMA", CU_ATTN_DEC_MMA_MAX, 1);
-        const bool use_mma =
-            (D == 64 || D == 128) && G <= 8 && (dm == 2 || (dm == 1 && (m->n_splits >= 32 || m->n_dec >= 16)));
+        const bool use_mma = (D == 64 || D == 128) && G <= 8 && dm >= 1;
         int nsp = use_mma ? m->mma_splits : m->n_splits; /* choose_mma_splits (cuda_backend.cu) */
         if (nsp > 1) {
             if (!cu_attn_reserve_partials(c, (size_t)m->n_dec * n_heads * nsp * CU_WS_ROW(D),
