@@ -541,32 +541,56 @@ static ns_status step(ns_engine *e, seq *ss, int ns, const int32_t *toks, const 
     return rc;
 }
 
+/* A random-weight model of a config.json text on the CPU (F32 KV) and on
+ * the GPU (BF16 KV) from one seed, each with an engine of 128 tokens, 2
+ * logits rows and 32 pages of PAGE tokens. On failure err says why;
+ * model_pair_free frees whatever was made either way. */
+typedef struct {
+    ns_model_config cfg;
+    ns_model *mc, *mg;
+    ns_engine *ec, *eg;
+} model_pair;
+
+static ns_status model_pair_open(model_pair *mp, const char *cfg_text, uint64_t seed, ns_error *err) {
+    memset(mp, 0, sizeof *mp);
+    json_error_t je;
+    json_t *root = json_loads(cfg_text, 0, &je);
+    ns_status rc = root ? ns_config_from_json(root, NULL, &mp->cfg, err) : NS_ERR_INVALID;
+    json_decref(root);
+    if (rc == NS_OK) rc = ns_model_create_random(&mp->cfg, cpu, NS_DT_BF16, seed, &mp->mc, err);
+    if (rc == NS_OK) rc = ns_model_create_random(&mp->cfg, gpu, NS_DT_BF16, seed, &mp->mg, err);
+    ns_engine_opts oc = {.max_batch_tokens = 128, .max_logits = 2, .page_tokens = PAGE, .n_pages = 32,
+                         .kv_dtype = NS_DT_F32};
+    ns_engine_opts og = oc;
+    og.kv_dtype = NS_DT_BF16;
+    if (rc == NS_OK) rc = ns_engine_create(mp->mc, &oc, &mp->ec, err);
+    if (rc == NS_OK) rc = ns_engine_create(mp->mg, &og, &mp->eg, err);
+    return rc;
+}
+
+static void model_pair_free(model_pair *mp) {
+    ns_engine_free(mp->ec);
+    ns_engine_free(mp->eg);
+    ns_model_free(mp->mc);
+    ns_model_free(mp->mg);
+}
+
 /* Prefill, then STEPS decode steps of ns sequences: CPU; CUDA with the
  * switch off; CUDA with it on (graphs on in both), early weight loads as
  * given (they act only with the tape's early loads, which stay at their
  * default: off since run B, see cuda_backend.cu). */
 static void model_check(const char *cfg_text, const char *what, int ns, int early) {
     enum { STEPS = 6 };
-    json_error_t je;
-    json_t *root = json_loads(cfg_text, 0, &je);
-    ns_model_config cfg;
     ns_error err = {0};
-    ns_status rc = root ? ns_config_from_json(root, NULL, &cfg, &err) : NS_ERR_INVALID;
-    json_decref(root);
-    CHECKF(rc == NS_OK, "%s config: %s", what, err.msg);
-    if (rc != NS_OK) return;
-    ns_model *mc = NULL, *mg = NULL;
-    ns_engine *ec = NULL, *eg = NULL;
-    rc = ns_model_create_random(&cfg, cpu, NS_DT_BF16, 11, &mc, &err);
-    if (rc == NS_OK) rc = ns_model_create_random(&cfg, gpu, NS_DT_BF16, 11, &mg, &err);
-    ns_engine_opts oc = {.max_batch_tokens = 128, .max_logits = 2, .page_tokens = PAGE, .n_pages = 32,
-                         .kv_dtype = NS_DT_F32};
-    ns_engine_opts og = oc;
-    og.kv_dtype = NS_DT_BF16;
-    if (rc == NS_OK) rc = ns_engine_create(mc, &oc, &ec, &err);
-    if (rc == NS_OK) rc = ns_engine_create(mg, &og, &eg, &err);
+    model_pair mp;
+    ns_status rc = model_pair_open(&mp, cfg_text, 11, &err);
     CHECKF(rc == NS_OK, "%s setup: %s", what, err.msg);
-    const int32_t V = cfg.vocab_size;
+    if (rc != NS_OK) {
+        model_pair_free(&mp);
+        return;
+    }
+    ns_engine *ec = mp.ec, *eg = mp.eg;
+    const int32_t V = mp.cfg.vocab_size;
     float *lc = malloc((size_t)STEPS * 2 * V * 4), *lo = malloc((size_t)STEPS * 2 * V * 4),
           *ln = malloc((size_t)2 * V * 4);
     int32_t prompt[2 * 64], nn[2] = {29, 7}, one[2] = {1, 1}, dt[STEPS][2 * 64];
@@ -645,10 +669,7 @@ static void model_check(const char *cfg_text, const char *what, int ns, int earl
     free(lc);
     free(lo);
     free(ln);
-    ns_engine_free(ec);
-    ns_engine_free(eg);
-    ns_model_free(mc);
-    ns_model_free(mg);
+    model_pair_free(&mp);
 }
 
 static const char *QWEN3 =
@@ -683,24 +704,16 @@ TEST(test_model_qwen3moe_batch1) { model_check(QWEN3MOE, "qwen3moe-shaped", 1, 1
 TEST(test_step_memo) {
     enum { STEPS = 12 };
     static const int nseq[STEPS] = {2, 2, 2, 1, 1, 1, 2, 2, 2, 2, 1, 2};
-    json_error_t je;
-    json_t *root = json_loads(QWEN3, 0, &je);
-    ns_model_config cfg;
     ns_error err = {0};
-    ns_status rc = root ? ns_config_from_json(root, NULL, &cfg, &err) : NS_ERR_INVALID;
-    json_decref(root);
-    ns_model *mc = NULL, *mg = NULL;
-    ns_engine *ec = NULL, *eg = NULL;
-    if (rc == NS_OK) rc = ns_model_create_random(&cfg, cpu, NS_DT_BF16, 17, &mc, &err);
-    if (rc == NS_OK) rc = ns_model_create_random(&cfg, gpu, NS_DT_BF16, 17, &mg, &err);
-    ns_engine_opts oc = {.max_batch_tokens = 128, .max_logits = 2, .page_tokens = PAGE, .n_pages = 32,
-                         .kv_dtype = NS_DT_F32};
-    ns_engine_opts og = oc;
-    og.kv_dtype = NS_DT_BF16;
-    if (rc == NS_OK) rc = ns_engine_create(mc, &oc, &ec, &err);
-    if (rc == NS_OK) rc = ns_engine_create(mg, &og, &eg, &err);
+    model_pair mp;
+    ns_status rc = model_pair_open(&mp, QWEN3, 17, &err);
     CHECKF(rc == NS_OK, "setup: %s", err.msg);
-    const int32_t V = cfg.vocab_size;
+    if (rc != NS_OK) {
+        model_pair_free(&mp);
+        return;
+    }
+    ns_engine *ec = mp.ec, *eg = mp.eg;
+    const int32_t V = mp.cfg.vocab_size;
     const size_t row = (size_t)2 * V;
     float *lc = malloc(STEPS * row * 4), *loff = malloc(STEPS * row * 4), *lon = malloc(STEPS * row * 4);
     int32_t prompt[2 * 64], nn[2] = {13, 30}, one[2] = {1, 1}, dt[STEPS][2 * 64];
@@ -758,10 +771,7 @@ TEST(test_step_memo) {
     free(lc);
     free(loff);
     free(lon);
-    ns_engine_free(ec);
-    ns_engine_free(eg);
-    ns_model_free(mc);
-    ns_model_free(mg);
+    model_pair_free(&mp);
 }
 
 int main(void) {
