@@ -339,6 +339,80 @@ TEST(test_chain_hidden_1024) {
     chain_check(2, 1024, 1000, 1024, 256, true);
 }
 
+/* The persistent MLP kernel (cuda_mlp.cu, ns_cuda_set_mlp): the same
+ * chain with it on must give every output bit-identical to the two GEMV
+ * launches it replaces (same split-K and summation order), eagerly (the
+ * profile must name it), captured and replayed with new inputs, and stay
+ * within GEMV tolerance of the CPU. */
+static void mlp_chain_check(int n, int64_t H, int64_t FF) {
+    chain ch;
+    chain_init(&ch, n, H, FF, H, H / 4);
+    pair *outs[N_OUT];
+    chain_outputs(&ch, outs);
+    float *xin[2], *ain[2], *ref[2][N_OUT], *off[2][N_OUT];
+    for (int s = 0; s < 2; s++) {
+        xin[s] = malloc((size_t)(n * H) * 4);
+        ain[s] = malloc((size_t)(n * H) * 4);
+        for (size_t i = 0; i < (size_t)(n * H); i++) xin[s][i] = frand();
+        for (size_t i = 0; i < (size_t)(n * H); i++) ain[s][i] = frand() * 0.5f;
+        chain_run(cpu, &ch, xin[s], ain[s], ref[s]);
+    }
+    const int saved = ns_cuda_get_mlp(gpu);
+    ns_cuda_set_dec_fuse(gpu, 0);
+    ns_cuda_set_mlp(gpu, 0);
+    for (int s = 0; s < 2; s++) chain_run(gpu, &ch, xin[s], ain[s], off[s]);
+    ns_cuda_set_mlp(gpu, 1);
+    int64_t rep0, cap0, eag0, rep1, cap1, eag1;
+    ns_cuda_graph_stats(gpu, &rep0, &cap0, &eag0);
+    static const int order[5] = {0, 0, 0, 1, 1};
+    for (int r = 0; r < 5; r++) {
+        const int s = order[r];
+        if (r == 0) ns_cuda_set_profiling(gpu, 1);
+        float *on[N_OUT];
+        chain_run(gpu, &ch, xin[s], ain[s], on);
+        if (r == 0) {
+            OK(gpu->ops->sync(gpu, &_e));
+            char *text = profile_text();
+            const int seen = text && strstr(text, "persistent mlp") != NULL;
+            free(text);
+            ns_cuda_set_profiling(gpu, 0);
+            CHECKF(seen, "n=%d H=%lld FF=%lld: the persistent MLP kernel did not run", n, (long long)H,
+                   (long long)FF);
+        }
+        for (int j = 0; j < N_OUT; j++) {
+            const size_t cnt = (size_t)(outs[j]->rows * outs[j]->cols);
+            CHECKF(memcmp(on[j], off[s][j], cnt * 4) == 0,
+                   "n=%d H=%lld FF=%lld output %d, run %d: persistent MLP differs from the GEMVs (rel L2 %.3g)", n,
+                   (long long)H, (long long)FF, j, r, rel_l2(on[j], off[s][j], cnt));
+            const double e = rel_l2(on[j], ref[s][j], cnt);
+            CHECKF(e <= 1e-4, "n=%d H=%lld output %d, run %d: cuda vs cpu rel L2 %.3g", n, (long long)H, j, r, e);
+        }
+        free_bufs(on);
+    }
+    ns_cuda_graph_stats(gpu, &rep1, &cap1, &eag1);
+    ns_cuda_set_mlp(gpu, saved);
+    CHECKF(cap1 > cap0 && rep1 >= rep0 + 2, "n=%d H=%lld: graph captures %lld, replays %lld (expected 1 and 2)", n,
+           (long long)H, (long long)(cap1 - cap0), (long long)(rep1 - rep0));
+    for (int s = 0; s < 2; s++) {
+        free_bufs(ref[s]);
+        free_bufs(off[s]);
+        free(xin[s]);
+        free(ain[s]);
+    }
+    chain_free(&ch);
+}
+
+/* split-K 2 / 2 (2048 x 2816), odd widths (1064 x 1000: a pair of the
+ * down projection spans no boundary, chunk counts not multiples of 32),
+ * and Qwen3-8B's MLP (4096 x 12288: split-K 2 for gate/up, 4 for down) */
+TEST(test_mlp_persistent) {
+    mlp_chain_check(1, 2048, 2816);
+    mlp_chain_check(2, 2048, 2816);
+    mlp_chain_check(1, 1064, 1000);
+    mlp_chain_check(2, 1064, 1000);
+    mlp_chain_check(1, 4096, 12288);
+}
+
 /* ------------------------------------------ attention block, op level */
 
 /* forward.c's attention block of a decode step on given q/k/v (what the
@@ -579,7 +653,16 @@ static void model_pair_free(model_pair *mp) {
  * switch off; CUDA with it on (graphs on in both), early weight loads as
  * given (they act only with the tape's early loads, which stay at their
  * default: off since run B, see cuda_backend.cu). */
+typedef void (*gpu_switch)(ns_backend *, int);
+
+/* dec_fuse with early weight loads as given; or another switch (sw),
+ * whose results must then be bit-identical */
+static void model_check_sw(const char *cfg_text, const char *what, int ns, int early, gpu_switch sw);
 static void model_check(const char *cfg_text, const char *what, int ns, int early) {
+    model_check_sw(cfg_text, what, ns, early, ns_cuda_set_dec_fuse);
+}
+
+static void model_check_sw(const char *cfg_text, const char *what, int ns, int early, gpu_switch sw) {
     enum { STEPS = 6 };
     ns_error err = {0};
     model_pair mp;
@@ -608,6 +691,7 @@ static void model_check(const char *cfg_text, const char *what, int ns, int earl
     const size_t row = (size_t)ns * V;
     if (rc == NS_OK) rc = step(ec, sc, ns, prompt, nn, &err);
     ns_cuda_set_dec_fuse(gpu, 0);
+    sw(gpu, 0);
     if (rc == NS_OK) rc = step(eg, so, ns, prompt, nn, &err);
     /* every GPU pass starts from the same prefilled pages and rewrites the
      * same slots (with the same values when it is bit-identical) */
@@ -636,8 +720,8 @@ static void model_check(const char *cfg_text, const char *what, int ns, int earl
     }
     /* switch on for all steps: eager, captured, then replayed */
     memcpy(sn, s0, sizeof s0);
-    ns_cuda_set_dec_fuse(gpu, 1);
-    ns_cuda_set_dec_early(gpu, early);
+    sw(gpu, 1);
+    if (sw == ns_cuda_set_dec_fuse) ns_cuda_set_dec_early(gpu, early);
     int64_t rep0, cap0, eag0, rep1, cap1, eag1;
     ns_cuda_graph_stats(gpu, &rep0, &cap0, &eag0);
     for (int k = 0; k < STEPS && rc == NS_OK; k++) {
@@ -656,7 +740,7 @@ static void model_check(const char *cfg_text, const char *what, int ns, int earl
     }
     ns_cuda_graph_stats(gpu, &rep1, &cap1, &eag1);
     CHECKF(rep1 > rep0, "%s: no decode step was replayed from a graph with the switch on", what);
-    ns_cuda_set_dec_fuse(gpu, 0);
+    sw(gpu, 0);
     ns_cuda_set_dec_early(gpu, 0);
     CHECKF(rc == NS_OK, "%s decode: %s", what, err.msg);
     printf("#   %s, %d seqs, early loads %s: switch on vs off %s (worst rel L2 %.3g); cuda vs cpu worst rel L2 %.3g "
@@ -665,6 +749,7 @@ static void model_check(const char *cfg_text, const char *what, int ns, int earl
            worst_off_cpu, repeatable ? "repeatable" : "NOT REPEATABLE");
     CHECKF(repeatable, "%s: the switch-off decode is not repeatable (not the switch's doing)", what);
     CHECKF(worst_on_off <= 1e-5, "%s: decode logits with the switch on differ from off: %.3g", what, worst_on_off);
+    CHECKF(bitwise || sw == ns_cuda_set_dec_fuse, "%s: decode logits with the switch on are not bit-identical", what);
     CHECKF(worst_cpu <= 2e-2, "%s: cuda decode logits differ from cpu: %.3g", what, worst_cpu);
     free(lc);
     free(lo);
@@ -691,6 +776,13 @@ TEST(test_model_qwen3_batch1) {
     model_check(QWEN3, "qwen3-shaped", 1, 1);
 }
 TEST(test_model_qwen3_batch2) { model_check(QWEN3, "qwen3-shaped", 2, 1); }
+/* the persistent MLP kernel (cuda_mlp.cu) in whole decode steps */
+TEST(test_model_qwen3_mlp) {
+    const int saved = ns_cuda_get_mlp(gpu);
+    model_check_sw(QWEN3, "qwen3-shaped, persistent MLP", 1, 0, ns_cuda_set_mlp);
+    model_check_sw(QWEN3, "qwen3-shaped, persistent MLP", 2, 0, ns_cuda_set_mlp);
+    ns_cuda_set_mlp(gpu, saved);
+}
 /* experts follow the post-attention norm (no GEMV there) */
 TEST(test_model_qwen3moe_batch1) { model_check(QWEN3MOE, "qwen3moe-shaped", 1, 1); }
 
@@ -781,10 +873,12 @@ int main(void) {
     RUN(test_chain_bulk_gemv);
     RUN(test_chain_odd_shapes);
     RUN(test_chain_hidden_1024);
+    RUN(test_mlp_persistent);
     RUN(test_attention_block_fused_vs_unfused);
     RUN(test_attention_block_long);
     RUN(test_model_qwen3_batch1);
     RUN(test_model_qwen3_batch2);
+    RUN(test_model_qwen3_mlp);
     RUN(test_model_qwen3moe_batch1);
     RUN(test_step_memo);
     cpu->ops->destroy(cpu);

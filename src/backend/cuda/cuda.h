@@ -131,6 +131,13 @@ int ns_cuda_get_early_loads(ns_backend *be);
  * GEMV. Results agree to float rounding; for A/B runs. */
 void ns_cuda_set_gemv_bulk(ns_backend *be, int on);
 int ns_cuda_get_gemv_bulk(ns_backend *be);
+/* The dense MLP block of batch 1-2 decode steps (gate/up + SwiGLU, down)
+ * as one persistent kernel with a grid barrier instead of two GEMV
+ * launches (cuda_mlp.cu; env NS_CUDA_MLP): 1 = on (default), launched
+ * without programmatic dependent launch; 2 = on, with it; 0 = off.
+ * Bit-identical results in every mode; for A/B runs. */
+void ns_cuda_set_mlp(ns_backend *be, int on);
+int ns_cuda_get_mlp(ns_backend *be);
 /* Prefill attention on Hopper (wgmma, warp-specialized; head dim 128,
  * even GQA ratio, compute capability 9.0): 0 = off (the mma.sync kernel);
  * on: 1 = S, softmax, PV in order per tile, 2 = pipelined (S of

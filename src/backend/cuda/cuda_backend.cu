@@ -1264,6 +1264,7 @@ static void cu_destroy(ns_backend *be) {
         cu_kv_fp8_free(c);
         if (c->attn_ws) cudaFree(c->attn_ws);
         if (c->attn_cnt) cudaFree(c->attn_cnt);
+        cu_mlp_free(c);
         if (c->d_argmax) cudaFree(c->d_argmax);
         if (c->d_argmax_key) cudaFree(c->d_argmax_key);
         if (c->d_argmax_aux) cudaFree(c->d_argmax_aux);
@@ -1477,6 +1478,16 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
         rc = ns_fail(err, NS_ERR_INTERNAL, "cuda: cannot configure the bulk GEMV");
         goto fail;
     }
+    /* cuda_mlp.cu: 1 = on, launched without PDL (default: 1k batch 1
+     * -0.08 ms, batch 2 -0.5 ms, docs/cuda.md v27); 2 = on with PDL; 0 = off */
+    c->mlp_persist = env_int("NS_CUDA_MLP", 1);
+    if (c->mlp_persist < 0 || c->mlp_persist > 2) c->mlp_persist = 1;
+    c->mlp_ctas = env_int("NS_CUDA_MLP_CTAS", 4);
+    if (c->mlp_ctas < 1 || c->mlp_ctas > 8) c->mlp_ctas = 4;
+    if (!cu_mlp_init(c)) {
+        rc = ns_fail(err, NS_ERR_NOMEM, "cuda: cannot allocate the decode MLP barrier");
+        goto fail;
+    }
     c->prof_ev = (cudaEvent_t *)calloc(2 * CU_PROF_EVENTS, sizeof(cudaEvent_t));
     c->prof_label_of = (int32_t *)calloc(CU_PROF_EVENTS, sizeof(int32_t));
     if (!c->prof_ev || !c->prof_label_of) {
@@ -1551,6 +1562,10 @@ extern "C" void ns_cuda_set_gemv_bulk(ns_backend *be, int on) {
     set_captured_setting(be, &cu_impl::gemv_bulk, on && IMPL(be)->cc_major >= 9);
 }
 extern "C" int ns_cuda_get_gemv_bulk(ns_backend *be) { return IMPL(be)->gemv_bulk; }
+extern "C" void ns_cuda_set_mlp(ns_backend *be, int on) {
+    set_captured_setting(be, &cu_impl::mlp_persist, on < 0 || on > 2 ? 1 : on);
+}
+extern "C" int ns_cuda_get_mlp(ns_backend *be) { return IMPL(be)->mlp_persist; }
 
 extern "C" void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager) {
     cu_impl *c = IMPL(be);

@@ -20,14 +20,6 @@
 
 /* ----------------------------------------------------------------- GEMV */
 
-__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
-
 /* Each warp computes 2 output rows for all N inputs; lanes stride the
  * row in 16-byte chunks, 4 chunks per row in flight per lane. The rows
  * may come from up to 3 weight matrices that share the input (q/k/v,
@@ -85,8 +77,8 @@ __global__ __launch_bounds__(128) void k_gemv(gemv_segs sg, const float *__restr
             uint4 a[4], b[4];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                a[u] = ld_stream(w0 + c + 32 * u);
-                b[u] = ld_stream(w1 + c + 32 * u);
+                a[u] = cu_ld_stream(w0 + c + 32 * u);
+                b[u] = cu_ld_stream(w1 + c + 32 * u);
             }
 #pragma unroll
             for (int u = 0; u < 4; u++) {
@@ -100,7 +92,7 @@ __global__ __launch_bounds__(128) void k_gemv(gemv_segs sg, const float *__restr
             }
         }
         for (; c < ce; c += 32) {
-            uint4 a = ld_stream(w0 + c), b = ld_stream(w1 + c);
+            uint4 a = cu_ld_stream(w0 + c), b = cu_ld_stream(w1 + c);
 #pragma unroll
             for (int n = 0; n < N; n++) {
                 const float *xv = x + (size_t)n * K + 8 * c;
@@ -174,7 +166,7 @@ typedef void (*gemv_fn)(gemv_segs, const float *, int);
 
 /* gemv_warps per SM (default 128, ~17k warps on an H200): split K when
  * there are fewer row pairs, keeping >= 64 chunks of 8 per warp. */
-static int choose_ks(const cu_impl *c, int64_t pairs, int k) {
+int cu_gemv_ks(const cu_impl *c, int64_t pairs, int k) {
     const int64_t want_warps = (int64_t)c->gemv_warps * c->n_sm;
     int ks = 1;
     while (ks < 4 && pairs * ks < want_warps && (k / 8) / (ks * 2) >= 64) ks *= 2;
@@ -198,7 +190,7 @@ void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w
         if (nseg > 1) sg.w1 = w[1], sg.o1 = out[1] + (size_t)n0 * m[1];
         if (nseg > 2) sg.w2 = w[2], sg.o2 = out[2] + (size_t)n0 * m[2];
         const int64_t pairs = (sg.end2 + 1) / 2;
-        const int ks = choose_ks(c, pairs, k);
+        const int ks = cu_gemv_ks(c, pairs, k);
         const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
         const int64_t pairs_per_block = 4 / ks;
         const unsigned blocks = (unsigned)((pairs + pairs_per_block - 1) / pairs_per_block);
@@ -231,7 +223,7 @@ void cu_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf
         sg.obf = out_bf ? out_bf + (size_t)n0 * m : NULL;
         sg.end0 = (int)m;
         sg.end1 = sg.end2 = (int)(2 * m);
-        const int ks = choose_ks(c, m, k);
+        const int ks = cu_gemv_ks(c, m, k);
         const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
         const int64_t pairs_per_block = 4 / ks;
         const unsigned blocks = (unsigned)((m + pairs_per_block - 1) / pairs_per_block);
@@ -474,8 +466,8 @@ __global__ __launch_bounds__(128, N == 1 ? 7 : 1) void k_gemv_dec(gemv_segs sg, 
         if (full) {
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                a[u] = ld_stream(w0 + c + 32 * u);
-                b[u] = ld_stream(w1 + c + 32 * u);
+                a[u] = cu_ld_stream(w0 + c + 32 * u);
+                b[u] = cu_ld_stream(w1 + c + 32 * u);
             }
         }
     }
@@ -487,8 +479,8 @@ __global__ __launch_bounds__(128, N == 1 ? 7 : 1) void k_gemv_dec(gemv_segs sg, 
             if (!first) {
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
-                    a[u] = ld_stream(w0 + c + 32 * u);
-                    b[u] = ld_stream(w1 + c + 32 * u);
+                    a[u] = cu_ld_stream(w0 + c + 32 * u);
+                    b[u] = cu_ld_stream(w1 + c + 32 * u);
                 }
             }
 #pragma unroll
@@ -503,7 +495,7 @@ __global__ __launch_bounds__(128, N == 1 ? 7 : 1) void k_gemv_dec(gemv_segs sg, 
             }
         }
         for (; c < ce; c += 32) {
-            uint4 wa = ld_stream(w0 + c), wb = ld_stream(w1 + c);
+            uint4 wa = cu_ld_stream(w0 + c), wb = cu_ld_stream(w1 + c);
 #pragma unroll
             for (int n = 0; n < N; n++) {
                 float4 x0, x1;
@@ -611,7 +603,7 @@ bool cu_gemv_dec(cu_impl *c, const cu_gemv_dec_args *g) {
     sd.eps = g->eps;
     sd.res = g->res;
     sd.early = g->early ? 1 : 0;
-    const int ks = choose_ks(c, rows, (int)g->k);
+    const int ks = cu_gemv_ks(c, rows, (int)g->k);
     const int ki = ks == 1 ? 0 : ks == 2 ? 1 : 2;
     const int64_t pairs_per_block = 4 / ks;
     const unsigned blocks = (unsigned)((rows + pairs_per_block - 1) / pairs_per_block);

@@ -205,6 +205,12 @@ typedef struct cu_impl {
     /* the bulk-copy GEMV (cuda_gemv_bulk.cu) for batch 1-2: on/off, CTAs
      * per SM, ring stage bytes, shared-memory budget per CTA (bytes) */
     int gemv_bulk, gemv_bulk_ctas, gemv_bulk_stage, gemv_bulk_smem;
+    /* the persistent decode MLP kernel (cuda_mlp.cu): on/off (NS_CUDA_MLP),
+     * most CTAs per SM (NS_CUDA_MLP_CTAS), each instance's occupancy, and
+     * its grid-barrier word (device, zeroed once) */
+    int mlp_persist, mlp_ctas;
+    int mlp_occ[18];
+    unsigned *mlp_bar;
     int cc_major; /* compute capability of the device */
     int prefetch; /* MB of the next GEMVs' weights each small decode kernel prefetches into L2 (0: none) */
     int split_keys; /* fewest keys per decode-attention split */
@@ -387,6 +393,15 @@ __device__ __forceinline__ float cu_ld_act(const float *p) {
  * values a (the first 4) and b (the next 4), in that order, fp32 fused
  * multiply-adds from 0: the GEMVs' inner step (cuda_gemm.cu,
  * cuda_gemv_bulk.cu, cuda_moe.cu). */
+/* 16 bytes of a weight row, streamed: read once, not kept in L1. */
+__device__ __forceinline__ uint4 cu_ld_stream(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
 __device__ __forceinline__ float cu_dot8(uint4 w, float4 a, float4 b) {
     float s = 0.f;
     s = fmaf(__uint_as_float(w.x << 16), a.x, s);
@@ -570,6 +585,28 @@ void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w
 bool cu_gemv_bulk_init(cu_impl *c);
 bool cu_gemv_bulk(cu_impl *c, int nseg, float *const *out, const bf16 *const *w, const int64_t *m, const float *x,
                   int n, int k, float *sw_out, bf16 *sw_bf);
+/* The split-K factor (1, 2 or 4) k_gemv uses for `pairs` row pairs of
+ * length k (cuda_gemm.cu); cuda_mlp.cu splits the same way so that its
+ * sums are bit-identical. */
+int cu_gemv_ks(const cu_impl *c, int64_t pairs, int k);
+/* cuda_mlp.cu: the dense MLP block of a batch 1-2 decode step in one
+ * persistent kernel, bit-identical to gate/up+SwiGLU then down by k_gemv.
+ * init: occupancy of its instances and the barrier word (false: no
+ * memory); cu_mlp_fits: it is on and takes this shape; cu_mlp_decode
+ * launches it (only after cu_mlp_fits said yes). */
+typedef struct cu_mlp_shape {
+    const float *x;           /* [n, k] */
+    const bf16 *wg, *wu, *wd; /* [m, k], [m, k], [h, m] */
+    float *gate, *up, *s;     /* [n, m]; s = silu(gate) * up, may alias gate */
+    bf16 *s_bf;               /* s's bf16 shadow or NULL */
+    float *d;                 /* [n, h]; may alias x, not s */
+    int n;
+    int64_t k, m, h;
+} cu_mlp_shape;
+bool cu_mlp_init(cu_impl *c);
+void cu_mlp_free(cu_impl *c);
+bool cu_mlp_fits(const cu_impl *c, const cu_mlp_shape *s);
+void cu_mlp_decode(cu_impl *c, const cu_mlp_shape *s);
 /* gate/up GEMV with the SwiGLU epilogue: gate = x Wg^T, up = x Wu^T,
  * out = silu(gate) * up (out may alias gate); out_bf optional shadow. */
 void cu_gemv_swiglu(cu_impl *c, float *gate, float *up, float *out, bf16 *out_bf, const bf16 *wg, const bf16 *wu,

@@ -147,14 +147,6 @@ static moe_ws ws_layout(uint8_t *base, int64_t Tc, int K, int E, int64_t H, int6
 
 /* ------------------------------------------------------------- kernels */
 
-__device__ __forceinline__ uint4 moe_ld(const void *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
-
 __device__ __forceinline__ float moe_dot8(uint4 w, const float *x) {
     return cu_dot8(w, *reinterpret_cast<const float4 *>(x), *reinterpret_cast<const float4 *>(x + 4));
 }
@@ -256,7 +248,7 @@ __global__ __launch_bounds__(256) void k_moe_logits(const float *__restrict__ x,
         for (int r = 0; r < RT; r++) acc[r] = 0.f;
 #pragma unroll 4
         for (int c = lane; c < nch; c += 32) {
-            const uint4 w = moe_ld(wr + c);
+            const uint4 w = cu_ld_stream(wr + c);
 #pragma unroll
             for (int r = 0; r < RT; r++)
                 if (r < nr) acc[r] += moe_dot8(w, x + (size_t)(t0 + r) * H + 8 * c);
@@ -365,7 +357,7 @@ __global__ __launch_bounds__(256) void k_moe_gemv_gu(const float *__restrict__ x
     const int nch = H / 8;
 #pragma unroll 2
     for (int c = lane; c < nch; c += 32) {
-        const uint4 a0 = moe_ld(wg0 + c), b0 = moe_ld(wu0 + c), a1 = moe_ld(wg1 + c), b1 = moe_ld(wu1 + c);
+        const uint4 a0 = cu_ld_stream(wg0 + c), b0 = cu_ld_stream(wu0 + c), a1 = cu_ld_stream(wg1 + c), b1 = cu_ld_stream(wu1 + c);
         g0 += moe_dot8(a0, xr + 8 * c);
         u0 += moe_dot8(b0, xr + 8 * c);
         g1 += moe_dot8(a1, xr + 8 * c);
@@ -425,7 +417,7 @@ __global__ __launch_bounds__(256) void k_moe_gemv_down(const float *__restrict__
         for (int c = lane; c < nch; c += 32) {
 #pragma unroll
             for (int u = 0; u < 8; u++)
-                if (u < nu) part[u] += moe_dot8(moe_ld(wd[u] + c), hr[u] + 8 * c);
+                if (u < nu) part[u] += moe_dot8(cu_ld_stream(wd[u] + c), hr[u] + 8 * c);
         }
 #pragma unroll
         for (int u = 0; u < 8; u++) {

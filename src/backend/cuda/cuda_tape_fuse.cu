@@ -20,6 +20,13 @@ static bool same_view(const ns_tensor *a, const ns_tensor *b) {
 
 static bool al16p(const void *p) { return ((uintptr_t)p % 16) == 0; }
 
+/* Whether the byte ranges of two tensors overlap. */
+static bool bytes_overlap(const ns_tensor *a, const ns_tensor *b) {
+    const uintptr_t a0 = (uintptr_t)a->data, a1 = a0 + ns_tensor_bytes(a);
+    const uintptr_t b0 = (uintptr_t)b->data, b1 = b0 + ns_tensor_bytes(b);
+    return a0 < b1 && b0 < a1;
+}
+
 /* Would op_matmul take the GEMV path for this op? */
 static bool gemv_eligible(const cu_impl *c, const cu_op *op) {
     const ns_tensor *out = &op->a, *in = &op->b, *w = &op->c;
@@ -138,6 +145,29 @@ int32_t cu_tape_try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n)
         if (same_view(&sw->b, gt) && same_view(&sw->c, up) && gt->cols == up->cols && out->dtype == NS_DT_F32 &&
             out->rows == gt->rows && out->cols == gt->cols && gt->data != up->data && out->data != up->data &&
             out->data != o->b.data) {
+            /* 1a'. followed by the down GEMV of the SwiGLU output: the
+             * persistent MLP kernel (cuda_mlp.cu), when it is on; its
+             * output may alias x (forward.c writes it into xn), not what
+             * phase A writes */
+            const cu_op *dn = i + 3 < n ? &ops[i + 3] : NULL;
+            if (c->mlp_persist && dn && gemv_eligible(c, dn) && same_view(&dn->b, out) &&
+                !bytes_overlap(&dn->a, out) && !bytes_overlap(&dn->a, up) && !bytes_overlap(&dn->a, gt)) {
+                cu_mlp_shape ms = {(const float *)o->b.data, (const bf16 *)o->c.data, (const bf16 *)u->c.data,
+                                   (const bf16 *)dn->c.data, (float *)gt->data,  (float *)up->data,
+                                   (float *)out->data,       NULL,                (float *)dn->a.data,
+                                   (int)o->b.rows,           o->b.cols,           gt->cols,
+                                   dn->c.rows};
+                if (cu_mlp_fits(c, &ms)) {
+                    cu_prof_begin(c, "persistent mlp gate/up+swiglu+down", &pi);
+                    cu_note_write(c, gt);
+                    cu_note_write(c, up);
+                    ms.s_bf = cu_shadow_produce(c, out); /* after gt's note: out may be gt */
+                    cu_note_write(c, &dn->a);
+                    cu_mlp_decode(c, &ms);
+                    cu_prof_end(c, pi);
+                    return 4;
+                }
+            }
             cu_prof_begin(c, "fused gemv gate/up+swiglu", &pi);
             cu_note_write(c, gt);
             cu_note_write(c, up);
