@@ -760,6 +760,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
         const int bulk = ns_cuda_get_gemv_bulk(B->be);      /* NS_CUDA_GEMV_BULK */
         const int memo = ns_cuda_get_memo(B->be);           /* NS_CUDA_MEMO */
         const int mlp = ns_cuda_get_mlp(B->be);             /* NS_CUDA_MLP */
+        const int mlp_tail = ns_cuda_get_mlp_tail(B->be);   /* NS_CUDA_MLP_TAIL */
         /* each row: set(alt), measure, set(dflt) */
         struct {
             const char *name;
@@ -781,7 +782,9 @@ static ns_status bench_run(bench *B, ns_error *err) {
                      {act_nc ? "activation loads .cg" : "activation loads .nc", ns_cuda_set_act_nc, act_nc, !act_nc},
                      {bulk ? "bulk-copy GEMV off" : "bulk-copy GEMV on", ns_cuda_set_gemv_bulk, bulk, !bulk},
                      {memo ? "step memo off" : "step memo on", ns_cuda_set_memo, memo, !memo},
-                     {mlp ? "persistent MLP off" : "persistent MLP on", ns_cuda_set_mlp, mlp, !mlp}};
+                     {mlp ? "persistent MLP off" : "persistent MLP on", ns_cuda_set_mlp, mlp, !mlp},
+                     {mlp_tail ? "its norm + q/k/v tail off" : "its norm + q/k/v tail on", ns_cuda_set_mlp_tail,
+                      mlp_tail, !mlp_tail}};
         dec_result base;
         rc = run_decode(B, 1024, 1, B->o.steps, 3, &base, err);
         if (rc != NS_OK) return rc;

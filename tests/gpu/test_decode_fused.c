@@ -344,7 +344,7 @@ TEST(test_chain_hidden_1024) {
  * launches it replaces (same split-K and summation order), eagerly (the
  * profile must name it), captured and replayed with new inputs, and stay
  * within GEMV tolerance of the CPU. */
-static void mlp_chain_check(int n, int64_t H, int64_t FF) {
+static void mlp_chain_check(int n, int64_t H, int64_t FF, int tail) {
     chain ch;
     chain_init(&ch, n, H, FF, H, H / 4);
     pair *outs[N_OUT];
@@ -362,6 +362,8 @@ static void mlp_chain_check(int n, int64_t H, int64_t FF) {
     ns_cuda_set_mlp(gpu, 0);
     for (int s = 0; s < 2; s++) chain_run(gpu, &ch, xin[s], ain[s], off[s]);
     ns_cuda_set_mlp(gpu, 1);
+    const int tail0 = ns_cuda_get_mlp_tail(gpu);
+    ns_cuda_set_mlp_tail(gpu, tail);
     int64_t rep0, cap0, eag0, rep1, cap1, eag1;
     ns_cuda_graph_stats(gpu, &rep0, &cap0, &eag0);
     static const int order[5] = {0, 0, 0, 1, 1};
@@ -373,17 +375,18 @@ static void mlp_chain_check(int n, int64_t H, int64_t FF) {
         if (r == 0) {
             OK(gpu->ops->sync(gpu, &_e));
             char *text = profile_text();
-            const int seen = text && strstr(text, "persistent mlp") != NULL;
+            /* with the tail: the chain's MLP is followed by add, norm, q, k */
+            const int seen = text && strstr(text, tail ? "persistent mlp + norm + q/k/v" : "persistent mlp gate/up") != NULL;
             free(text);
             ns_cuda_set_profiling(gpu, 0);
-            CHECKF(seen, "n=%d H=%lld FF=%lld: the persistent MLP kernel did not run", n, (long long)H,
-                   (long long)FF);
+            CHECKF(seen, "n=%d H=%lld FF=%lld tail=%d: the persistent MLP kernel did not run", n, (long long)H,
+                   (long long)FF, tail);
         }
         for (int j = 0; j < N_OUT; j++) {
             const size_t cnt = (size_t)(outs[j]->rows * outs[j]->cols);
             CHECKF(memcmp(on[j], off[s][j], cnt * 4) == 0,
-                   "n=%d H=%lld FF=%lld output %d, run %d: persistent MLP differs from the GEMVs (rel L2 %.3g)", n,
-                   (long long)H, (long long)FF, j, r, rel_l2(on[j], off[s][j], cnt));
+                   "n=%d H=%lld FF=%lld tail=%d output %d, run %d: persistent MLP differs from the GEMVs (rel L2 "
+                   "%.3g)", n, (long long)H, (long long)FF, tail, j, r, rel_l2(on[j], off[s][j], cnt));
             const double e = rel_l2(on[j], ref[s][j], cnt);
             CHECKF(e <= 1e-4, "n=%d H=%lld output %d, run %d: cuda vs cpu rel L2 %.3g", n, (long long)H, j, r, e);
         }
@@ -391,6 +394,7 @@ static void mlp_chain_check(int n, int64_t H, int64_t FF) {
     }
     ns_cuda_graph_stats(gpu, &rep1, &cap1, &eag1);
     ns_cuda_set_mlp(gpu, saved);
+    ns_cuda_set_mlp_tail(gpu, tail0);
     CHECKF(cap1 > cap0 && rep1 >= rep0 + 2, "n=%d H=%lld: graph captures %lld, replays %lld (expected 1 and 2)", n,
            (long long)H, (long long)(cap1 - cap0), (long long)(rep1 - rep0));
     for (int s = 0; s < 2; s++) {
@@ -402,15 +406,19 @@ static void mlp_chain_check(int n, int64_t H, int64_t FF) {
     chain_free(&ch);
 }
 
-/* split-K 2 / 2 (2048 x 2816), odd widths (1064 x 1000: a pair of the
- * down projection spans no boundary, chunk counts not multiples of 32),
- * and Qwen3-8B's MLP (4096 x 12288: split-K 2 for gate/up, 4 for down) */
+/* split-K 2 / 2 (2048 x 2816), odd widths (1064 x 1000: chunk counts not
+ * multiples of 32; the tail's q/k rows 1064 + 266, a pair spanning the
+ * two), and Qwen3-8B's MLP (4096 x 12288: split-K 2 for gate/up, 4 for
+ * down and q/k); each without and with the tail (the chain's add, RMSNorm
+ * and q/k GEMVs after the MLP in the same kernel) */
 TEST(test_mlp_persistent) {
-    mlp_chain_check(1, 2048, 2816);
-    mlp_chain_check(2, 2048, 2816);
-    mlp_chain_check(1, 1064, 1000);
-    mlp_chain_check(2, 1064, 1000);
-    mlp_chain_check(1, 4096, 12288);
+    for (int tail = 0; tail < 2; tail++) {
+        mlp_chain_check(1, 2048, 2816, tail);
+        mlp_chain_check(2, 2048, 2816, tail);
+        mlp_chain_check(1, 1064, 1000, tail);
+        mlp_chain_check(2, 1064, 1000, tail);
+        mlp_chain_check(1, 4096, 12288, tail);
+    }
 }
 
 /* ------------------------------------------ attention block, op level */
@@ -778,10 +786,16 @@ TEST(test_model_qwen3_batch1) {
 TEST(test_model_qwen3_batch2) { model_check(QWEN3, "qwen3-shaped", 2, 1); }
 /* the persistent MLP kernel (cuda_mlp.cu) in whole decode steps */
 TEST(test_model_qwen3_mlp) {
-    const int saved = ns_cuda_get_mlp(gpu);
-    model_check_sw(QWEN3, "qwen3-shaped, persistent MLP", 1, 0, ns_cuda_set_mlp);
-    model_check_sw(QWEN3, "qwen3-shaped, persistent MLP", 2, 0, ns_cuda_set_mlp);
+    const int saved = ns_cuda_get_mlp(gpu), tail = ns_cuda_get_mlp_tail(gpu);
+    for (int t = 0; t < 2; t++) {
+        ns_cuda_set_mlp_tail(gpu, t);
+        model_check_sw(QWEN3, t ? "qwen3-shaped, persistent MLP + tail" : "qwen3-shaped, persistent MLP", 1, 0,
+                       ns_cuda_set_mlp);
+        model_check_sw(QWEN3, t ? "qwen3-shaped, persistent MLP + tail" : "qwen3-shaped, persistent MLP", 2, 0,
+                       ns_cuda_set_mlp);
+    }
     ns_cuda_set_mlp(gpu, saved);
+    ns_cuda_set_mlp_tail(gpu, tail);
 }
 /* experts follow the post-attention norm (no GEMV there) */
 TEST(test_model_qwen3moe_batch1) { model_check(QWEN3MOE, "qwen3moe-shaped", 1, 1); }

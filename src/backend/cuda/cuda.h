@@ -138,6 +138,12 @@ int ns_cuda_get_gemv_bulk(ns_backend *be);
  * Bit-identical results in every mode; for A/B runs. */
 void ns_cuda_set_mlp(ns_backend *be, int on);
 int ns_cuda_get_mlp(ns_backend *be);
+/* With it on: the residual add, the next layer's RMSNorm and its q/k/v
+ * GEMVs in the same kernel after a second grid barrier, every CTA
+ * normalizing the row itself (env NS_CUDA_MLP_TAIL, default off: measured
+ * slower, docs/cuda.md v27). Bit-identical either way; for A/B runs. */
+void ns_cuda_set_mlp_tail(ns_backend *be, int on);
+int ns_cuda_get_mlp_tail(ns_backend *be);
 /* Prefill attention on Hopper (wgmma, warp-specialized; head dim 128,
  * even GQA ratio, compute capability 9.0): 0 = off (the mma.sync kernel);
  * on: 1 = S, softmax, PV in order per tile, 2 = pipelined (S of

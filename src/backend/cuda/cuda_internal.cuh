@@ -208,8 +208,8 @@ typedef struct cu_impl {
     /* the persistent decode MLP kernel (cuda_mlp.cu): on/off (NS_CUDA_MLP),
      * most CTAs per SM (NS_CUDA_MLP_CTAS), each instance's occupancy, and
      * its grid-barrier word (device, zeroed once) */
-    int mlp_persist, mlp_ctas;
-    int mlp_occ[18];
+    int mlp_persist, mlp_ctas, mlp_tail;
+    int mlp_occ[4];
     unsigned *mlp_bar;
     int cc_major; /* compute capability of the device */
     int prefetch; /* MB of the next GEMVs' weights each small decode kernel prefetches into L2 (0: none) */
@@ -590,7 +590,9 @@ bool cu_gemv_bulk(cu_impl *c, int nseg, float *const *out, const bf16 *const *w,
  * sums are bit-identical. */
 int cu_gemv_ks(const cu_impl *c, int64_t pairs, int k);
 /* cuda_mlp.cu: the dense MLP block of a batch 1-2 decode step in one
- * persistent kernel, bit-identical to gate/up+SwiGLU then down by k_gemv.
+ * persistent kernel, bit-identical to gate/up+SwiGLU then down by k_gemv;
+ * optionally with the residual add, the next layer's RMSNorm and its
+ * q/k/v GEMVs (the tail), bit-identical to k_add_rmsnorm and k_gemv.
  * init: occupancy of its instances and the barrier word (false: no
  * memory); cu_mlp_fits: it is on and takes this shape; cu_mlp_decode
  * launches it (only after cu_mlp_fits said yes). */
@@ -602,6 +604,17 @@ typedef struct cu_mlp_shape {
     float *d;                 /* [n, h]; may alias x, not s */
     int n;
     int64_t k, m, h;
+    /* the tail (qkv_n 1-3; 0: none): res += d; xn = rmsnorm(res) * norm_w
+     * (bf16 shadow xn_bf or NULL; xn is d's buffer or apart from
+     * everything else); qkv_out[j] = xn qkv_w[j]^T ([qkv_m[j], h]) */
+    int qkv_n;
+    float *res, *xn;
+    bf16 *xn_bf;
+    const float *norm_w;
+    float eps;
+    const bf16 *qkv_w[3];
+    float *qkv_out[3];
+    int64_t qkv_m[3];
 } cu_mlp_shape;
 bool cu_mlp_init(cu_impl *c);
 void cu_mlp_free(cu_impl *c);

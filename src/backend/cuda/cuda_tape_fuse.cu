@@ -114,6 +114,43 @@ static int32_t try_fuse_quant(cu_impl *c, const cu_op *ops, int32_t i, int32_t n
     return g;
 }
 
+/* After the MLP ops (down output d): x += d; xn = rmsnorm(x) into d's own
+ * buffer; 1-3 GEMVs of xn (forward.c's next layer up to q/k/v). Fills the
+ * tail of ms and returns how many ops it covers (0: no tail; ms keeps
+ * qkv_n 0). Checked as pattern 3 and 1b check theirs, plus: no output
+ * overlaps what the kernel reads or another output. */
+static int32_t match_mlp_tail(const cu_impl *c, const cu_op *ops, int32_t j, int32_t n, const ns_tensor *d,
+                              cu_mlp_shape *ms) {
+    if (!c->mlp_tail || j + 2 >= n || ops[j].kind != OP_ADD || ops[j + 1].kind != OP_RMSNORM) return 0;
+    const cu_op *ad = &ops[j], *nm = &ops[j + 1];
+    const ns_tensor *x = &ad->a, *y = &ad->b, *xn = &nm->a, *w = &nm->c;
+    if (!same_view(y, d) || !same_view(&nm->b, x) || !same_view(xn, d) || x->dtype != NS_DT_F32 ||
+        w->dtype != NS_DT_F32 || x->rows != d->rows || x->cols != d->cols || w->rows * w->cols != x->cols ||
+        !al16p(x->data) || !al16p(d->data) || !al16p(w->data) || bytes_overlap(x, d))
+        return 0;
+    int32_t g = 0;
+    while (g < 3 && j + 2 + g < n && gemv_eligible(c, &ops[j + 2 + g]) && same_view(&ops[j + 2 + g].b, xn)) {
+        const ns_tensor *o = &ops[j + 2 + g].a;
+        if (bytes_overlap(o, x) || bytes_overlap(o, d)) break;
+        bool apart = true;
+        for (int32_t q = 0; q < g; q++) apart = apart && !bytes_overlap(o, &ops[j + 2 + q].a);
+        if (!apart) break;
+        g++;
+    }
+    if (g == 0) return 0;
+    ms->qkv_n = g;
+    ms->res = (float *)x->data;
+    ms->xn = (float *)xn->data;
+    ms->norm_w = (const float *)w->data;
+    ms->eps = nm->f0;
+    for (int32_t q = 0; q < g; q++) {
+        ms->qkv_w[q] = (const bf16 *)ops[j + 2 + q].c.data;
+        ms->qkv_out[q] = (float *)ops[j + 2 + q].a.data;
+        ms->qkv_m[q] = ops[j + 2 + q].c.rows;
+    }
+    return 2 + g;
+}
+
 /* Runs the engine's fixed op sequences of a recorded tape as fused
  * kernels (see cuda_fused.cu). Returns the number of ops consumed, 0 when
  * nothing at ops[i] can be fused. Each pattern is checked completely
@@ -152,20 +189,40 @@ int32_t cu_tape_try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n)
             const cu_op *dn = i + 3 < n ? &ops[i + 3] : NULL;
             if (c->mlp_persist && dn && gemv_eligible(c, dn) && same_view(&dn->b, out) &&
                 !bytes_overlap(&dn->a, out) && !bytes_overlap(&dn->a, up) && !bytes_overlap(&dn->a, gt)) {
-                cu_mlp_shape ms = {(const float *)o->b.data, (const bf16 *)o->c.data, (const bf16 *)u->c.data,
-                                   (const bf16 *)dn->c.data, (float *)gt->data,  (float *)up->data,
-                                   (float *)out->data,       NULL,                (float *)dn->a.data,
-                                   (int)o->b.rows,           o->b.cols,           gt->cols,
-                                   dn->c.rows};
+                cu_mlp_shape ms;
+                memset(&ms, 0, sizeof ms);
+                ms.x = (const float *)o->b.data;
+                ms.wg = (const bf16 *)o->c.data;
+                ms.wu = (const bf16 *)u->c.data;
+                ms.wd = (const bf16 *)dn->c.data;
+                ms.gate = (float *)gt->data;
+                ms.up = (float *)up->data;
+                ms.s = (float *)out->data;
+                ms.d = (float *)dn->a.data;
+                ms.n = (int)o->b.rows;
+                ms.k = o->b.cols;
+                ms.m = gt->cols;
+                ms.h = dn->c.rows;
+                int32_t tail = match_mlp_tail(c, ops, i + 4, n, &dn->a, &ms);
+                if (tail && !cu_mlp_fits(c, &ms)) { /* a shape only the tail cannot take */
+                    tail = 0;
+                    ms.qkv_n = 0;
+                }
                 if (cu_mlp_fits(c, &ms)) {
-                    cu_prof_begin(c, "persistent mlp gate/up+swiglu+down", &pi);
+                    cu_prof_begin(c, tail ? "persistent mlp + norm + q/k/v" : "persistent mlp gate/up+swiglu+down",
+                                  &pi);
                     cu_note_write(c, gt);
                     cu_note_write(c, up);
                     ms.s_bf = cu_shadow_produce(c, out); /* after gt's note: out may be gt */
                     cu_note_write(c, &dn->a);
+                    if (tail) {
+                        cu_note_write(c, &ops[i + 4].a);                     /* the residual */
+                        ms.xn_bf = cu_shadow_produce(c, &ops[i + 5].a);      /* the norm's output (d's buffer) */
+                        for (int32_t j = 0; j < ms.qkv_n; j++) cu_note_write(c, &ops[i + 6 + j].a);
+                    }
                     cu_mlp_decode(c, &ms);
                     cu_prof_end(c, pi);
-                    return 4;
+                    return 4 + tail;
                 }
             }
             cu_prof_begin(c, "fused gemv gate/up+swiglu", &pi);
