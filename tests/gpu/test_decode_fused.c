@@ -239,6 +239,20 @@ static void chain_run(ns_backend *be, chain *ch, const float *x0, const float *a
     }
 }
 
+/* Two random input sets (x never zero-centred, attention output halved)
+ * for the chain and the CPU reference outputs of each; the caller frees
+ * xin, ain (free) and ref (free_bufs). */
+static void chain_inputs(chain *ch, float **xin, float **ain, float *(*ref)[N_OUT]) {
+    const size_t nx = (size_t)(ch->n * ch->H), na = (size_t)(ch->n * ch->mq);
+    for (int s = 0; s < 2; s++) {
+        xin[s] = malloc(nx * 4);
+        ain[s] = malloc(na * 4);
+        for (size_t i = 0; i < nx; i++) xin[s][i] = frand();
+        for (size_t i = 0; i < na; i++) ain[s][i] = frand() * 0.5f;
+        chain_run(cpu, ch, xin[s], ain[s], ref[s]);
+    }
+}
+
 /* Runs the chain on two input sets A and B: CPU reference and GPU with
  * the switch off for both; then, switch on (graphs dropped by the switch,
  * so the tape is new): A eager with events (the profile must name the
@@ -254,13 +268,7 @@ static void chain_check(int n, int64_t H, int64_t FF, int64_t mq, int64_t mk, bo
     pair *outs[N_OUT];
     chain_outputs(&ch, outs);
     float *xin[2], *ain[2], *ref[2][N_OUT], *off[2][N_OUT];
-    for (int s = 0; s < 2; s++) {
-        xin[s] = malloc((size_t)(n * H) * 4);
-        ain[s] = malloc((size_t)(n * mq) * 4);
-        for (size_t i = 0; i < (size_t)(n * H); i++) xin[s][i] = frand();
-        for (size_t i = 0; i < (size_t)(n * mq); i++) ain[s][i] = frand() * 0.5f;
-        chain_run(cpu, &ch, xin[s], ain[s], ref[s]);
-    }
+    chain_inputs(&ch, xin, ain, ref);
     ns_cuda_set_dec_fuse(gpu, 0);
     for (int s = 0; s < 2; s++) chain_run(gpu, &ch, xin[s], ain[s], off[s]);
     /* pass 0: the switch alone; pass 1: with the early weight loads too */
@@ -350,13 +358,7 @@ static void mlp_chain_check(int n, int64_t H, int64_t FF, int tail) {
     pair *outs[N_OUT];
     chain_outputs(&ch, outs);
     float *xin[2], *ain[2], *ref[2][N_OUT], *off[2][N_OUT];
-    for (int s = 0; s < 2; s++) {
-        xin[s] = malloc((size_t)(n * H) * 4);
-        ain[s] = malloc((size_t)(n * H) * 4);
-        for (size_t i = 0; i < (size_t)(n * H); i++) xin[s][i] = frand();
-        for (size_t i = 0; i < (size_t)(n * H); i++) ain[s][i] = frand() * 0.5f;
-        chain_run(cpu, &ch, xin[s], ain[s], ref[s]);
-    }
+    chain_inputs(&ch, xin, ain, ref);
     const int saved = ns_cuda_get_mlp(gpu);
     ns_cuda_set_dec_fuse(gpu, 0);
     ns_cuda_set_mlp(gpu, 0);
