@@ -23,7 +23,9 @@
 #      the same lines: --dummy-weights for bf16, --model THE SAME GGUF for
 #      the quantized ones
 #   5. the table (also written to WORKDIR/table.md)
-# SBS_MODELS (default "8b-bf16 8b-q4_k 8b-q8_0 30b-bf16"); SBS_REPS (3);
+# SBS_MODELS (default "8b-bf16 8b-q4_k 8b-q8_0 30b-bf16"); SBS_REPS (3): the
+# repeats of both sides (llama-bench -r: their mean; bench_engine
+# --repeats: their median);
 # SBS_NS_BIN: the bench_engine binary to run (default: this tree's, built
 # with make CUDA=1 when missing).
 # CUDA_HOME as for tests/gpu/run.sh. Exits non-zero naming the failed
@@ -142,7 +144,7 @@ if want 4; then
             weights=(--model "$(gguf_of "$m")")
         fi
         echo "phase 4: $m nightshift"
-        "$NS_BIN" --device cuda "${weights[@]}" ${pp:+--prefill "$pp"} --contexts "$ctx" --batches "1,$(batches_of "$m")" \
+        "$NS_BIN" --device cuda "${weights[@]}" ${pp:+--prefill "$pp"} --contexts "$ctx" --batches "1,$(batches_of "$m")" --repeats "$REPS" \
             >"$out" 2>&1 || { tail -20 "$out"; die "phase 4: bench_engine failed for $m"; }
     done
 fi

@@ -5,8 +5,10 @@
  *   counting bytes read + written) and the bf16 GEMM rate (8192^3 through
  *   cuBLASLt); on --device cpu, memcpy bandwidth and the backend's own
  *   matmul rate.
+ * - every point is timed --repeats times (default 3) and reported as the
+ *   median, with the spread (min-max) beside it.
  * - prefill of one prompt of L tokens (chunks of --chunk tokens, logits
- *   for the last token only), best of a few runs: tokens/s and FLOP/s,
+ *   for the last token only): tokens/s and FLOP/s,
  *   FLOPs = 2 * L * (layer weight params) + causal attention 4*H*D*L(L+1)/2
  *   per layer; roofline = FLOPs / measured GEMM rate.
  * - decode: `batch` sequences each with `ctx` tokens of (random) KV
@@ -46,9 +48,12 @@
 
 #define MAX_LIST 8
 
+#define MAX_REPEATS 15
+
 typedef struct bopts {
     const char *model_dir, *dummy_cfg, *device;
     int32_t page_tokens, chunk, steps, threads;
+    int32_t repeats; /* timed windows per point; the median is reported */
     int32_t prefill[MAX_LIST], batches[MAX_LIST], contexts[MAX_LIST];
     int n_prefill, n_batches, n_contexts;
     bool profile, micro;
@@ -100,6 +105,7 @@ static void usage(FILE *f) {
             "  --batches LIST           decode batch sizes, or none (default 1,8,32,64)\n"
             "  --contexts LIST          decode contexts, or none (default 1k,32k)\n"
             "  --steps N                timed decode steps per point (default 24)\n"
+            "  --repeats N              timed runs per point, median reported with min-max (default 3, at most 15)\n"
             "  --chunk N                prefill tokens per step (default 8192)\n"
             "  --page-tokens N          KV page size in tokens (default: the server's, 16 on the CPU, 64 on CUDA)\n"
             "  --threads N              CPU threads (default: one per core)\n"
@@ -149,6 +155,7 @@ static int parse_args(int argc, char **argv, bopts *o) {
     o->page_tokens = 0; /* the server's default for the device (ns_cli_default_page_tokens) */
     o->chunk = 8192;
     o->steps = 24;
+    o->repeats = 3;
     o->seed = 1;
     o->kv_gb = 4;
     o->weight_type = NS_DT_BF16;
@@ -200,14 +207,19 @@ static int parse_args(int argc, char **argv, bopts *o) {
                 return -1;
             }
         } else if (!strcmp(a, "--steps") || !strcmp(a, "--chunk") || !strcmp(a, "--page-tokens") ||
-                   !strcmp(a, "--threads")) {
+                   !strcmp(a, "--threads") || !strcmp(a, "--repeats")) {
             NEED_VALUE;
             int32_t x;
             if (parse_count(v, &x) != 0) {
                 fprintf(stderr, "nightshift bench-engine: bad value for %s: \"%s\"\n", a, v);
                 return -1;
             }
+            if (!strcmp(a, "--repeats") && x > MAX_REPEATS) {
+                fprintf(stderr, "nightshift bench-engine: --repeats is at most %d, not %d\n", MAX_REPEATS, x);
+                return -1;
+            }
             if (!strcmp(a, "--steps")) o->steps = x;
+            else if (!strcmp(a, "--repeats")) o->repeats = x;
             else if (!strcmp(a, "--chunk")) o->chunk = x;
             else if (!strcmp(a, "--page-tokens")) o->page_tokens = x;
             else o->threads = x;
@@ -622,6 +634,48 @@ cleanup:
     return rc;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median of v[0..n) (the mean of the middle two for even n); v is
+ * sorted in place. */
+static double median_of(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* run_decode B->o.repeats times: r is the run whose step time is the
+ * median (for an even count the upper middle run, with the step time and
+ * rates of the mean of the middle two); lo/hi the fastest and slowest
+ * step times. */
+static ns_status run_decode_median(bench *B, int32_t ctx, int32_t batch, dec_result *r, double *lo, double *hi,
+                                   ns_error *err) {
+    const int n = B->o.repeats;
+    dec_result runs[MAX_REPEATS];
+    double t[MAX_REPEATS];
+    for (int i = 0; i < n; i++) {
+        ns_status rc = run_decode(B, ctx, batch, B->o.steps, 3, &runs[i], err);
+        if (rc != NS_OK) return rc;
+        if (runs[i].skipped) {
+            *r = runs[i];
+            return NS_OK;
+        }
+        t[i] = runs[i].step_s;
+    }
+    const double med = median_of(t, n);
+    *lo = t[0];
+    *hi = t[n - 1];
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (fabs(runs[i].step_s - med) < fabs(runs[best].step_s - med)) best = i;
+    *r = runs[best];
+    r->tok_s = r->tok_s * r->step_s / med;
+    r->step_s = med;
+    return NS_OK;
+}
+
 /* ------------------------------------------------------------ report */
 
 static ns_status bench_run(bench *B, ns_error *err) {
@@ -702,18 +756,18 @@ static ns_status bench_run(bench *B, ns_error *err) {
     }
     for (int i = 0; i < B->o.n_prefill; i++) {
         int32_t L = B->o.prefill[i];
-        int reps = L <= 8192 ? 3 : 2;
-        double best = 1e30;
+        const int reps = B->o.repeats;
+        double t[MAX_REPEATS];
         for (int r = 0; r < reps; r++) {
-            double s;
-            rc = run_prefill(B, L, &s, err);
+            rc = run_prefill(B, L, &t[r], err);
             if (rc != NS_OK) return rc;
-            if (s < best) best = s;
         }
+        const double med = median_of(t, reps);
         double fl = prefill_flops(B, L);
         printf("prefill %6d tokens: %8.3f s  %9.0f tok/s  %7.3g TFLOP/s = %5.1f%% of measured GEMM rate (chunks of "
-               "%d)\n",
-               L, best, L / best, fl / best / 1e12, 100.0 * fl / best / 1e12 / B->gemm_tfs, B->o.chunk);
+               "%d; median of %d, %.3f-%.3f s)\n",
+               L, med, L / med, fl / med / 1e12, 100.0 * fl / med / 1e12 / B->gemm_tfs, B->o.chunk, reps, t[0],
+               t[reps - 1]);
         fflush(stdout);
     }
 
@@ -722,8 +776,9 @@ static ns_status bench_run(bench *B, ns_error *err) {
         double tok1 = 0;
         for (int bi = 0; bi < B->o.n_batches; bi++) {
             dec_result r;
+            double lo = 0, hi = 0;
             int32_t ctx = B->o.contexts[ci], batch = B->o.batches[bi];
-            rc = run_decode(B, ctx, batch, B->o.steps, 3, &r, err);
+            rc = run_decode_median(B, ctx, batch, &r, &lo, &hi, err);
             if (rc != NS_OK) return rc;
             if (r.skipped) {
                 printf("decode ctx %6d batch %3d: skipped (KV does not fit)\n", ctx, batch);
@@ -736,7 +791,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
             if (tok1 > 0 && batch > 1) printf("  (%.1fx batch 1)", r.tok_s / tok1);
             if (r.copies < batch) printf("  [context KV shared: %d copies for %d seqs]", r.copies, batch);
             printf("  host: forward %.0f us, sample %.0f us", r.host_fwd_s * 1e6, r.host_sample_s * 1e6);
-            printf("\n");
+            printf("  (median of %d, %.3f-%.3f ms)\n", B->o.repeats, lo * 1e3, hi * 1e3);
             fflush(stdout);
         }
     }
@@ -786,15 +841,18 @@ static ns_status bench_run(bench *B, ns_error *err) {
                      {mlp_tail ? "its norm + q/k/v tail off" : "its norm + q/k/v tail on", ns_cuda_set_mlp_tail,
                       mlp_tail, !mlp_tail}};
         dec_result base;
-        rc = run_decode(B, 1024, 1, B->o.steps, 3, &base, err);
+        double lo, hi;
+        rc = run_decode_median(B, 1024, 1, &base, &lo, &hi, err);
         if (rc != NS_OK) return rc;
         /* the pool is sized for the requested contexts; 1k may not fit */
         if (base.skipped) printf("ablation, decode ctx 1024 batch 1: skipped (KV does not fit)");
-        else printf("ablation, decode ctx 1024 batch 1 (ms/step): defaults %.3f", base.step_s * 1e3);
+        else
+            printf("ablation, decode ctx 1024 batch 1 (ms/step, medians of %d): defaults %.3f", B->o.repeats,
+                   base.step_s * 1e3);
         for (size_t i = 0; i < sizeof feats / sizeof feats[0] && !base.skipped; i++) {
             dec_result r;
             feats[i].set(B->be, feats[i].alt);
-            rc = run_decode(B, 1024, 1, B->o.steps, 3, &r, err);
+            rc = run_decode_median(B, 1024, 1, &r, &lo, &hi, err);
             feats[i].set(B->be, feats[i].dflt);
             if (rc != NS_OK) return rc;
             printf("; %s %.3f", feats[i].name, r.step_s * 1e3);
@@ -829,7 +887,8 @@ static ns_status bench_run(bench *B, ns_error *err) {
                 ns_cuda_set_fp8_qreg(B->be, var[i].qreg);
                 ns_cuda_set_fp8_mma(B->be, var[i].mma);
                 ns_cuda_set_fp8_bulk(B->be, var[i].bulk < 0 ? bulk0 : var[i].bulk);
-                rc = run_decode(B, ctx, bs[bi], B->o.steps, 3, &r, err);
+                double lo, hi;
+                rc = run_decode_median(B, ctx, bs[bi], &r, &lo, &hi, err);
                 if (rc != NS_OK) return rc;
                 if (r.skipped) printf(" %s skipped;", var[i].name);
                 else printf(" %s %.3f;", var[i].name, r.step_s * 1e3);

@@ -125,6 +125,16 @@ expect_usage_error "give --model DIR" check-prompts "$TMP/none.jsonl"
 expect_usage_error "give --scenario" bench --url http://127.0.0.1:1
 expect_usage_error 'unknown scenario "nope"' bench --url http://127.0.0.1:1 --scenario nope
 
+expect_usage_error "--repeats is at most 15" bench-engine --dummy-weights "$TINY_CFG" --repeats 16
+expect_usage_error 'bad value for --repeats: "0"' bench-engine --dummy-weights "$TINY_CFG" --repeats 0
+
+# ---- bench-engine: every point is the median of --repeats timed runs,
+# with its spread on the line
+run bench-engine --device cpu --dummy-weights "$TINY_CFG" --prefill 32 --batches 1 --contexts 32 --repeats 2
+[ "$RC" = 0 ] || fail "bench-engine --repeats 2: exit $RC: $ERR"
+grep -qE '^prefill +32 tokens: .*median of 2, [0-9.]+-[0-9.]+ s\)' <<<"$OUT" || fail "bench-engine prefill line: $OUT"
+grep -qE '^decode ctx +32 batch +1: .*\(median of 2, [0-9.]+-[0-9.]+ ms\)' <<<"$OUT" || fail "bench-engine decode line: $OUT"
+
 # ---- bench-engine: the argv convention (was "unknown argument cuda"); its
 # CPU run is the usage example, below
 if [ $HAVE_CUDA = 0 ]; then
