@@ -22,7 +22,7 @@
 #   4. nightshift: bench_engine (the code of `nightshift bench-engine`) on
 #      the same lines: --dummy-weights for bf16, --model THE SAME GGUF for
 #      the quantized ones
-#   5. the table (also written to WORKDIR/table.md)
+#   5. the table (bench/sbs_table.py; also written to WORKDIR/table.md)
 # SBS_MODELS (default "8b-bf16 8b-q4_k 8b-q8_0 30b-bf16"); SBS_REPS (3): the
 # repeats of both sides (llama-bench -r: their mean; bench_engine
 # --repeats: their median);
@@ -150,53 +150,5 @@ if want 4; then
 fi
 
 if want 5; then
-    python3 - "$WORK" $MODELS <<'EOF' | tee "$WORK/table.md"
-import json, os, re, sys
-work, models = sys.argv[1], sys.argv[2:]
-
-def llama_bench(path, key):
-    out = {}
-    if os.path.exists(path) and os.path.getsize(path) > 0:
-        for r in json.load(open(path)):
-            k = key(r)
-            out[k] = max(out.get(k, 0.0), float(r["avg_ts"]))  # best ubatch
-    return out
-
-def batched(path):
-    # llama-batched-bench's table: |  PP |  TG |  B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | ...
-    out = {}
-    if os.path.exists(path):
-        for line in open(path):
-            f = [x.strip() for x in line.strip().strip("|").split("|")]
-            if len(f) >= 8 and f[0].isdigit():
-                out[("decode", 1024, int(f[2]))] = float(f[7])
-    return out
-
-def nightshift(path):
-    out = {}
-    if not os.path.exists(path):
-        return out
-    for line in open(path):
-        m = re.match(r"prefill\s+(\d+) tokens:\s+([\d.]+) s\s+([\d.]+) tok/s", line)
-        if m:
-            out[("prefill", int(m.group(1)))] = float(m.group(3))
-        m = re.match(r"decode ctx\s+(\d+) batch\s+(\d+):\s+([\d.]+) ms/step\s+([\d.]+) tok/s", line)
-        if m:
-            out[("decode", int(m.group(1)), int(m.group(2)))] = float(m.group(4))
-    return out
-
-print("| model | measure | nightshift | llama.cpp | ratio |")
-print("|---|---|---|---|---|")
-for mdl in models:
-    ll = llama_bench(os.path.join(work, mdl + ".llama-pp.json"), lambda r: ("prefill", int(r["n_prompt"])))
-    ll.update(llama_bench(os.path.join(work, mdl + ".llama-tg.json"), lambda r: ("decode", int(r["n_depth"]), 1)))
-    ll.update(batched(os.path.join(work, mdl + ".llama-batched.txt")))
-    ns = nightshift(os.path.join(work, mdl + ".nightshift.txt"))
-    for k in sorted(set(ll) | set(ns), key=lambda k: (k[0] != "prefill",) + k[1:]):
-        name = "prefill %d tok/s" % k[1] if k[0] == "prefill" else "decode ctx %d B%d tok/s" % (k[1], k[2])
-        a, b = ns.get(k), ll.get(k)
-        ratio = "%.2fx" % (a / b) if a and b else "-"
-        print("| %s | %s | %s | %s | %s |" % (mdl, name, "%.1f" % a if a else "missing",
-                                             "%.1f" % b if b else "missing", ratio))
-EOF
+    python3 "$ROOT/bench/sbs_table.py" "$WORK" $MODELS | tee "$WORK/table.md"
 fi

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""bench/sbs_table.py: the table of bench/llama_cpp_side_by_side.sh.
+
+Usage: python3 bench/sbs_table.py WORKDIR MODEL...
+
+It reads, per model, WORKDIR/MODEL.llama-pp.json and MODEL.llama-tg.json
+(llama-bench -o json), MODEL.llama-batched.txt (llama-batched-bench's
+table) and MODEL.nightshift.txt (bench_engine's output). It prints one
+markdown row per measured line: nightshift's figure, llama.cpp's figure,
+their ratio, and the range of that ratio over the two sides' spreads.
+The spreads are nightshift's min-max over its --repeats runs (the
+"(median of N, LO-HI ms)" suffix) and the min-max of llama-bench's
+samples_ts. So when a target such as 1.2x falls inside the range, the
+table shows that the run cannot tell whether it was met. llama-batched-bench
+gives one figure, with no spread.
+"""
+import json
+import os
+import re
+import sys
+
+
+def llama_bench(path, key):
+    """{key: (avg tok/s, min, max)} for the best ubatch of each key."""
+    out = {}
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        for r in json.load(open(path)):
+            k = key(r)
+            avg = float(r["avg_ts"])
+            samples = [float(x) for x in r.get("samples_ts") or []]
+            lo, hi = (min(samples), max(samples)) if samples else (None, None)
+            if k not in out or avg > out[k][0]:
+                out[k] = (avg, lo, hi)
+    return out
+
+
+def batched(path):
+    # llama-batched-bench's table: |  PP |  TG |  B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | ...
+    out = {}
+    if os.path.exists(path):
+        for line in open(path):
+            f = [x.strip() for x in line.strip().strip("|").split("|")]
+            if len(f) >= 8 and f[0].isdigit():
+                out[("decode", 1024, int(f[2]))] = (float(f[7]), None, None)
+    return out
+
+
+SPREAD = r".*[(;] ?median of \d+, ([\d.]+)-([\d.]+) (?:ms|s)\)\s*$"
+
+
+def nightshift(path):
+    """{key: (tok/s, min, max)}; the spread when the line carries one."""
+    out = {}
+    if not os.path.exists(path):
+        return out
+    for line in open(path):
+        m = re.match(r"prefill\s+(\d+) tokens:\s+([\d.]+) s\s+([\d.]+) tok/s", line)
+        if m:
+            n = int(m.group(1))
+            s = re.match(SPREAD, line)
+            lo, hi = (n / float(s.group(2)), n / float(s.group(1))) if s else (None, None)
+            out[("prefill", n)] = (float(m.group(3)), lo, hi)
+        m = re.match(r"decode ctx\s+(\d+) batch\s+(\d+):\s+([\d.]+) ms/step\s+([\d.]+) tok/s", line)
+        if m:
+            b = int(m.group(2))
+            s = re.match(SPREAD, line)
+            lo, hi = (b * 1e3 / float(s.group(2)), b * 1e3 / float(s.group(1))) if s else (None, None)
+            out[("decode", int(m.group(1)), b)] = (float(m.group(4)), lo, hi)
+    return out
+
+
+def main(argv):
+    if len(argv) < 3:
+        sys.stderr.write("usage: sbs_table.py WORKDIR MODEL...\n")
+        return 2
+    work, models = argv[1], argv[2:]
+    print("| model | measure | nightshift | llama.cpp | ratio | ratio over both spreads |")
+    print("|---|---|---|---|---|---|")
+    for mdl in models:
+        ll = llama_bench(os.path.join(work, mdl + ".llama-pp.json"), lambda r: ("prefill", int(r["n_prompt"])))
+        ll.update(llama_bench(os.path.join(work, mdl + ".llama-tg.json"),
+                              lambda r: ("decode", int(r["n_depth"]), 1)))
+        ll.update(batched(os.path.join(work, mdl + ".llama-batched.txt")))
+        ns = nightshift(os.path.join(work, mdl + ".nightshift.txt"))
+        for k in sorted(set(ll) | set(ns), key=lambda k: (k[0] != "prefill",) + k[1:]):
+            name = "prefill %d tok/s" % k[1] if k[0] == "prefill" else "decode ctx %d B%d tok/s" % (k[1], k[2])
+            a, b = ns.get(k), ll.get(k)
+            ratio = "%.3fx" % (a[0] / b[0]) if a and b else "-"
+            rng = "-"
+            if a and b and None not in (a[1], a[2], b[1], b[2]) and b[1] > 0 and b[2] > 0:
+                rng = "%.3fx-%.3fx" % (a[1] / b[2], a[2] / b[1])
+            print("| %s | %s | %s | %s | %s | %s |" % (mdl, name, "%.1f" % a[0] if a else "missing",
+                                                      "%.1f" % b[0] if b else "missing", ratio, rng))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

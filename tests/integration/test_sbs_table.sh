@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# test_sbs_table.sh — bench/sbs_table.py, the table of the llama.cpp
+# side-by-side script, on crafted result files: the best llama-bench
+# ubatch is taken, nightshift's median lines are read with their spread,
+# the ratio and its range over both spreads are right, a line without a
+# spread (older output, llama-batched-bench) gets none, a missing side
+# reads "missing".
+source "$(dirname "$0")/common.bash"
+
+W=$TMP/work
+mkdir -p "$W"
+cat >"$W/m.llama-pp.json" <<'J'
+[{"n_prompt": 8192, "n_gen": 0, "n_depth": 0, "n_ubatch": 512, "avg_ts": 100.0, "samples_ts": [99.0, 101.0]},
+ {"n_prompt": 8192, "n_gen": 0, "n_depth": 0, "n_ubatch": 2048, "avg_ts": 120.0, "samples_ts": [110.0, 130.0]}]
+J
+cat >"$W/m.llama-tg.json" <<'J'
+[{"n_prompt": 0, "n_gen": 64, "n_depth": 1024, "n_ubatch": 512, "avg_ts": 200.0, "samples_ts": [190.0, 200.0, 210.0]},
+ {"n_prompt": 0, "n_gen": 64, "n_depth": 32768, "n_ubatch": 512, "avg_ts": 100.0, "samples_ts": [100.0]}]
+J
+cat >"$W/m.llama-batched.txt" <<'T'
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|  1024 |     64 |    8 |   8704 |    0.381 | 21511.25 |    0.573 |   800.00 |    0.954 |  9121.78 |
+T
+cat >"$W/m.nightshift.txt" <<'T'
+prefill   8192 tokens:    0.500 s      16384 tok/s      562 TFLOP/s =  72.0% of measured GEMM rate (chunks of 8192; median of 3, 0.400-0.800 s)
+decode ctx   1024 batch   1:    4.000 ms/step     250.0 tok/s   15.29 GB/step  floor   3.589 ms =  83.4% of bandwidth roofline  host: forward 9 us, sample 4295 us  (median of 3, 3.900-4.100 ms)
+decode ctx   1024 batch   8:    6.000 ms/step    1333.3 tok/s   16.36 GB/step  floor   3.841 ms =  65.8% of bandwidth roofline  (5.3x batch 1)  host: forward 13 us, sample 5821 us
+decode ctx  32768 batch   8:   14.839 ms/step     539.1 tok/s   53.81 GB/step  floor  12.631 ms =  85.1% of bandwidth roofline  (median of 3, 14.800-14.900 ms)
+T
+OUT=$(python3 "$NS_ROOT/bench/sbs_table.py" "$W" m) || fail "sbs_table.py: exit $?: $OUT"
+row() { grep -F "| m | $1 |" <<<"$OUT" || fail "no row '$1' in: $OUT"; }
+# prefill: best ubatch 120 (110-130); ours 16384 (10240-20480)
+[ "$(row 'prefill 8192 tok/s')" = "| m | prefill 8192 tok/s | 16384.0 | 120.0 | 136.533x | 78.769x-186.182x |" ] ||
+  fail "prefill row: $(row 'prefill 8192 tok/s')"
+# decode B1: 250 (243.9-256.4) against 200 (190-210)
+[ "$(row 'decode ctx 1024 B1 tok/s')" = "| m | decode ctx 1024 B1 tok/s | 250.0 | 200.0 | 1.250x | 1.161x-1.350x |" ] ||
+  fail "decode B1 row: $(row 'decode ctx 1024 B1 tok/s')"
+# batched: one figure on each side, no spread on either
+[ "$(row 'decode ctx 1024 B8 tok/s')" = "| m | decode ctx 1024 B8 tok/s | 1333.3 | 800.0 | 1.667x | - |" ] ||
+  fail "decode B8 row: $(row 'decode ctx 1024 B8 tok/s')"
+# one side only
+[ "$(row 'decode ctx 32768 B1 tok/s')" = "| m | decode ctx 32768 B1 tok/s | missing | 100.0 | - | - |" ] ||
+  fail "llama-only row: $(row 'decode ctx 32768 B1 tok/s')"
+[ "$(row 'decode ctx 32768 B8 tok/s')" = "| m | decode ctx 32768 B8 tok/s | 539.1 | missing | - | - |" ] ||
+  fail "nightshift-only row: $(row 'decode ctx 32768 B8 tok/s')"
+python3 "$NS_ROOT/bench/sbs_table.py" "$W" >/dev/null 2>&1 && fail "sbs_table.py without a model: exit 0"
+echo "ok: side-by-side table, ratios and their ranges"
