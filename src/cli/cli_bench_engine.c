@@ -646,10 +646,10 @@ static double median_of(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* run_decode B->o.repeats times: r is the run whose step time is the
- * median (for an even count the upper middle run, with the step time and
- * rates of the mean of the middle two); lo/hi the fastest and slowest
- * step times. */
+/* run_decode B->o.repeats times: r is the run whose step time is closest
+ * to the median, its step time and rate set to the median's (for an even
+ * count the mean of the middle two); lo/hi the fastest and slowest step
+ * times. */
 static ns_status run_decode_median(bench *B, int32_t ctx, int32_t batch, dec_result *r, double *lo, double *hi,
                                    ns_error *err) {
     const int n = B->o.repeats;

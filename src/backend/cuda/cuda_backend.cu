@@ -1483,10 +1483,10 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     c->mlp_persist = env_int("NS_CUDA_MLP", 1);
     if (c->mlp_persist < 0 || c->mlp_persist > 2) c->mlp_persist = 1;
     c->mlp_ctas = env_int("NS_CUDA_MLP_CTAS", 4);
+    if (c->mlp_ctas < 1 || c->mlp_ctas > 8) c->mlp_ctas = 4;
     /* its tail: the residual add, the next RMSNorm and q/k/v in the same
      * kernel; off: measured +0.12 ms at 1k batch 1 (docs/cuda.md v27) */
     c->mlp_tail = env_int("NS_CUDA_MLP_TAIL", 0);
-    if (c->mlp_ctas < 1 || c->mlp_ctas > 8) c->mlp_ctas = 4;
     if (!cu_mlp_init(c)) {
         rc = ns_fail(err, NS_ERR_NOMEM, "cuda: cannot allocate the decode MLP barrier");
         goto fail;

@@ -34,20 +34,13 @@ static bool same_view(const ns_tensor *a, const ns_tensor *b) {
 
 static bool al16(const void *p) { return ((uintptr_t)p % 16) == 0; }
 
-/* Whether the byte ranges of two tensors overlap. */
-static bool overlap(const ns_tensor *a, const ns_tensor *b) {
-    const uintptr_t a0 = (uintptr_t)a->data, a1 = a0 + ns_tensor_bytes(a);
-    const uintptr_t b0 = (uintptr_t)b->data, b1 = b0 + ns_tensor_bytes(b);
-    return a0 < b1 && b0 < a1;
-}
-
 /* The GEMV path of op_matmul (bf16 weight, F32 in/out, 1-2 rows here). */
 static bool dec_gemv(const cu_impl *c, const cu_op *op) {
     const ns_tensor *out = &op->a, *in = &op->b, *w = &op->c;
     return op->kind == OP_MATMUL && out->dtype == NS_DT_F32 && in->dtype == NS_DT_F32 && w->dtype == NS_DT_BF16 &&
            in->rows >= 1 && in->rows <= 2 && in->rows <= c->gemv_max && in->cols % 8 == 0 && w->cols == in->cols &&
            out->rows == in->rows && out->cols == w->rows && w->rows <= INT32_MAX / 2 && al16(w->data) &&
-           al16(in->data) && !overlap(out, in);
+           al16(in->data) && !cu_tensors_overlap(out, in);
 }
 
 /* matmul y = in W^T followed by x += y */
@@ -55,7 +48,7 @@ static int32_t match_add(const cu_op *ops, int32_t i, int32_t n, cu_gemv_dec_arg
     if (i + 1 >= n || ops[i + 1].kind != OP_ADD) return 0;
     const ns_tensor *y = &ops[i].a, *x = &ops[i + 1].a;
     if (!same_view(&ops[i + 1].b, y) || x->dtype != NS_DT_F32 || x->rows != y->rows || x->cols != y->cols ||
-        overlap(x, y) || overlap(x, &ops[i].b) || overlap(x, &ops[i].c))
+        cu_tensors_overlap(x, y) || cu_tensors_overlap(x, &ops[i].b) || cu_tensors_overlap(x, &ops[i].c))
         return 0;
     g->nseg = 1;
     g->out[0] = (float *)y->data;
@@ -75,12 +68,12 @@ static int32_t match_norm(const cu_impl *c, const cu_op *ops, int32_t i, int32_t
     const ns_tensor *xn = &ops[i].a, *x = &ops[i].b, *nw = &ops[i].c;
     if (xn->dtype != NS_DT_F32 || x->dtype != NS_DT_F32 || nw->dtype != NS_DT_F32 || x->rows < 1 || x->rows > 2 ||
         xn->rows != x->rows || xn->cols != x->cols || x->cols % 8 || x->cols > INT32_MAX / 2 ||
-        nw->rows * nw->cols != x->cols || !al16(x->data) || !al16(xn->data) || !al16(nw->data) || overlap(x, xn))
+        nw->rows * nw->cols != x->cols || !al16(x->data) || !al16(xn->data) || !al16(nw->data) || cu_tensors_overlap(x, xn))
         return 0;
     int32_t gcount = 0;
     while (gcount < 3 && i + 1 + gcount < n && dec_gemv(c, &ops[i + 1 + gcount]) &&
-           same_view(&ops[i + 1 + gcount].b, xn) && !overlap(&ops[i + 1 + gcount].a, x) &&
-           !overlap(&ops[i + 1 + gcount].a, nw))
+           same_view(&ops[i + 1 + gcount].b, xn) && !cu_tensors_overlap(&ops[i + 1 + gcount].a, x) &&
+           !cu_tensors_overlap(&ops[i + 1 + gcount].a, nw))
         gcount++;
     if (gcount == 0) return 0;
     g->x = (const float *)x->data;
@@ -93,8 +86,8 @@ static int32_t match_norm(const cu_impl *c, const cu_op *ops, int32_t i, int32_t
         const cu_op *go = &ops[i + 1], *uo = &ops[i + 2], *sw = &ops[i + 3];
         const ns_tensor *gt = &go->a, *up = &uo->a, *out = &sw->a;
         if (same_view(&sw->b, gt) && same_view(&sw->c, up) && gt->cols == up->cols && out->dtype == NS_DT_F32 &&
-            out->rows == gt->rows && out->cols == gt->cols && !overlap(gt, up) && !overlap(out, up) &&
-            !overlap(out, xn) && !overlap(out, x) && !overlap(out, nw)) {
+            out->rows == gt->rows && out->cols == gt->cols && !cu_tensors_overlap(gt, up) && !cu_tensors_overlap(out, up) &&
+            !cu_tensors_overlap(out, xn) && !cu_tensors_overlap(out, x) && !cu_tensors_overlap(out, nw)) {
             g->nseg = 2;
             g->swiglu = true;
             g->out[0] = (float *)gt->data;

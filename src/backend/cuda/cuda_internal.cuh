@@ -389,10 +389,6 @@ __device__ __forceinline__ float cu_ld_act(const float *p) {
     return r;
 }
 
-/* The dot product of 8 BF16 weights (w, little-endian pairs) with 8 F32
- * values a (the first 4) and b (the next 4), in that order, fp32 fused
- * multiply-adds from 0: the GEMVs' inner step (cuda_gemm.cu,
- * cuda_gemv_bulk.cu, cuda_moe.cu). */
 /* 16 bytes of a weight row, streamed: read once, not kept in L1. */
 __device__ __forceinline__ uint4 cu_ld_stream(const void *p) {
     uint4 r;
@@ -402,6 +398,10 @@ __device__ __forceinline__ uint4 cu_ld_stream(const void *p) {
     return r;
 }
 
+/* The dot product of 8 BF16 weights (w, little-endian pairs) with 8 F32
+ * values a (the first 4) and b (the next 4), in that order, fp32 fused
+ * multiply-adds from 0: the GEMVs' inner step (cuda_gemm.cu,
+ * cuda_gemv_bulk.cu, cuda_moe.cu, cuda_mlp.cu). */
 __device__ __forceinline__ float cu_dot8(uint4 w, float4 a, float4 b) {
     float s = 0.f;
     s = fmaf(__uint_as_float(w.x << 16), a.x, s);
@@ -585,6 +585,13 @@ void cu_gemv_multi(cu_impl *c, int nseg, float *const *out, const bf16 *const *w
 bool cu_gemv_bulk_init(cu_impl *c);
 bool cu_gemv_bulk(cu_impl *c, int nseg, float *const *out, const bf16 *const *w, const int64_t *m, const float *x,
                   int n, int k, float *sw_out, bf16 *sw_bf);
+/* Whether the byte ranges of two tensors overlap (the tape patterns'
+ * aliasing checks: cuda_decode.cu, cuda_tape_fuse.cu). */
+static inline bool cu_tensors_overlap(const ns_tensor *a, const ns_tensor *b) {
+    const uintptr_t a0 = (uintptr_t)a->data, a1 = a0 + ns_tensor_bytes(a);
+    const uintptr_t b0 = (uintptr_t)b->data, b1 = b0 + ns_tensor_bytes(b);
+    return a0 < b1 && b0 < a1;
+}
 /* The split-K factor (1, 2 or 4) k_gemv uses for `pairs` row pairs of
  * length k (cuda_gemm.cu); cuda_mlp.cu splits the same way so that its
  * sums are bit-identical. */

@@ -20,13 +20,6 @@ static bool same_view(const ns_tensor *a, const ns_tensor *b) {
 
 static bool al16p(const void *p) { return ((uintptr_t)p % 16) == 0; }
 
-/* Whether the byte ranges of two tensors overlap. */
-static bool bytes_overlap(const ns_tensor *a, const ns_tensor *b) {
-    const uintptr_t a0 = (uintptr_t)a->data, a1 = a0 + ns_tensor_bytes(a);
-    const uintptr_t b0 = (uintptr_t)b->data, b1 = b0 + ns_tensor_bytes(b);
-    return a0 < b1 && b0 < a1;
-}
-
 /* Would op_matmul take the GEMV path for this op? */
 static bool gemv_eligible(const cu_impl *c, const cu_op *op) {
     const ns_tensor *out = &op->a, *in = &op->b, *w = &op->c;
@@ -126,14 +119,14 @@ static int32_t match_mlp_tail(const cu_impl *c, const cu_op *ops, int32_t j, int
     const ns_tensor *x = &ad->a, *y = &ad->b, *xn = &nm->a, *w = &nm->c;
     if (!same_view(y, d) || !same_view(&nm->b, x) || !same_view(xn, d) || x->dtype != NS_DT_F32 ||
         w->dtype != NS_DT_F32 || x->rows != d->rows || x->cols != d->cols || w->rows * w->cols != x->cols ||
-        !al16p(x->data) || !al16p(d->data) || !al16p(w->data) || bytes_overlap(x, d))
+        !al16p(x->data) || !al16p(d->data) || !al16p(w->data) || cu_tensors_overlap(x, d))
         return 0;
     int32_t g = 0;
     while (g < 3 && j + 2 + g < n && gemv_eligible(c, &ops[j + 2 + g]) && same_view(&ops[j + 2 + g].b, xn)) {
         const ns_tensor *o = &ops[j + 2 + g].a;
-        if (bytes_overlap(o, x) || bytes_overlap(o, d)) break;
+        if (cu_tensors_overlap(o, x) || cu_tensors_overlap(o, d)) break;
         bool apart = true;
-        for (int32_t q = 0; q < g; q++) apart = apart && !bytes_overlap(o, &ops[j + 2 + q].a);
+        for (int32_t q = 0; q < g; q++) apart = apart && !cu_tensors_overlap(o, &ops[j + 2 + q].a);
         if (!apart) break;
         g++;
     }
@@ -188,7 +181,7 @@ int32_t cu_tape_try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n)
              * phase A writes */
             const cu_op *dn = i + 3 < n ? &ops[i + 3] : NULL;
             if (c->mlp_persist && dn && gemv_eligible(c, dn) && same_view(&dn->b, out) &&
-                !bytes_overlap(&dn->a, out) && !bytes_overlap(&dn->a, up) && !bytes_overlap(&dn->a, gt)) {
+                !cu_tensors_overlap(&dn->a, out) && !cu_tensors_overlap(&dn->a, up) && !cu_tensors_overlap(&dn->a, gt)) {
                 cu_mlp_shape ms;
                 memset(&ms, 0, sizeof ms);
                 ms.x = (const float *)o->b.data;
