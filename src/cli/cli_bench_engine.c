@@ -111,7 +111,8 @@ static void usage(FILE *f) {
             "  --threads N              CPU threads (default: one per core)\n"
             "  --kv-gb X                CPU KV pool budget in GB (default 4)\n"
             "  --kv-dtype auto|bf16|f32|fp8  KV element type (default auto: bf16 on CUDA, f32 on the CPU)\n"
-            "  --profile                per-kernel times for decode b1@1k and prefill 8k (cuda; default off)\n"
+            "  --profile                per-kernel times (cuda; default off): decode b1@1k and b64@1k, and a\n"
+            "                           prefill of the longest --prefill point (else 8k)\n"
             "  --micro                  matmul path micro-benchmark (cuda; default off)\n"
             "  --seed N                 dummy-weight seed (default 1)\n"
             "  --weight-type T          dummy-weight type: bf16 (default), or GGUF blocks q8_0, q4_0,\n"
@@ -409,6 +410,12 @@ static ns_status open_engine(bench *B, ns_error *err) {
     const int32_t P = B->o.page_tokens;
     int32_t max_b = max_i32(B->o.batches, B->o.n_batches), max_ctx = max_i32(B->o.contexts, B->o.n_contexts),
             max_p = max_i32(B->o.prefill, B->o.n_prefill);
+    /* --profile also runs decode at batch 64 and context 1024, whatever
+     * the lists say (a --batches none run failed there on max_logits) */
+    if (B->o.profile) {
+        if (max_b < 64) max_b = 64;
+        if (max_ctx < 1024) max_ctx = 1024;
+    }
     ns_engine_opts eo = {0};
     eo.max_batch_tokens = B->o.chunk > max_b ? B->o.chunk : max_b;
     if (max_p && max_p < eo.max_batch_tokens && max_p > max_b) eo.max_batch_tokens = max_p;
@@ -915,7 +922,9 @@ static ns_status bench_run(bench *B, ns_error *err) {
         printf("profile: decode ctx 1024 batch 64, 5 steps:\n");
         ns_cuda_profile_report(B->be, stdout);
         double s;
-        int32_t L = B->o.chunk < 8192 ? B->o.chunk : 8192;
+        /* the longest --prefill point in --chunk steps (the 100k prompt's
+         * split by kernel class), or one 8k step without one */
+        int32_t L = B->o.n_prefill ? max_i32(B->o.prefill, B->o.n_prefill) : B->o.chunk < 8192 ? B->o.chunk : 8192;
         if (L <= B->be->kv.n_pages * B->o.page_tokens) {
             rc = run_prefill(B, L, &s, err);
             if (rc != NS_OK) return rc;
