@@ -799,6 +799,81 @@ TEST(test_model_qwen3_mlp) {
     ns_cuda_set_mlp(gpu, saved);
     ns_cuda_set_mlp_tail(gpu, tail);
 }
+/* NS_CUDA_PREFILL_LEAN (cu_tape_f32_dead; the residual added inside the
+ * GEMM): two prefill chunks of two sequences (the second against the
+ * first's cached pages) and a decode step that reads what they stored,
+ * with each part off and on. The logits must be bit-identical to both
+ * parts off, each part must have acted (its counter moved) exactly when
+ * on, and all must stay near the CPU's. */
+TEST(test_prefill_lean) {
+    enum { STEPS = 3 };
+    ns_error err = {0};
+    model_pair mp;
+    ns_status rc = model_pair_open(&mp, QWEN3, 13, &err);
+    CHECKF(rc == NS_OK, "prefill lean setup: %s", err.msg);
+    if (rc != NS_OK) {
+        model_pair_free(&mp);
+        return;
+    }
+    const int saved = ns_cuda_get_prefill_lean(gpu);
+    const int32_t V = mp.cfg.vocab_size;
+    const size_t row = (size_t)2 * V;
+    float *lc = malloc(STEPS * row * 4), *l0 = malloc(STEPS * row * 4), *ln = malloc(row * 4);
+    int32_t toks[STEPS][2 * 64];
+    const int32_t nnew[STEPS][2] = {{29, 40}, {21, 13}, {1, 1}};
+    for (int k = 0; k < STEPS; k++)
+        for (int i = 0; i < 2 * 64; i++) toks[k][i] = (k * 7919 + i * 977 + 131) % V;
+    seq sc[2];
+    for (int i = 0; i < 2; i++) {
+        for (int p = 0; p < 8; p++) sc[i].pt[p] = 2 + i * 8 + p;
+        sc[i].ctx = 0;
+    }
+    for (int k = 0; k < STEPS && rc == NS_OK; k++) {
+        rc = step(mp.ec, sc, 2, toks[k], nnew[k], &err);
+        if (rc == NS_OK) rc = ns_engine_read_logits(mp.ec, 2, lc + k * row, &err);
+    }
+    for (int mode = 0; mode < 4 && rc == NS_OK; mode++) {
+        ns_cuda_set_prefill_lean(gpu, mode);
+        int64_t d0, f0, d1, f1;
+        ns_cuda_prefill_lean_stats(gpu, &d0, &f0);
+        seq sg[2];
+        for (int i = 0; i < 2; i++) {
+            memcpy(sg[i].pt, sc[i].pt, sizeof sg[i].pt);
+            sg[i].ctx = 0;
+        }
+        int bitwise = 1;
+        double worst_cpu = 0;
+        for (int k = 0; k < STEPS && rc == NS_OK; k++) {
+            rc = step(mp.eg, sg, 2, toks[k], nnew[k], &err);
+            if (rc == NS_OK) rc = ns_engine_read_logits(mp.eg, 2, mode ? ln : l0 + k * row, &err);
+            if (rc != NS_OK) break;
+            const float *got = mode ? ln : l0 + k * row;
+            if (mode && memcmp(got, l0 + k * row, row * 4) != 0) {
+                bitwise = 0;
+                printf("#   prefill lean %d step %d: rel L2 %.3g against lean 0\n", mode, k, rel_l2(got, l0 + k * row, row));
+            }
+            const double e = rel_l2(got, lc + k * row, row);
+            if (e > worst_cpu) worst_cpu = e;
+        }
+        ns_cuda_prefill_lean_stats(gpu, &d1, &f1);
+        CHECKF(rc == NS_OK, "prefill lean %d: %s", mode, err.msg);
+        printf("#   prefill lean %d: %lld F32 outputs dropped, %lld projections added in the GEMM; %s lean 0; "
+               "cuda vs cpu worst rel L2 %.3g\n",
+               mode, (long long)(d1 - d0), (long long)(f1 - f0), bitwise ? "bit-identical to" : "DIFFERS from",
+               worst_cpu);
+        CHECKF(bitwise, "prefill lean %d: logits differ from lean 0", mode);
+        CHECKF((d1 > d0) == ((mode & 1) != 0), "prefill lean %d: F32 outputs dropped %lld times", mode,
+               (long long)(d1 - d0));
+        CHECKF((f1 > f0) == ((mode & 2) != 0), "prefill lean %d: residual GEMMs %lld", mode, (long long)(f1 - f0));
+        CHECKF(worst_cpu <= 2e-2, "prefill lean %d: cuda logits differ from cpu: %.3g", mode, worst_cpu);
+    }
+    ns_cuda_set_prefill_lean(gpu, saved);
+    free(lc);
+    free(l0);
+    free(ln);
+    model_pair_free(&mp);
+}
+
 /* experts follow the post-attention norm (no GEMV there) */
 TEST(test_model_qwen3moe_batch1) { model_check(QWEN3MOE, "qwen3moe-shaped", 1, 1); }
 
@@ -895,6 +970,7 @@ int main(void) {
     RUN(test_model_qwen3_batch1);
     RUN(test_model_qwen3_batch2);
     RUN(test_model_qwen3_mlp);
+    RUN(test_prefill_lean);
     RUN(test_model_qwen3moe_batch1);
     RUN(test_step_memo);
     cpu->ops->destroy(cpu);

@@ -144,6 +144,15 @@ int ns_cuda_get_mlp(ns_backend *be);
  * slower, docs/cuda.md v27). Bit-identical either way; for A/B runs. */
 void ns_cuda_set_mlp_tail(ns_backend *be, int on);
 int ns_cuda_get_mlp_tail(ns_backend *be);
+/* Prefill and mixed steps only (env NS_CUDA_PREFILL_LEAN, default 3): bit
+ * 1 = an RMSNorm / SwiGLU output that only GEMMs read (through its bf16
+ * copy) is not written as F32; bit 2 = the output and down projections add
+ * into the residual inside the GEMM instead of a separate add. The same
+ * logits bit for bit; less memory traffic. *dropped / *fused count the
+ * F32 outputs skipped and the projections fused since the backend started. */
+void ns_cuda_set_prefill_lean(ns_backend *be, int mode);
+int ns_cuda_get_prefill_lean(ns_backend *be);
+void ns_cuda_prefill_lean_stats(ns_backend *be, int64_t *dropped, int64_t *fused);
 /* Prefill attention on Hopper (wgmma, warp-specialized; head dim 128,
  * even GQA ratio, compute capability 9.0): 0 = off (the mma.sync kernel);
  * on: 1 = S, softmax, PV in order per tile, 2 = pipelined (S of

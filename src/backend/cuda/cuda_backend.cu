@@ -284,9 +284,13 @@ static bf16 *conv_scratch(cu_impl *c, size_t n) {
     return p;
 }
 
-static void op_matmul(cu_impl *c, const ns_tensor *out, const ns_tensor *in, const ns_tensor *w) {
+void cu_matmul_op(cu_impl *c, const ns_tensor *out, const ns_tensor *in, const ns_tensor *w, bool accumulate) {
     if (!need_f32(c, out, "matmul") || !need_f32(c, in, "matmul")) return;
     const bool quant = ns_dtype_is_quant((ns_dtype)w->dtype); /* GGUF blocks: cuda_quant.cu */
+    if (accumulate && (quant || w->dtype != NS_DT_BF16 || in->rows <= c->gemv_max)) {
+        set_error(c, NS_ERR_INTERNAL, "cuda matmul: accumulating product outside its pattern");
+        return;
+    }
     if (w->dtype != NS_DT_BF16 && !quant) {
         set_error(c, NS_ERR_UNSUPPORTED, "cuda matmul: weights must be bf16 (got %s)", ns_dtype_name((ns_dtype)w->dtype));
         return;
@@ -326,6 +330,7 @@ static void op_matmul(cu_impl *c, const ns_tensor *out, const ns_tensor *in, con
         }
     }
     if (quant) cu_quant_matmul(c, (float *)out->data, (const float *)in->data, in_bf, w, n);
+    else if (accumulate) cu_gemm_acc(c, (float *)out->data, in_bf, (const bf16 *)w->data, n, m, k);
     else cu_gemm(c, (float *)out->data, in_bf, (const float *)in->data, (const bf16 *)w->data, n, m, k);
     cu_note_write(c, out);
 }
@@ -378,11 +383,13 @@ static void exec_op(cu_impl *c, const cu_op *op) {
             break;
         }
         bf16 *obf = cu_shadow_produce(c, out);
-        cu_launch_rmsnorm(c, (float *)out->data, obf, (const float *)in->data, (const float *)w->data, in->rows,
-                          (int)in->cols, op->f0);
+        /* with no shadow the F32 output is what the reader gets: kept */
+        float *of = obf && c->out_f32_dead ? NULL : (float *)out->data;
+        if (!of) c->stat_f32_dropped++;
+        cu_launch_rmsnorm(c, of, obf, (const float *)in->data, (const float *)w->data, in->rows, (int)in->cols, op->f0);
         break;
     }
-    case OP_MATMUL: op_matmul(c, &op->a, &op->b, &op->c); break;
+    case OP_MATMUL: cu_matmul_op(c, &op->a, &op->b, &op->c, false); break;
     case OP_ROPE: {
         const ns_tensor *x = &op->a, *inv = &op->b;
         int nh = op->i0, hd = op->i1;
@@ -405,7 +412,9 @@ static void exec_op(cu_impl *c, const cu_op *op) {
             break;
         }
         bf16 *obf = cu_shadow_produce(c, out);
-        cu_launch_swiglu(c, (float *)out->data, obf, (const float *)g->data, (const float *)u->data, n);
+        float *of = obf && c->out_f32_dead ? NULL : (float *)out->data;
+        if (!of) c->stat_f32_dropped++;
+        cu_launch_swiglu(c, of, obf, (const float *)g->data, (const float *)u->data, n);
         break;
     }
     case OP_ADD: {
@@ -534,7 +543,13 @@ static void run_tape(ns_backend *be, const cu_op *ops, int32_t n) {
             i += used;
             continue;
         }
-        exec_op_be(be, &ops[i]);
+        /* prefill: an RMSNorm or SwiGLU whose F32 output only GEMMs read
+         * (through the shadow it writes) skips writing it */
+        const cu_op *op = &ops[i];
+        c->out_f32_dead = (c->prefill_lean & 1) && c->tape_eager_only &&
+                          (op->kind == OP_RMSNORM || op->kind == OP_SWIGLU) && cu_tape_f32_dead(c, ops, i + 1, n, &op->a, true);
+        exec_op_be(be, op);
+        c->out_f32_dead = false;
         i++;
     }
     c->tape_early = false;
@@ -1429,6 +1444,7 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     /* docs/cuda.md v23: prefill steps' q/k-norm + RoPE + KV store and
      * add + RMSNorm fused like decode's (the tape run eagerly) */
     c->prefill_fuse = env_int("NS_CUDA_PREFILL_FUSE", 1) != 0;
+    c->prefill_lean = env_int("NS_CUDA_PREFILL_LEAN", 3) & 3;
     c->act_nc = env_int("NS_CUDA_ACT_NC", 1) != 0; /* cu_ld_act4 (cuda_internal.cuh) */
     /* cu_launch: a kernel launched right after a copy does not use PDL */
     c->pdl_anchors = env_int("NS_CUDA_PDL_ANCHOR", 1);

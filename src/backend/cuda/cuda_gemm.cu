@@ -313,23 +313,35 @@ done:
     return p->ok ? p : NULL;
 }
 
-void cu_gemm(cu_impl *c, float *out, const bf16 *in_bf, const float *in_f32, const bf16 *w, int64_t n, int64_t m,
-             int64_t k) {
-    if (!in_bf) {
-        launch_gemv(c, out, in_f32, w, (int)n, (int)m, (int)k);
-        return;
-    }
+/* out (+)= in_bf @ w^T through cuBLASLt; beta 1 adds to what out holds
+ * (D = C = out: the epilogue computes acc + out once in f32, the same
+ * rounding as a separate residual add of the product). */
+static void gemm_lt(cu_impl *c, float *out, const bf16 *in_bf, const bf16 *w, int64_t n, int64_t m, int64_t k,
+                    float beta) {
     int align = ptr_align(out);
     int a2 = ptr_align(in_bf), a3 = ptr_align(w);
     if (a2 < align) align = a2;
     if (a3 < align) align = a3;
     cu_gemm_plan *p = get_plan(c, m, n, k, align);
     if (!p) return;
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f;
     cu_check_blas(c,
                   cublasLtMatmul(c->lt, p->op, &alpha, w, p->la, in_bf, p->lb, &beta, out, p->lc, out, p->lc, &p->algo,
                                  c->lt_ws, c->lt_ws_bytes, c->stream),
                   "cublasLtMatmul");
+}
+
+void cu_gemm(cu_impl *c, float *out, const bf16 *in_bf, const float *in_f32, const bf16 *w, int64_t n, int64_t m,
+             int64_t k) {
+    if (!in_bf) {
+        launch_gemv(c, out, in_f32, w, (int)n, (int)m, (int)k);
+        return;
+    }
+    gemm_lt(c, out, in_bf, w, n, m, k, 0.0f);
+}
+
+void cu_gemm_acc(cu_impl *c, float *out, const bf16 *in_bf, const bf16 *w, int64_t n, int64_t m, int64_t k) {
+    gemm_lt(c, out, in_bf, w, n, m, k, 1.0f);
 }
 
 /* ------------------------------------------- decode GEMVs with row ops

@@ -183,6 +183,14 @@ typedef struct cu_impl {
     bool recording;      /* this step's ops go to the tape */
     bool tape_eager_only; /* the tape is a prefill or mixed step's: fused and run at flush, never a graph */
     int prefill_fuse;     /* NS_CUDA_PREFILL_FUSE (default 1): record non-decode steps for the row-op fusions */
+    /* NS_CUDA_PREFILL_LEAN (default 3), in prefill tapes only: bit 1 drops
+     * the F32 output of an RMSNorm / SwiGLU whose only readers are GEMMs
+     * through its bf16 shadow (cu_tape_f32_dead); bit 2 adds the output
+     * and down projections into the residual inside the GEMM (beta 1)
+     * instead of writing them out for a separate add */
+    int prefill_lean;
+    bool out_f32_dead; /* run_tape -> exec_op: the op at hand may skip its F32 output (set per op) */
+    int64_t stat_f32_dropped, stat_gemm_residual; /* what prefill_lean did (ns_cuda_prefill_lean_stats) */
     bool capturing;      /* inside cudaStreamBeginCapture */
     bool capture_failed; /* an op could not run under capture */
     cu_op *tape;
@@ -330,6 +338,13 @@ int32_t cu_tape_try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n)
  * before their PDL wait. *kv_copy: whether the tape copies a KV page
  * (set on the same pass; left false when it returns early). */
 bool cu_tape_weights_unwritten(cu_impl *c, const cu_op *ops, int32_t n, bool *kv_copy);
+/* Whether the F32 values of t are never read from ops[from] on: the ops
+ * after it leave t alone, or read it only as the input of a cuBLASLt GEMM
+ * through t's bf16 shadow (the same view; only with shadow_ok), until an
+ * op overwrites all of t without reading it. False when the tape ends
+ * first (what a step leaves behind may be read after it) and for any op
+ * whose reads it does not know. */
+bool cu_tape_f32_dead(const cu_impl *c, const cu_op *ops, int32_t from, int32_t n, const ns_tensor *t, bool shadow_ok);
 
 /* ------------------------------------------------------------ kernels */
 
@@ -511,6 +526,8 @@ void cu_launch_fill_random(cu_impl *c, bf16 *dst_bf, float *dst_f, size_t n, uin
 void cu_launch_f32_to_bf16(cu_impl *c, bf16 *dst, const float *src, size_t n);
 void cu_launch_bf16_to_f32(cu_impl *c, float *dst, const bf16 *src, size_t n);
 void cu_launch_embed(cu_impl *c, float *out, const ns_tensor *table, int n_tokens, int dim);
+/* rmsnorm, swiglu (and add_rmsnorm below): out NULL writes only the bf16
+ * shadow out_bf (an F32 output cu_tape_f32_dead proved unread) */
 void cu_launch_rmsnorm(cu_impl *c, float *out, bf16 *out_bf, const float *in, const float *w, int64_t rows, int cols,
                        float eps);
 void cu_launch_rope(cu_impl *c, float *x, int n_tokens, int n_heads, int head_dim, int row_stride,
@@ -688,6 +705,13 @@ void cu_moe_free(cu_impl *c);
 /* matmul: out[n,m] = in[n,k] @ w[m,k]^T with w BF16 and in given as BF16 */
 void cu_gemm(cu_impl *c, float *out, const bf16 *in_bf, const float *in_f32, const bf16 *w, int64_t n, int64_t m,
              int64_t k);
+/* out[n,m] += in_bf[n,k] @ w[m,k]^T (cuBLASLt, beta 1) */
+void cu_gemm_acc(cu_impl *c, float *out, const bf16 *in_bf, const bf16 *w, int64_t n, int64_t m, int64_t k);
+/* The matmul op (cuda_backend.cu): checks, the input's bf16 shadow or a
+ * conversion, then the GEMV, cuBLASLt or quantized path. accumulate: out
+ * += product (bf16 weights, more rows than the GEMV path takes; the
+ * residual pattern of cuda_tape_fuse.cu). */
+void cu_matmul_op(cu_impl *c, const ns_tensor *out, const ns_tensor *in, const ns_tensor *w, bool accumulate);
 
 /* ---- quantized weights (cuda_quant.cu) ----
  * Weights of a GGUF block type (Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K)

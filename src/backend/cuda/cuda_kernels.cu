@@ -128,13 +128,13 @@ __global__ void k_rmsnorm_warp(float *out, bf16 *out_bf, const float *in, const 
     }
     ss = cu_warp_sum(ss);
     const float inv = 1.0f / sqrtf(ss / (float)cols + eps);
-    float *o = out + r * cols;
+    float *o = out ? out + r * cols : NULL; /* NULL: only the bf16 shadow (cu_tape_f32_dead) */
 #pragma unroll
     for (int i = 0; i < 32; i++) {
         int d = lane + 32 * i;
         if (d < cols) {
             float y = (v[i] * inv) * w[d];
-            o[d] = y;
+            if (out) o[d] = y;
             if (out_bf) out_bf[r * cols + d] = __float2bfloat16_rn(y);
         }
     }
@@ -158,13 +158,13 @@ __global__ void k_rmsnorm_block(float *out, bf16 *out_bf, const float *in, const
         for (int d = threadIdx.x; d < cols; d += blockDim.x) ss += x[d] * x[d];
     }
     const float inv = 1.0f / sqrtf(cu_block_sum(ss, part) / (float)cols + eps);
-    float *o = out + r * cols;
+    float *o = out ? out + r * cols : NULL; /* NULL: only the bf16 shadow (cu_tape_f32_dead) */
     if (vec && ((uintptr_t)o % 16) == 0) {
         for (int d = threadIdx.x * 4; d < cols; d += blockDim.x * 4) {
             float4 a = *reinterpret_cast<const float4 *>(x + d);
             float4 ww = *reinterpret_cast<const float4 *>(w + d);
             float4 y = make_float4((a.x * inv) * ww.x, (a.y * inv) * ww.y, (a.z * inv) * ww.z, (a.w * inv) * ww.w);
-            *reinterpret_cast<float4 *>(o + d) = y;
+            if (o) *reinterpret_cast<float4 *>(o + d) = y;
             if (out_bf) {
                 __nv_bfloat162 p0 = __floats2bfloat162_rn(y.x, y.y), p1 = __floats2bfloat162_rn(y.z, y.w);
                 uint2 u;
@@ -176,7 +176,7 @@ __global__ void k_rmsnorm_block(float *out, bf16 *out_bf, const float *in, const
     } else {
         for (int d = threadIdx.x; d < cols; d += blockDim.x) {
             float y = (x[d] * inv) * w[d];
-            o[d] = y;
+            if (o) o[d] = y;
             if (out_bf) out_bf[r * cols + d] = __float2bfloat16_rn(y);
         }
     }
@@ -239,7 +239,7 @@ __global__ void k_swiglu4(float *out, bf16 *out_bf, const float *gate, const flo
         float4 g = reinterpret_cast<const float4 *>(gate)[i];
         float4 u = reinterpret_cast<const float4 *>(up)[i];
         float4 y = make_float4(silu(g.x) * u.x, silu(g.y) * u.y, silu(g.z) * u.z, silu(g.w) * u.w);
-        reinterpret_cast<float4 *>(out)[i] = y;
+        if (out) reinterpret_cast<float4 *>(out)[i] = y; /* NULL: only the bf16 shadow (cu_tape_f32_dead) */
         if (out_bf) {
             __nv_bfloat162 p0 = __floats2bfloat162_rn(y.x, y.y), p1 = __floats2bfloat162_rn(y.z, y.w);
             uint2 o;
@@ -254,7 +254,7 @@ __global__ void k_swiglu1(float *out, bf16 *out_bf, const float *gate, const flo
     PDL_ENTRY();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float y = silu(gate[i]) * up[i];
-        out[i] = y;
+        if (out) out[i] = y;
         if (out_bf) out_bf[i] = __float2bfloat16_rn(y);
     }
 }

@@ -70,6 +70,17 @@ extern "C" void ns_cuda_set_mlp(ns_backend *be, int on) {
 extern "C" int ns_cuda_get_mlp(ns_backend *be) { return cu_impl_of(be)->mlp_persist; }
 extern "C" void ns_cuda_set_mlp_tail(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::mlp_tail, on != 0); }
 extern "C" int ns_cuda_get_mlp_tail(ns_backend *be) { return cu_impl_of(be)->mlp_tail; }
+/* prefill tapes are never captured: a flush is enough */
+extern "C" void ns_cuda_set_prefill_lean(ns_backend *be, int mode) {
+    cu_flush(be);
+    cu_impl_of(be)->prefill_lean = mode & 3;
+}
+extern "C" int ns_cuda_get_prefill_lean(ns_backend *be) { return cu_impl_of(be)->prefill_lean; }
+extern "C" void ns_cuda_prefill_lean_stats(ns_backend *be, int64_t *dropped, int64_t *fused) {
+    const cu_impl *c = cu_impl_of(be);
+    *dropped = c->stat_f32_dropped;
+    *fused = c->stat_gemm_residual;
+}
 
 extern "C" void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *captures, int64_t *eager) {
     cu_impl *c = cu_impl_of(be);

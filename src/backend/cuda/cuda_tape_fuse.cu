@@ -1,7 +1,8 @@
 /* cuda_tape_fuse.cu — the fused kernels a recorded op tape runs instead
  * of its ops (cu_tape_try_fuse, called by cuda_backend.cu's run_tape for
- * each op), and the check that lets the decode kernels read constants
- * before their PDL wait (cu_tape_weights_unwritten).
+ * each op), the check that lets the decode kernels read constants
+ * before their PDL wait (cu_tape_weights_unwritten), and the walk that
+ * finds a prefill's F32 outputs nobody reads (cu_tape_f32_dead).
  *
  * Invariant: a pattern is taken only when it is checked completely here
  * (kinds, aliasing, shapes, alignment) before anything is launched; a
@@ -294,6 +295,26 @@ int32_t cu_tape_try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n)
         cu_note_write(c, k);
         return base + 3 - i;
     }
+    /* 4. (prefill) t = in @ w^T; x += t, with t read by nobody after:
+     * the GEMM adds into x (beta 1) and t is never written. One F32
+     * write and read of t less per projection; the RMSNorm after runs as
+     * its own op (not pattern 3), the same sums as k_add_rmsnorm. */
+    if ((c->prefill_lean & 2) && c->tape_eager_only && o->kind == OP_MATMUL && i + 1 < n &&
+        ops[i + 1].kind == OP_ADD) {
+        const ns_tensor *t = &o->a, *in = &o->b, *w = &o->c, *x = &ops[i + 1].a;
+        if (same_view(&ops[i + 1].b, t) && t->dtype == NS_DT_F32 && in->dtype == NS_DT_F32 &&
+            x->dtype == NS_DT_F32 && w->dtype == NS_DT_BF16 && in->rows > c->gemv_max && x->rows == t->rows &&
+            x->cols == t->cols && w->rows == t->cols && w->cols == in->cols && in->rows == t->rows &&
+            !cu_tensors_overlap(x, t) && !cu_tensors_overlap(x, in) && !cu_tensors_overlap(x, w) &&
+            cu_tape_f32_dead(c, ops, i + 2, n, t, false)) {
+            cu_prof_begin(c, "matmul + residual (beta 1)", &pi);
+            cu_matmul_op(c, x, in, w, true);
+            cu_prof_end(c, pi);
+            c->stat_gemm_residual++;
+            cu_note_write(c, t); /* its shadow, if any, no longer describes it */
+            return 2;
+        }
+    }
     /* 3. x += y; xn = rmsnorm(x) */
     if (o->kind == OP_ADD && i + 1 < n && ops[i + 1].kind == OP_RMSNORM) {
         const cu_op *nm = &ops[i + 1];
@@ -311,7 +332,10 @@ int32_t cu_tape_try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n)
         cu_prof_begin(c, "fused add+rmsnorm", &pi);
         cu_note_write(c, x);
         bf16 *obf = cu_shadow_produce(c, out);
-        cu_launch_add_rmsnorm(c, (float *)x->data, (const float *)y->data, (float *)out->data, obf,
+        /* prefill: no F32 xn when only GEMMs read it (through obf) */
+        const bool dead = obf && (c->prefill_lean & 1) && c->tape_eager_only && cu_tape_f32_dead(c, ops, i + 2, n, out, true);
+        if (dead) c->stat_f32_dropped++;
+        cu_launch_add_rmsnorm(c, (float *)x->data, (const float *)y->data, dead ? NULL : (float *)out->data, obf,
                               (const float *)w->data, x->rows, (int)x->cols, nm->f0, &pf);
         cu_prof_end(c, pi);
         return 2;
@@ -365,4 +389,80 @@ bool cu_tape_weights_unwritten(cu_impl *c, const cu_op *ops, int32_t n, bool *kv
         if (a > 0 && c->wr[2 * (a - 1) + 1] > lo) return false;
     }
     return true;
+}
+
+/* ---------------------------------------------------- F32 liveness
+ *
+ * A prefill step's activations are F32 with a bf16 shadow for the GEMMs
+ * (cuda_internal.cuh). Most RMSNorm and SwiGLU outputs are read only by
+ * GEMMs, through the shadow, and then overwritten: their F32 copy is
+ * written for nobody (~24 GB of writes in an 8k chunk of the Qwen3-8B
+ * shape). This walk proves that for one output so its producer can skip
+ * it; any op it does not know ends the walk as "live". */
+
+/* How op reads the bytes of t: 0 not at all, 1 only as a bf16 GEMM's input
+ * through t's shadow (same view, more rows than the GEMV path takes, so
+ * cu_matmul_op uses the shadow), 2 any other way. */
+static int op_reads(const cu_impl *c, const cu_op *op, const ns_tensor *t) {
+    switch (op->kind) {
+    case OP_EMBED:
+    case OP_ATTENTION:
+    case OP_GATHER: return cu_tensors_overlap(&op->b, t) ? 2 : 0;
+    case OP_RMSNORM:
+    case OP_SWIGLU: return cu_tensors_overlap(&op->b, t) || cu_tensors_overlap(&op->c, t) ? 2 : 0;
+    case OP_ROPE:
+    case OP_ADD:
+    case OP_ADD_BIAS:
+    case OP_KV_STORE: return cu_tensors_overlap(&op->a, t) || cu_tensors_overlap(&op->b, t) ? 2 : 0;
+    case OP_ARGMAX: return cu_tensors_overlap(&op->a, t) ? 2 : 0;
+    case OP_KV_COPY: return 0; /* pool pages only */
+    case OP_MATMUL:
+        if (cu_tensors_overlap(&op->c, t)) return 2;
+        if (!cu_tensors_overlap(&op->b, t)) return 0;
+        return same_view(&op->b, t) && op->c.dtype == NS_DT_BF16 && op->b.rows > c->gemv_max ? 1 : 2;
+    default: return 2; /* MoE and anything newer: unknown reads */
+    }
+}
+
+/* The tensor op writes, or NULL (KV_STORE, KV_COPY and ARGMAX write only
+ * the pool or the backend's own buffers). */
+static const ns_tensor *op_output(const cu_op *op) {
+    switch (op->kind) {
+    case OP_EMBED:
+    case OP_RMSNORM:
+    case OP_MATMUL:
+    case OP_SWIGLU:
+    case OP_ATTENTION:
+    case OP_GATHER:
+    case OP_ROPE:
+    case OP_ADD:
+    case OP_ADD_BIAS:
+    case OP_MOE: return &op->a;
+    default: return NULL;
+    }
+}
+
+bool cu_tape_f32_dead(const cu_impl *c, const cu_op *ops, int32_t from, int32_t n, const ns_tensor *t, bool shadow_ok) {
+    if (!t->data || t->dtype != NS_DT_F32) return false;
+    const uintptr_t t0 = (uintptr_t)t->data, t1 = t0 + ns_tensor_bytes(t);
+    /* A shadow read needs the shadow still valid, and any write into its
+     * F32 allocation, t or not, invalidates it (cu_note_write): such a
+     * write ends the walk unless it overwrites all of t. */
+    uintptr_t r0 = t0, r1 = t1;
+    if (shadow_ok) {
+        int k = 0;
+        while (k < c->n_shadows && c->shadows[k].base != t->data) k++;
+        if (k == c->n_shadows) return false;
+        r1 = r0 + c->shadows[k].bytes;
+        if (r1 < t1) return false;
+    }
+    for (int32_t j = from; j < n; j++) {
+        const int r = op_reads(c, &ops[j], t);
+        if (r == 2 || (r == 1 && !shadow_ok)) return false;
+        const ns_tensor *w = op_output(&ops[j]);
+        if (!w || !w->data) continue;
+        const uintptr_t w0 = (uintptr_t)w->data, w1 = w0 + ns_tensor_bytes(w);
+        if (w0 < r1 && r0 < w1) return r == 0 && w0 <= t0 && t1 <= w1;
+    }
+    return false;
 }
