@@ -795,7 +795,13 @@ void cu_attention(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, c
     if (m->n_tiles > 0 && m->n_tiles <= 65535 && cu_attn_sm90_usable(c, D, p.G)) { /* tiles are grid.y */
         cu_sm90_params sp;
         sp.q = q;
-        sp.out = out;
+        /* an output whose F32 values only GEMMs read (run_tape's
+         * cu_tape_f32_dead): this kernel writes just the bf16 shadow. The
+         * other kernels (and decode rows of a mixed step) write both,
+         * which is merely wasted then. */
+        const bool drop = c->out_f32_dead && out_bf && m->n_dec == 0;
+        sp.out = drop ? NULL : out;
+        if (drop) c->stat_f32_dropped++;
         sp.out_bf = out_bf;
         sp.kv = c->kv;
         sp.page_bytes = p.page_bytes;

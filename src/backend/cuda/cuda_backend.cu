@@ -543,11 +543,12 @@ static void run_tape(ns_backend *be, const cu_op *ops, int32_t n) {
             i += used;
             continue;
         }
-        /* prefill: an RMSNorm or SwiGLU whose F32 output only GEMMs read
-         * (through the shadow it writes) skips writing it */
+        /* prefill: an RMSNorm, SwiGLU or attention whose F32 output only
+         * GEMMs read (through the shadow it writes) may skip writing it */
         const cu_op *op = &ops[i];
         c->out_f32_dead = (c->prefill_lean & 1) && c->tape_eager_only &&
-                          (op->kind == OP_RMSNORM || op->kind == OP_SWIGLU) && cu_tape_f32_dead(c, ops, i + 1, n, &op->a, true);
+                          (op->kind == OP_RMSNORM || op->kind == OP_SWIGLU || op->kind == OP_ATTENTION) &&
+                          cu_tape_f32_dead(c, ops, i + 1, n, &op->a, true);
         exec_op_be(be, op);
         c->out_f32_dead = false;
         i++;
