@@ -546,9 +546,8 @@ static void run_tape(ns_backend *be, const cu_op *ops, int32_t n) {
         /* prefill: an RMSNorm, SwiGLU or attention whose F32 output only
          * GEMMs read (through the shadow it writes) may skip writing it */
         const cu_op *op = &ops[i];
-        c->out_f32_dead = (c->prefill_lean & 1) && c->tape_eager_only &&
-                          (op->kind == OP_RMSNORM || op->kind == OP_SWIGLU || op->kind == OP_ATTENTION) &&
-                          cu_tape_f32_dead(c, ops, i + 1, n, &op->a, true);
+        c->out_f32_dead = (op->kind == OP_RMSNORM || op->kind == OP_SWIGLU || op->kind == OP_ATTENTION) &&
+                          cu_prefill_out_dead(c, ops, i + 1, n, &op->a);
         exec_op_be(be, op);
         c->out_f32_dead = false;
         i++;

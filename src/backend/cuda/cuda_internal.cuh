@@ -344,7 +344,10 @@ bool cu_tape_weights_unwritten(cu_impl *c, const cu_op *ops, int32_t n, bool *kv
  * op overwrites all of t without reading it. False when the tape ends
  * first (what a step leaves behind may be read after it) and for any op
  * whose reads it does not know. */
-bool cu_tape_f32_dead(const cu_impl *c, const cu_op *ops, int32_t from, int32_t n, const ns_tensor *t, bool shadow_ok);
+bool cu_tape_f32_dead(cu_impl *c, const cu_op *ops, int32_t from, int32_t n, const ns_tensor *t, bool shadow_ok);
+/* The producers' question: prefill_lean bit 1 is on, the tape is a
+ * prefill's, and t (written with a shadow) is dead from ops[from] on. */
+bool cu_prefill_out_dead(cu_impl *c, const cu_op *ops, int32_t from, int32_t n, const ns_tensor *t);
 
 /* ------------------------------------------------------------ kernels */
 

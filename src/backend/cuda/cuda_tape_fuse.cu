@@ -333,7 +333,7 @@ int32_t cu_tape_try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n)
         cu_note_write(c, x);
         bf16 *obf = cu_shadow_produce(c, out);
         /* prefill: no F32 xn when only GEMMs read it (through obf) */
-        const bool dead = obf && (c->prefill_lean & 1) && c->tape_eager_only && cu_tape_f32_dead(c, ops, i + 2, n, out, true);
+        const bool dead = obf && cu_prefill_out_dead(c, ops, i + 2, n, out);
         if (dead) c->stat_f32_dropped++;
         cu_launch_add_rmsnorm(c, (float *)x->data, (const float *)y->data, dead ? NULL : (float *)out->data, obf,
                               (const float *)w->data, x->rows, (int)x->cols, nm->f0, &pf);
@@ -442,7 +442,7 @@ static const ns_tensor *op_output(const cu_op *op) {
     }
 }
 
-bool cu_tape_f32_dead(const cu_impl *c, const cu_op *ops, int32_t from, int32_t n, const ns_tensor *t, bool shadow_ok) {
+bool cu_tape_f32_dead(cu_impl *c, const cu_op *ops, int32_t from, int32_t n, const ns_tensor *t, bool shadow_ok) {
     if (!t->data || t->dtype != NS_DT_F32) return false;
     const uintptr_t t0 = (uintptr_t)t->data, t1 = t0 + ns_tensor_bytes(t);
     /* A shadow read needs the shadow still valid, and any write into its
@@ -450,10 +450,9 @@ bool cu_tape_f32_dead(const cu_impl *c, const cu_op *ops, int32_t from, int32_t 
      * write ends the walk unless it overwrites all of t. */
     uintptr_t r0 = t0, r1 = t1;
     if (shadow_ok) {
-        int k = 0;
-        while (k < c->n_shadows && c->shadows[k].base != t->data) k++;
-        if (k == c->n_shadows) return false;
-        r1 = r0 + c->shadows[k].bytes;
+        const cu_shadow *s = cu_shadow_for(c, t->data);
+        if (!s) return false;
+        r1 = r0 + s->bytes;
         if (r1 < t1) return false;
     }
     for (int32_t j = from; j < n; j++) {
@@ -465,4 +464,8 @@ bool cu_tape_f32_dead(const cu_impl *c, const cu_op *ops, int32_t from, int32_t 
         if (w0 < r1 && r0 < w1) return r == 0 && w0 <= t0 && t1 <= w1;
     }
     return false;
+}
+
+bool cu_prefill_out_dead(cu_impl *c, const cu_op *ops, int32_t from, int32_t n, const ns_tensor *t) {
+    return (c->prefill_lean & 1) && c->tape_eager_only && cu_tape_f32_dead(c, ops, from, n, t, true);
 }
