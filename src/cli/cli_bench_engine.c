@@ -879,13 +879,14 @@ static ns_status bench_run(bench *B, ns_error *err) {
         for (int bi = 0; bi < (bmax > 1 ? 2 : 1); bi++) {
             static const struct {
                 const char *name;
-                int div, dec, qreg, mma, bulk;
-            } var[] = {{"defaults (auto: tensor cores at >= 64 splits)", 8, 0, 1, 2, -1},
-                       {"tensor cores, cp.async rows", 8, 0, 1, 1, 0},
-                       {"tensor cores, bulk page segments", 8, 0, 1, 1, 1},
-                       {"CUDA cores", 8, 0, 1, 0, -1},
-                       {"CUDA cores, splits / 4", 4, 0, 1, 0, -1}};
-            const int bulk0 = ns_cuda_get_fp8_bulk(B->be);
+                int div, dec, qreg, mma, bulk, reg;
+            } var[] = {{"defaults (register tiles where they apply)", 8, 0, 1, 2, -1, 1},
+                       {"register tiles off (auto: tensor cores at >= 64 splits)", 8, 0, 1, 2, -1, 0},
+                       {"tensor cores, cp.async rows", 8, 0, 1, 1, 0, 0},
+                       {"tensor cores, bulk page segments", 8, 0, 1, 1, 1, 0},
+                       {"CUDA cores", 8, 0, 1, 0, -1, 0},
+                       {"CUDA cores, splits / 4", 4, 0, 1, 0, -1, 0}};
+            const int bulk0 = ns_cuda_get_fp8_bulk(B->be), reg0 = ns_cuda_get_fp8_reg(B->be);
             printf("ablation fp8, decode ctx %d batch %d (ms/step):", ctx, bs[bi]);
             for (size_t i = 0; i < sizeof var / sizeof var[0]; i++) {
                 dec_result r;
@@ -894,6 +895,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
                 ns_cuda_set_fp8_qreg(B->be, var[i].qreg);
                 ns_cuda_set_fp8_mma(B->be, var[i].mma);
                 ns_cuda_set_fp8_bulk(B->be, var[i].bulk < 0 ? bulk0 : var[i].bulk);
+                ns_cuda_set_fp8_reg(B->be, i == 0 ? reg0 : var[i].reg);
                 double lo, hi;
                 rc = run_decode_median(B, ctx, bs[bi], &r, &lo, &hi, err);
                 if (rc != NS_OK) return rc;
@@ -905,6 +907,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
             ns_cuda_set_fp8_qreg(B->be, 1);
             ns_cuda_set_fp8_mma(B->be, 2);
             ns_cuda_set_fp8_bulk(B->be, bulk0);
+            ns_cuda_set_fp8_reg(B->be, reg0);
             printf("\n");
             fflush(stdout);
         }

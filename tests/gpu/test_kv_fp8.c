@@ -337,17 +337,21 @@ static void attention_case(const attn_cfg *cf, const int32_t *fin, const int32_t
  * registers (ns_cuda_set_fp8_qreg). */
 TEST(test_fp8_decode_attention) {
     const int32_t ctx[] = {1, 15, 16, 17, 4095, 4097, 129}, one[] = {1, 1, 1, 1, 1, 1, 1};
-    const attn_cfg cfgs[] = {{128, 2, 8, 16}, {128, 1, 8, 16}, {128, 2, 2, 16}, {64, 2, 8, 32},
-                             {256, 2, 8, 16}, {32, 2, 4, 16}, {16, 4, 8, 16}};
-    static const char *const names[6] = {" (q in registers)", " (integer decode, q in registers)",
+    /* pages of 32 and 64 at head dim 128: the register-tile kernel's
+     * boxes start inside a page (slot 16, 32, 48) */
+    const attn_cfg cfgs[] = {{128, 2, 8, 16}, {128, 1, 8, 16}, {128, 2, 2, 16}, {64, 2, 8, 32}, {256, 2, 8, 16},
+                             {32, 2, 4, 16},  {16, 4, 8, 16},  {128, 2, 8, 64}, {128, 1, 8, 32}};
+    static const char *const names[7] = {" (q in registers)", " (integer decode, q in registers)",
                                          " (q from shared memory)", " (integer decode, q from shared memory)",
-                                         " (tensor cores)", " (tensor cores, page segments by bulk copy)"};
-    const int fp8_bulk_default = ns_cuda_get_fp8_bulk(gpu);
-    for (int mode = 0; mode < 6; mode++) {
+                                         " (tensor cores)", " (tensor cores, page segments by bulk copy)",
+                                         " (register tiles where they apply, else the default)"};
+    const int fp8_bulk_default = ns_cuda_get_fp8_bulk(gpu), fp8_reg_default = ns_cuda_get_fp8_reg(gpu);
+    for (int mode = 0; mode < 7; mode++) {
         ns_cuda_set_fp8_dec(gpu, mode < 4 ? mode & 1 : 0);
         ns_cuda_set_fp8_qreg(gpu, mode < 4 ? !(mode >> 1) : 1);
-        ns_cuda_set_fp8_mma(gpu, mode >= 4);
-        ns_cuda_set_fp8_bulk(gpu, mode == 5);
+        ns_cuda_set_fp8_mma(gpu, mode == 6 ? 2 : mode >= 4);
+        ns_cuda_set_fp8_bulk(gpu, mode == 5 || (mode == 6 && fp8_bulk_default));
+        ns_cuda_set_fp8_reg(gpu, mode == 6);
         for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
             char what[96];
             snprintf(what, sizeof what, "decode GQA%d%s", cfgs[i].H / cfgs[i].KVH, names[mode]);
@@ -359,6 +363,7 @@ TEST(test_fp8_decode_attention) {
     ns_cuda_set_fp8_qreg(gpu, 1);
     ns_cuda_set_fp8_mma(gpu, 2);
     ns_cuda_set_fp8_bulk(gpu, fp8_bulk_default);
+    ns_cuda_set_fp8_reg(gpu, fp8_reg_default);
 }
 
 /* Page magnitudes far apart (factors up to 2^27 between neighbours), all-
@@ -376,15 +381,17 @@ static float vmag(int32_t pos) {
 }
 TEST(test_fp8_decode_scale_range) {
     const int32_t ctx[] = {4097, 1000, 129, 17}, one[] = {1, 1, 1, 1};
-    const attn_cfg cfgs[] = {{128, 2, 8, 16}, {64, 2, 8, 32}};
-    static const char *const names[3] = {"CUDA cores", "tensor cores, cp.async rows", "tensor cores, bulk copies"};
-    const int fp8_bulk_default = ns_cuda_get_fp8_bulk(gpu);
+    const attn_cfg cfgs[] = {{128, 2, 8, 16}, {64, 2, 8, 32}, {128, 2, 8, 64}};
+    static const char *const names[4] = {"CUDA cores", "tensor cores, cp.async rows", "tensor cores, bulk copies",
+                                         "register tiles"};
+    const int fp8_bulk_default = ns_cuda_get_fp8_bulk(gpu), fp8_reg_default = ns_cuda_get_fp8_reg(gpu);
     g_kmag = kmag;
     g_vmag = vmag;
     g_qmag = 1e6f;
-    for (int mode = 0; mode < 3; mode++) {
+    for (int mode = 0; mode < 4; mode++) {
         ns_cuda_set_fp8_mma(gpu, mode > 0);
-        ns_cuda_set_fp8_bulk(gpu, mode == 2);
+        ns_cuda_set_fp8_bulk(gpu, mode >= 2);
+        ns_cuda_set_fp8_reg(gpu, mode == 3);
         for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
             char what[96];
             snprintf(what, sizeof what, "scale range D=%d (%s)", cfgs[i].D, names[mode]);
@@ -395,6 +402,7 @@ TEST(test_fp8_decode_scale_range) {
     g_qmag = 1.0f;
     ns_cuda_set_fp8_mma(gpu, 2);
     ns_cuda_set_fp8_bulk(gpu, fp8_bulk_default);
+    ns_cuda_set_fp8_reg(gpu, fp8_reg_default);
 }
 
 /* Prefill chunks of 1, 15, 16, 17, 4095, 4097 after prefixes crossing
@@ -417,6 +425,10 @@ TEST(test_fp8_prefill_attention) {
 TEST(test_fp8_attention_40k) {
     const attn_cfg cf = {128, 2, 8, 16};
     const int32_t fin[] = {40017, 40001, 5}, n[] = {17, 1, 1};
+    const int fp8_reg_default = ns_cuda_get_fp8_reg(gpu);
+    ns_cuda_set_fp8_reg(gpu, 1);
+    attention_case(&cf, fin, n, 3, 1e-2, 3e-2, 2, "prefix 40000: chunk 17 + decode (register tiles)");
+    ns_cuda_set_fp8_reg(gpu, 0);
     ns_cuda_set_fp8_mma(gpu, 0);
     attention_case(&cf, fin, n, 3, 1e-2, 3e-2, 2, "prefix 40000: chunk 17 + decode (CUDA cores)");
     const int fp8_bulk_default = ns_cuda_get_fp8_bulk(gpu);
@@ -428,6 +440,7 @@ TEST(test_fp8_attention_40k) {
     ns_cuda_set_fp8_bulk(gpu, fp8_bulk_default);
     ns_cuda_set_fp8_mma(gpu, 2);
     attention_case(&cf, fin, n, 3, 1e-2, 3e-2, 2, "prefix 40000: chunk 17 + decode (auto)");
+    ns_cuda_set_fp8_reg(gpu, fp8_reg_default);
 }
 
 /* ------------------------------------------------------------ models */
@@ -622,6 +635,10 @@ TEST(test_fp8_accuracy_tiny_qwen3) { model_gate("tiny-qwen3", 1); }
 TEST(test_fp8_accuracy_tinystories) { model_gate("tinystories-656k", 0); }
 
 int main(void) {
+    /* the register-tile FP8 decode at every context and batch (by default
+     * short contexts at batches below 4 keep the older kernels), so its
+     * cases below cover contexts from 1 key */
+    setenv("NS_CUDA_FP8R_MIN_LEN", "0", 1);
     if (!gpu_test_open(8)) return 1;
     RUN(test_fp8_store_bit_exact);
     RUN(test_fp8_store_fused_matches_unfused);

@@ -73,6 +73,14 @@ void ns_cuda_set_fp8_mma(ns_backend *be, int mode);
  * Process-wide; same results. */
 void ns_cuda_set_fp8_bulk(ns_backend *be, int on);
 int ns_cuda_get_fp8_bulk(ns_backend *be);
+/* FP8 KV decode attention on the register-tile tensor-core kernel (MMA
+ * operands converted from the codes in registers, no 16-bit tile in
+ * shared memory; head dim 128, pages of 16/32/64 keys, compute capability
+ * 9.0): on (default) wherever it covers the shape, else the choice above;
+ * env NS_CUDA_FP8_REG likewise. Process-wide; same results up to fp32
+ * summation order. */
+void ns_cuda_set_fp8_reg(ns_backend *be, int on);
+int ns_cuda_get_fp8_reg(ns_backend *be);
 
 /* CUDA graphs for decode steps: on (default) or off. */
 void ns_cuda_set_graphs(ns_backend *be, int on);

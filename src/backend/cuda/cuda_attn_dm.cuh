@@ -238,8 +238,11 @@ __device__ __forceinline__ void dm_bulk_copy(uint32_t dst, const void *src, uint
 /* The end of k_attn_decode_mma: the four warps' (o, m, l) merge in shared
  * memory (the K stages are reused; every copy has landed), then either the
  * output row (one split) or this split's partial, then the split merge.
+ * PERM: o's rows are in the FP8 register-tile decode's dim order (row g of
+ * block i is dim 16 g + 2 i, row g + 8 dim 16 g + 2 i + 1; see
+ * cuda_attn_fp8_reg.cu) instead of dim 16 i + g (+ 8).
  * Contains block barriers: every thread calls it. */
-template <int D>
+template <int D, bool PERM = false>
 __device__ __forceinline__ void dm_finish(const attn_params &p, uint8_t *dsm, float (&o)[D / 16][4], float m_0, float m_1,
                                           float l_0, float l_1, int di, int kvh, int t, int split, int nsp) {
     constexpr int NI = D / 16;
@@ -263,11 +266,12 @@ __device__ __forceinline__ void dm_finish(const attn_params &p, uint8_t *dsm, fl
     }
 #pragma unroll
     for (int i = 0; i < NI; i++) {
-        const int d = i * 16 + (lane >> 2), hd = (lane & 3) * 2;
+        const int d = PERM ? (D / 8) * (lane >> 2) + 2 * i : i * 16 + (lane >> 2), d2 = PERM ? d + 1 : d + 8;
+        const int hd = (lane & 3) * 2;
         wo[(warp * 8 + hd) * D + d] = o[i][0];
         wo[(warp * 8 + hd + 1) * D + d] = o[i][1];
-        wo[(warp * 8 + hd) * D + d + 8] = o[i][2];
-        wo[(warp * 8 + hd + 1) * D + d + 8] = o[i][3];
+        wo[(warp * 8 + hd) * D + d2] = o[i][2];
+        wo[(warp * 8 + hd + 1) * D + d2] = o[i][3];
     }
     __syncthreads();
     for (int i = tid; i < G * D; i += 128) {
@@ -299,6 +303,48 @@ __device__ __forceinline__ void dm_finish(const attn_params &p, uint8_t *dsm, fl
     if (nsp > 1) decode_merge<D>(p, di, kvh, t, nsp);
 }
 
+/* The softmax part of a tile step (dm_tile, and the FP8 register-tile
+ * decode of cuda_attn_fp8_reg.cu): the warp's 16 x 8 scores S^T in sc
+ * (hi-half products) and sl (lo-half products), keys key (rows g) and
+ * key + 8 (rows g + 8) of which those >= k1 are masked; updates the
+ * running maxima and sums, returns P^T as the B operand of the PV product
+ * (bh/bl: bf16 or f16 hi + lo halves) and the factors ao0/ao1 that o must
+ * be scaled by first. F16: sk, po, pp as in dm_tile. */
+template <bool F16>
+__device__ __forceinline__ void dm_softmax(float (&sc)[4], const float (&sl)[4], float &m_0, float &m_1, float &l_0,
+                                           float &l_1, int key, int k1, float sk, float po, float pp, uint32_t &bh0,
+                                           uint32_t &bh1, uint32_t &bl0, uint32_t &bl1, float &ao0, float &ao1) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) sc[e] = F16 ? (sc[e] + sl[e]) * sk : sc[e] + sl[e];
+    if (key >= k1) sc[0] = sc[1] = -INFINITY;
+    if (key + 8 >= k1) sc[2] = sc[3] = -INFINITY;
+    float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+    const float mn0 = fmaxf(m_0, mx0), mn1 = fmaxf(m_1, mx1);
+    /* a warp whose keys are all past the end has mn = -inf: use 0 as the
+     * reference so exp2 gives 0, never NaN */
+    const float r0 = mn0 == -INFINITY ? 0.f : mn0, r1 = mn1 == -INFINITY ? 0.f : mn1;
+    const float a0 = exp2f(m_0 - r0), a1 = exp2f(m_1 - r1);
+    m_0 = mn0;
+    m_1 = mn1;
+    const float p0 = exp2f(sc[0] - r0), p1 = exp2f(sc[1] - r1), p2 = exp2f(sc[2] - r0), p3 = exp2f(sc[3] - r1);
+    l_0 = l_0 * a0 + p0 + p2;
+    l_1 = l_1 * a1 + p1 + p3;
+    uint32_t h01, l01, h23, l23;
+    split_hilo<F16>(F16 ? p0 * pp : p0, F16 ? p1 * pp : p1, h01, l01);
+    split_hilo<F16>(F16 ? p2 * pp : p2, F16 ? p3 * pp : p3, h23, l23);
+    ao0 = F16 ? a0 * po : a0;
+    ao1 = F16 ? a1 * po : a1;
+    bh0 = movmatrix_t(h01);
+    bh1 = movmatrix_t(h23);
+    bl0 = movmatrix_t(l01);
+    bl1 = movmatrix_t(l23);
+}
+
 /* One K/V tile of k_attn_decode_mma for warp `warp`: S^T = K Q^T, online
  * softmax per head, O^T += V^T P^T (see the kernel's comment).
  * F16 (the FP8 pool, dm8_warp_loop): K, V and the q / p halves are f16,
@@ -323,31 +369,9 @@ __device__ __forceinline__ void dm_tile(const bf16 *Kt, const bf16 *Vt, const ui
         mma_16816<F16>(sc, a, qh[kk][0], qh[kk][1]);
         mma_16816<F16>(sl, a, ql[kk][0], ql[kk][1]);
     }
-#pragma unroll
-    for (int e = 0; e < 4; e++) sc[e] = F16 ? (sc[e] + sl[e]) * sk : sc[e] + sl[e];
-    if (key >= k1) sc[0] = sc[1] = -INFINITY;
-    if (key + 8 >= k1) sc[2] = sc[3] = -INFINITY;
-    float mx0 = fmaxf(sc[0], sc[2]), mx1 = fmaxf(sc[1], sc[3]);
-#pragma unroll
-    for (int off = 4; off < 32; off <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-    }
-    const float mn0 = fmaxf(m_0, mx0), mn1 = fmaxf(m_1, mx1);
-    /* a warp whose keys are all past the end has mn = -inf: use 0 as the
-     * reference so exp2 gives 0, never NaN */
-    const float r0 = mn0 == -INFINITY ? 0.f : mn0, r1 = mn1 == -INFINITY ? 0.f : mn1;
-    const float a0 = exp2f(m_0 - r0), a1 = exp2f(m_1 - r1);
-    m_0 = mn0;
-    m_1 = mn1;
-    const float p0 = exp2f(sc[0] - r0), p1 = exp2f(sc[1] - r1), p2 = exp2f(sc[2] - r0), p3 = exp2f(sc[3] - r1);
-    l_0 = l_0 * a0 + p0 + p2;
-    l_1 = l_1 * a1 + p1 + p3;
-    uint32_t h01, l01, h23, l23;
-    split_hilo<F16>(F16 ? p0 * pp : p0, F16 ? p1 * pp : p1, h01, l01);
-    split_hilo<F16>(F16 ? p2 * pp : p2, F16 ? p3 * pp : p3, h23, l23);
-    const float ao0 = F16 ? a0 * po : a0, ao1 = F16 ? a1 * po : a1;
-    const uint32_t bh0 = movmatrix_t(h01), bh1 = movmatrix_t(h23), bl0 = movmatrix_t(l01), bl1 = movmatrix_t(l23);
+    uint32_t bh0, bh1, bl0, bl1;
+    float ao0, ao1;
+    dm_softmax<F16>(sc, sl, m_0, m_1, l_0, l_1, key, k1, sk, po, pp, bh0, bh1, bl0, bl1, ao0, ao1);
 #pragma unroll
     for (int i = 0; i < NI; i++) {
         o[i][0] *= ao0;
@@ -461,8 +485,9 @@ __device__ __forceinline__ void dm_issue(const attn_params &p, int s, int kvh, i
  * two 2^(14 - x) the values were multiplied by first, x the binary
  * exponent of the warp's largest |value|: f16 has 5 exponent bits, so
  * nothing overflows, and the lo halves of small components stay far
- * above f16's subnormals (dm_tile's sk folds it in). */
-template <int D, bool F16 = false>
+ * above f16's subnormals (dm_tile's sk folds it in). PERM: the dims of
+ * block kk are another order (see the line that picks d). */
+template <int D, bool F16 = false, bool PERM = false>
 __device__ __forceinline__ float dm_load_q(const attn_params &p, int t, int h_first, int G, uint32_t (&qh)[D / 16][2],
                                            uint32_t (&ql)[D / 16][2]) {
     const int lane = threadIdx.x & 31, n = lane >> 2;
@@ -473,7 +498,9 @@ __device__ __forceinline__ float dm_load_q(const attn_params &p, int t, int h_fi
     for (int kk = 0; kk < D / 16; kk++)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            const int d = kk * 16 + (lane & 3) * 2 + r * 8;
+            /* PERM: the FP8 register-tile decode's dim order (cuda_attn_fp8_reg.cu):
+             * lane % 4 = t holds dims 32 t + 4 kk .. + 3 of block kk */
+            const int d = PERM ? (D / 4) * (lane & 3) + 4 * kk + 2 * r : kk * 16 + (lane & 3) * 2 + r * 8;
             v[kk][r] = make_float2(0.f, 0.f);
             if (n < G) v[kk][r] = *reinterpret_cast<const float2 *>(qr + d);
             v[kk][r].x *= p.scale_log2;

@@ -525,6 +525,30 @@ extern "C" void ns_cuda_set_fp8_bulk(ns_backend *be, int on) {
     cu_bump_generation((cu_impl *)be->impl);
 }
 
+/* NS_CUDA_FP8_REG / ns_cuda_set_fp8_reg: decode rows on the register-tile
+ * tensor-core kernel (cuda_attn_fp8_reg.cu) wherever it covers the pool
+ * and shape and set_batch gave it splits (1, default: contexts >= 8k or
+ * batches >= 4, cuda_batch.cu), or the choice of NS_CUDA_FP8_MMA (0).
+ * Process-wide. */
+static int g_fp8_reg = -1;
+static int fp8_reg(void) {
+    if (g_fp8_reg < 0) {
+        const char *e = getenv("NS_CUDA_FP8_REG");
+        g_fp8_reg = e ? atoi(e) != 0 : 1;
+    }
+    return g_fp8_reg;
+}
+
+extern "C" int ns_cuda_get_fp8_reg(ns_backend *be) {
+    (void)be;
+    return fp8_reg();
+}
+
+extern "C" void ns_cuda_set_fp8_reg(ns_backend *be, int on) {
+    g_fp8_reg = on != 0;
+    cu_bump_generation((cu_impl *)be->impl);
+}
+
 template <int D, int GB>
 static void launch_decode_fp8(cu_impl *c, const f8_params &p, dim3 grid) {
     const bool in = fp8_dec_mode() == 1, qr = fp8_qreg() == 1;
@@ -579,13 +603,19 @@ static void decode_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_
     p.scale_log2 = scale * F8_LOG2E;
     p.ws = c->attn_ws;
     p.cnt = c->attn_cnt;
+    const bool reg = fp8_reg() && m->fp8r_splits > 0 && cu_attn_decode_fp8_reg_ok(c, l, p.G);
     int nsp = m->n_splits > 0 ? m->n_splits : 1;
-    if (nsp >= 64) nsp = nsp / fp8_split_div() > 0 ? nsp / fp8_split_div() : 1;
+    if (reg) nsp = m->fp8r_splits;
+    else if (nsp >= 64) nsp = nsp / fp8_split_div() > 0 ? nsp / fp8_split_div() : 1;
     if (nsp > 1024) nsp = 1024; /* decode_merge's bound (set_batch never asks for more) */
     if (nsp > 1) {
         if (!cu_attn_reserve_partials(c, (size_t)m->n_dec * n_heads * nsp * CU_WS_ROW(D), (size_t)m->n_dec * KVH)) return;
         p.ws = c->attn_ws;
         p.cnt = c->attn_cnt;
+    }
+    if (reg) {
+        cu_attn_decode_fp8_reg(c, l, out, out_bf, q, layer, n_heads, scale, nsp, p.ws, p.cnt);
+        return;
     }
     const int mma = fp8_mma();
     const bool bulk = fp8_bulk() && cu_attn_decode_fp8_bulk_ok(c, l, layer);

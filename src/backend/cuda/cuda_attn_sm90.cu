@@ -812,23 +812,30 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
 typedef CUresult (*s9_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
                                  const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+void *cu_tmap_encoder(void) {
+    static void *encode = NULL;
+    static bool tried = false;
+    if (!tried) {
+        tried = true;
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            encode = fn;
+        else
+            (void)cudaGetLastError();
+    }
+    return encode;
+}
+
 bool cu_attn_kv_tmap(cu_impl *c, const uint8_t *kv, size_t kv_bytes, size_t page_bytes, size_t head_bytes, size_t k_off,
                      size_t v_off, int P, uint64_t out[16]) {
     if (P < 8 || P % 8 || S9_BN % P || kv_bytes == 0 || page_bytes % 256 || head_bytes % 256 || k_off % 256 ||
         v_off % 256 || kv_bytes / 256 >= (1ull << 31))
         return false;
     if (c->attn_tmap_kv != kv || c->attn_tmap_bytes != kv_bytes) {
-        static s9_encode_fn encode = NULL;
-        if (!encode) {
-            void *fn = NULL;
-            cudaDriverEntryPointQueryResult q;
-            if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
-                    cudaSuccess &&
-                q == cudaDriverEntryPointSuccess)
-                encode = (s9_encode_fn)fn;
-            else
-                (void)cudaGetLastError();
-        }
+        const s9_encode_fn encode = (s9_encode_fn)cu_tmap_encoder();
         alignas(64) CUtensorMap m;
         memset(&m, 0, sizeof m);
         const cuuint64_t dims[2] = {128, (cuuint64_t)(kv_bytes / 256)}, strides[1] = {256};

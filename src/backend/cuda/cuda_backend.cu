@@ -178,8 +178,8 @@ void cu_bump_generation(cu_impl *c) {
  * it took tens of microseconds of every decode step. */
 static uint64_t tape_key(const cu_impl *c) {
     const cu_meta *m = &c->meta;
-    int32_t shape[9] = {m->n_tokens, m->n_seqs, m->n_logits,  m->pt_stride,  m->n_dec,
-                        m->n_splits, m->n_tiles, m->long_splits, m->mma_splits};
+    int32_t shape[10] = {m->n_tokens, m->n_seqs,      m->n_logits,   m->pt_stride, m->n_dec,
+                         m->n_splits, m->n_tiles,     m->long_splits, m->mma_splits, m->fp8r_splits};
     return XXH3_64bits_withSeed(c->tape, (size_t)c->n_tape * sizeof(cu_op), XXH3_64bits(shape, sizeof shape));
 }
 

@@ -8,9 +8,11 @@
  * depend only on the step's counts (meta_place), so a replayed graph
  * reads where it was captured to.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_kv_fp8.cuh"
 
 static inline cu_impl *IMPL(ns_backend *be) { return (cu_impl *)be->impl; }
 
@@ -84,6 +86,39 @@ static int32_t choose_mma_splits(const cu_impl *c, int32_t n_splits, int32_t max
     if (c->dec_mma_ctas > 0)
         while (q > 1 && (int64_t)n_dec * n_kv_heads * q > (int64_t)c->dec_mma_ctas * c->n_sm) q /= 2;
     return q;
+}
+
+/* Splits of the FP8 register-tile decode (cuda_attn_fp8_reg.cu), 0 where
+ * the step keeps the older FP8 kernels' choice (cuda_attn_fp8.cu). Enough
+ * CTAs for one full wave at the kernel's occupancy (four per SM: its
+ * shared memory is the raw stages only), each split holding at least
+ * NS_CUDA_FP8R_TILES (default 1) 64-key tiles of the longest row (at 1k
+ * batch 1, 16 splits of one tile measured 4.559 ms/step against 4.637
+ * for 8 of two; docs/cuda.md v29). Short contexts at batches below 4
+ * (max_len < NS_CUDA_FP8R_MIN_LEN, default 8192) keep the older choice:
+ * there the per-CTA chain, not the bytes, sets the time, and the
+ * measured 1k and 4k batch-1 steps were 0.05-0.1 ms faster with it; at
+ * batch 8 and at 32k and beyond this kernel wins (v29). NS_CUDA_FP8R_CTAS
+ * overrides the CTAs per SM aimed at. A function of max_len and n_dec, so
+ * in the graph key (tape_key). */
+static int32_t choose_fp8r_splits(cu_impl *c, int32_t n_dec, int32_t n_kv_heads, int32_t max_len) {
+    if (n_dec <= 0 || n_kv_heads <= 0) return 0;
+    static int ctas_env = -1, tiles_env = -1, min_len_env = -1;
+    if (ctas_env < 0) {
+        const char *e = getenv("NS_CUDA_FP8R_CTAS");
+        ctas_env = e && atoi(e) > 0 ? atoi(e) : 0;
+        e = getenv("NS_CUDA_FP8R_TILES");
+        tiles_env = e && atoi(e) > 0 ? atoi(e) : 1;
+        e = getenv("NS_CUDA_FP8R_MIN_LEN");
+        min_len_env = e && atoi(e) >= 0 ? atoi(e) : 8192;
+    }
+    if (n_dec < 4 && max_len < min_len_env) return 0;
+    const int64_t per_sm = ctas_env > 0 ? ctas_env : cu_attn_decode_fp8_reg_ctas(c);
+    int64_t q = per_sm * c->n_sm / ((int64_t)n_dec * n_kv_heads);
+    const int64_t by_len = ((int64_t)max_len + 64LL * tiles_env - 1) / (64LL * tiles_env);
+    if (q > by_len) q = by_len;
+    if (q > 1024) q = 1024; /* decode_merge's bound */
+    return q < 1 ? 1 : (int32_t)q;
 }
 
 ns_status cu_meta_grow(ns_backend *be, int32_t need_tokens, int32_t need_seqs, int32_t need_stride,
@@ -211,6 +246,7 @@ ns_status cu_set_batch(ns_backend *be, const ns_batch *b, ns_error *err) {
     m->n_splits = choose_splits(c, n_dec, be->kv.n_kv_heads, max_len);
     m->long_splits = m->n_splits < 64 && max_len >= 1024LL * m->n_splits;
     m->mma_splits = choose_mma_splits(c, m->n_splits, max_len, n_dec, be->kv.n_kv_heads);
+    m->fp8r_splits = be->kv.dtype == NS_DT_FP8_E4M3 ? choose_fp8r_splits(c, n_dec, be->kv.n_kv_heads, max_len) : 0;
     m->valid = true;
     /* one copy of the packed span (meta_place); the alignment gaps it
      * carries are never read */

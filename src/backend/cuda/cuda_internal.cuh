@@ -84,6 +84,7 @@ typedef struct cu_meta {
      * >= 1024 keys (the FP8 decode's choice of kernel, in the graph key) */
     int32_t long_splits;
     int32_t mma_splits; /* splits of the tensor-core decode kernel (choose_mma_splits; in the graph key) */
+    int32_t fp8r_splits; /* splits of the FP8 register-tile decode, 0: not this step (choose_fp8r_splits; in the graph key) */
     bool valid;
 } cu_meta;
 
@@ -239,6 +240,14 @@ typedef struct cu_impl {
     const void *attn_tmap_kv;
     size_t attn_tmap_bytes;
     int attn_tmap_ok;
+    /* the FP8 register-tile decode's tensor map over the pool's codes
+     * (cuda_attn_fp8_reg.cu), valid for (kv, pages, page bytes, rows) */
+    uint64_t attn_tmap8[16];
+    const void *attn_tmap8_kv;
+    int32_t attn_tmap8_pages;
+    size_t attn_tmap8_page_bytes, attn_tmap8_rows;
+    int attn_tmap8_ok;
+    int fp8r_ctas; /* its CTAs per SM (occupancy; 0 = not asked yet) */
     int early_loads; /* decode tapes: small kernels read constants and metadata before the PDL wait */
     bool tape_early; /* run_tape: this tape's norm weights / RoPE frequencies are written by none of its ops */
     int tape_early_mask; /* run_tape: the CU_EARLY_* kernels that read before their PDL wait in this tape (cu_early) */
@@ -562,6 +571,10 @@ typedef struct cu_sm90_params {
     int pt_stride, P, P_shift, H, G, q_stride;
     float scale_log2;
 } cu_sm90_params;
+/* The driver's cuTensorMapEncodeTiled (fetched once through the runtime,
+ * so nothing links -lcuda), or NULL where the driver lacks it; callers
+ * cast it to the function type of <cuda.h>. */
+void *cu_tmap_encoder(void);
 /* The pool [kv, kv + kv_bytes) as a TMA tensor map (rows of 128 bf16,
  * boxes of 64 x P, 128-byte swizzle; cached per pool in cu_impl), shared
  * by the Hopper prefill and the decode's copy mode 4: false where a box

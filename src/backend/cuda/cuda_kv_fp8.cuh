@@ -87,6 +87,17 @@ bool cu_attn_decode_mma_fp8_ok(int head_dim, int G);
 bool cu_attn_decode_fp8_bulk_ok(cu_impl *c, const ns_kv_layout *l, int layer);
 void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
                             int n_heads, float scale, int nsp, float *ws, int32_t *cnt, bool bulk);
+/* FP8 decode rows on the tensor cores with register tiles
+ * (cuda_attn_fp8_reg.cu: MMA operands built from the codes in registers,
+ * no 16-bit tile): whether it covers this pool and shape (head dim 128,
+ * G <= 8, pages of 16/32/64 keys, compute capability 9.0 with bulk copies,
+ * a tensor map over the pool), its CTAs per SM (the occupancy its split
+ * choice aims at; asked once), and the launch with nsp splits (partials
+ * in ws, counters cnt, as cu_attention's). */
+bool cu_attn_decode_fp8_reg_ok(cu_impl *c, const ns_kv_layout *l, int G);
+int cu_attn_decode_fp8_reg_ctas(cu_impl *c);
+void cu_attn_decode_fp8_reg(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_bf, const float *q, int layer,
+                            int n_heads, float scale, int nsp, float *ws, int32_t *cnt);
 /* Frees cuda_attn_fp8.cu's scratch (backend destroy). */
 void cu_kv_fp8_free(cu_impl *c);
 
