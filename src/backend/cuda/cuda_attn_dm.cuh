@@ -345,6 +345,28 @@ __device__ __forceinline__ void dm_softmax(float (&sc)[4], const float (&sl)[4],
     bl1 = movmatrix_t(l23);
 }
 
+/* The FP8 decodes' V scale basis (k_attn_decode_mma_fp8's bulk path and
+ * k_attn_decode_fp8_reg): o holds o_true / (f 2^-14) for the basis f, the
+ * largest V scale of the pages so far. A page with V scale vs > f raises
+ * f (po = f_old / f <= 1 rescales o), a smaller one enters through p
+ * (pp = 2^14 vs / f <= 2^14): all powers of two, so exact. vbase = 0: no
+ * page with a nonzero scale yet (pp = 0: its V is all zeros). */
+__device__ __forceinline__ void dm8_vbasis(float vs, float &vbase, float &po, float &pp) {
+    po = 1.f;
+    if (vs > vbase) {
+        po = vbase > 0.f ? vbase / vs : 1.f;
+        vbase = vs;
+    }
+    pp = vbase > 0.f ? 16384.f * (vs / vbase) : 0.f;
+}
+/* o back from the basis at the end: o_true = o f 2^-14. */
+template <int NI>
+__device__ __forceinline__ void dm8_vbasis_end(float (&o)[NI][4], float vbase) {
+    const float fo = vbase * (1.f / 16384.f);
+#pragma unroll
+    for (int i = 0; i < NI; i++) o[i][0] *= fo, o[i][1] *= fo, o[i][2] *= fo, o[i][3] *= fo;
+}
+
 /* One K/V tile of k_attn_decode_mma for warp `warp`: S^T = K Q^T, online
  * softmax per head, O^T += V^T P^T (see the kernel's comment).
  * F16 (the FP8 pool, dm8_warp_loop): K, V and the q / p halves are f16,

@@ -200,24 +200,14 @@ __device__ __forceinline__ void dm8_warp_loop(const attn_params &p, int s, int k
         cp_async_wait<NST - 1>(); /* lanes 0-1: tile it's scales (NST - 1 newer groups may be pending) */
         __syncwarp();             /* ... visible to the whole warp */
         dm8_convert_warp<D>(Kr, Vr, st, Kb, Vb, min(16, k1 - (kw + it * DM_TK)));
-        /* V scale basis f: o holds o_true / (f 2^-14); a page with a larger
-         * scale raises f (o rescaled by f_old / f <= 1), a smaller one
-         * enters through p times vs / f <= 1 (all powers of two: exact) */
-        const float vs = Vsc[st * 4 + warp];
-        float po = 1.f;
-        if (vs > vbase) {
-            po = vbase > 0.f ? vbase / vs : 1.f;
-            vbase = vs;
-        }
-        const float pp = vbase > 0.f ? 16384.f * (vs / vbase) : 0.f;
+        float po, pp;
+        dm8_vbasis(Vsc[st * 4 + warp], vbase, po, pp);
         __syncwarp();
         dm_tile<D, true>(Kb + warp * 16 * LD, Vb + warp * 16 * LD, qh, ql, o, m_0, m_1, l_0, l_1,
                          kw + it * DM_TK + (lane >> 2), k1, Ksc[st * 4 + warp] * qun, po, pp);
     }
     cp_async_wait<0>();
-    const float fo = vbase * (1.f / 16384.f);
-#pragma unroll
-    for (int i = 0; i < D / 16; i++) o[i][0] *= fo, o[i][1] *= fo, o[i][2] *= fo, o[i][3] *= fo;
+    dm8_vbasis_end<D / 16>(o, vbase);
 }
 
 template <int D, bool BULK, int NST>

@@ -218,7 +218,7 @@ __global__ __launch_bounds__(128, MINB) void k_attn_decode_fp8_reg(attn_params p
     for (int i = 0; i < 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m_0 = -INFINITY, m_1 = -INFINITY, l_0 = 0.f, l_1 = 0.f;
 
-    float vbase = 0.f; /* the V scale basis (dm8_warp_loop) */
+    float vbase = 0.f; /* the V scale basis (dm8_vbasis) */
     for (int it = 0; it < n_w; it++) {
         const int st = it % NST;
         __syncwarp(); /* every lane is done with stage (it + NST - 1) % NST = (it - 1) % NST */
@@ -226,21 +226,14 @@ __global__ __launch_bounds__(128, MINB) void k_attn_decode_fp8_reg(attn_params p
         dm_mbar_wait((uint32_t)__cvta_generic_to_shared(&bars[st * 4 + warp]), (it / NST) & 1);
         cp_async_wait<NST - 1>(); /* lanes 0-1: tile it's scales */
         __syncwarp();
-        const float vs = Vsc[st * 4 + warp];
-        float po = 1.f;
-        if (vs > vbase) {
-            po = vbase > 0.f ? vbase / vs : 1.f;
-            vbase = vs;
-        }
-        const float pp = vbase > 0.f ? 16384.f * (vs / vbase) : 0.f;
+        float po, pp;
+        dm8_vbasis(Vsc[st * 4 + warp], vbase, po, pp);
         const uint8_t *box = dsm + st * F8R_STAGE + 2 * warp * F8R_BOX;
         f8r_tile(box, box + F8R_BOX, qh, ql, o, m_0, m_1, l_0, l_1, kw + it * DM_TK, k1, Ksc[st * 4 + warp] * qun, po,
                  pp);
     }
     cp_async_wait<0>();
-    const float fo = vbase * (1.f / 16384.f);
-#pragma unroll
-    for (int i = 0; i < 8; i++) o[i][0] *= fo, o[i][1] *= fo, o[i][2] *= fo, o[i][3] *= fo;
+    dm8_vbasis_end<8>(o, vbase);
     dm_finish<F8R_D, true>(p, dsm, o, m_0, m_1, l_0, l_1, di, kvh, t, split, nsp);
 }
 
