@@ -879,8 +879,8 @@ static ns_status bench_run(bench *B, ns_error *err) {
         for (int bi = 0; bi < (bmax > 1 ? 2 : 1); bi++) {
             static const struct {
                 const char *name;
-                int div, dec, qreg, mma, bulk, reg;
-            } var[] = {{"defaults (register tiles where they apply)", 8, 0, 1, 2, -1, 1},
+                int div, dec, qreg, mma, bulk, reg; /* bulk, reg: -1 = the process default */
+            } var[] = {{"defaults (register tiles where they apply)", 8, 0, 1, 2, -1, -1},
                        {"register tiles off (auto: tensor cores at >= 64 splits)", 8, 0, 1, 2, -1, 0},
                        {"tensor cores, cp.async rows", 8, 0, 1, 1, 0, 0},
                        {"tensor cores, bulk page segments", 8, 0, 1, 1, 1, 0},
@@ -895,7 +895,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
                 ns_cuda_set_fp8_qreg(B->be, var[i].qreg);
                 ns_cuda_set_fp8_mma(B->be, var[i].mma);
                 ns_cuda_set_fp8_bulk(B->be, var[i].bulk < 0 ? bulk0 : var[i].bulk);
-                ns_cuda_set_fp8_reg(B->be, i == 0 ? reg0 : var[i].reg);
+                ns_cuda_set_fp8_reg(B->be, var[i].reg < 0 ? reg0 : var[i].reg);
                 double lo, hi;
                 rc = run_decode_median(B, ctx, bs[bi], &r, &lo, &hi, err);
                 if (rc != NS_OK) return rc;
