@@ -322,11 +322,10 @@ __global__ __launch_bounds__(128) void k_attn_decode(attn_params p, size_t k_off
     __shared__ float ms[GB], ls[GB], al[GB];
     __shared__ float red[4][GB][D];
 
-    const int split = blockIdx.x, kvh = blockIdx.y, di = blockIdx.z, nsp = gridDim.x;
-    const int s = p.dec_seqs[di];
-    const int L = p.seq_len[s], t = p.seq_start[s];
-    const int chunk = (((L + nsp - 1) / nsp) + 63) / 64 * 64;
-    const int k0 = split * chunk, k1 = min(L, k0 + chunk);
+    static_assert(DC_TK == CU_DEC_TILE, "splits start on whole tiles (dec_split_of)");
+    const dec_split ds = dec_split_of(p);
+    const int split = ds.split, kvh = ds.kvh, di = ds.di, nsp = ds.nsp, s = ds.s, t = ds.t;
+    const int k0 = ds.k0, k1 = ds.k1;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n_tiles = k1 > k0 ? (k1 - k0 + DC_TK - 1) / DC_TK : 0;
 
@@ -521,11 +520,10 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma(attn_params p, size_
     bf16 *Vs = Ks + DM_ST * DM_TK * LD;
     __shared__ __align__(8) uint64_t bars[DM_ST]; /* DM_LOAD_BULK: stage "full" barriers */
 
-    const int split = blockIdx.x, kvh = blockIdx.y, di = blockIdx.z, nsp = gridDim.x;
-    const int s = p.dec_seqs[di];
-    const int L = p.seq_len[s], t = p.seq_start[s];
-    const int chunk = (((L + nsp - 1) / nsp) + DM_TK - 1) / DM_TK * DM_TK;
-    const int k0 = split * chunk, k1 = min(L, k0 + chunk);
+    static_assert(DM_TK == CU_DEC_TILE, "splits start on whole tiles (dec_split_of)");
+    const dec_split ds = dec_split_of(p);
+    const int split = ds.split, kvh = ds.kvh, di = ds.di, nsp = ds.nsp, s = ds.s, L = ds.L, t = ds.t;
+    const int k0 = ds.k0, k1 = ds.k1;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n_tiles = k1 > k0 ? (k1 - k0 + DM_TK - 1) / DM_TK : 0;
     const int G = p.G, h_first = kvh * G;

@@ -26,6 +26,36 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* Keys per tile of every split-KV decode kernel; a split's range starts
+ * on a multiple of it. */
+#define CU_DEC_TILE 64
+
+/* The work of one split-KV decode CTA, grid (split, kv head, decode row):
+ * the row's sequence s (L keys, token row t) and the split's keys [k0, k1)
+ * (empty where k0 >= k1). The L keys are cut into nsp equal chunks rounded
+ * up to whole tiles, so a chunk never starts inside a tile; every decode
+ * kernel takes its range from here, so the splits of one row never
+ * overlap or leave keys out whichever kernel a step picks. Params: any
+ * kernel parameter struct with dec_seqs, seq_len and seq_start. */
+struct dec_split {
+    int split, kvh, di, nsp, s, L, t, k0, k1;
+};
+template <class Params>
+__device__ __forceinline__ dec_split dec_split_of(const Params &p) {
+    dec_split d;
+    d.split = blockIdx.x;
+    d.kvh = blockIdx.y;
+    d.di = blockIdx.z;
+    d.nsp = gridDim.x;
+    d.s = p.dec_seqs[d.di];
+    d.L = p.seq_len[d.s];
+    d.t = p.seq_start[d.s];
+    const int chunk = ((d.L + d.nsp - 1) / d.nsp + CU_DEC_TILE - 1) / CU_DEC_TILE * CU_DEC_TILE;
+    d.k0 = d.split * chunk;
+    d.k1 = min(d.L, d.k0 + chunk);
+    return d;
+}
+
 /* Split-KV merge, run by every CTA of (sequence di, kv head kvh) after
  * it wrote its partial (o, m, l) per query head to p.ws: the last split to
  * finish merges all splits' partials: o = sum o_s 2^(m_s-M) / sum l_s

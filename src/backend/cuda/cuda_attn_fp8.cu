@@ -345,11 +345,10 @@ __global__ __launch_bounds__(128) void k_attn_decode_fp8(f8_params p) {
     __shared__ float ms[GB], ls[GB], al[GB];
     __shared__ float red[4][GB][D];
 
-    const int split = blockIdx.x, kvh = blockIdx.y, di = blockIdx.z, nsp = gridDim.x;
-    const int s = p.dec_seqs[di];
-    const int L = p.seq_len[s], t = p.seq_start[s];
-    const int chunk = (((L + nsp - 1) / nsp) + F8_TK - 1) / F8_TK * F8_TK;
-    const int k0 = split * chunk, k1 = min(L, k0 + chunk);
+    static_assert(F8_TK == CU_DEC_TILE, "splits start on whole tiles (dec_split_of)");
+    const dec_split ds = dec_split_of(p);
+    const int split = ds.split, kvh = ds.kvh, di = ds.di, nsp = ds.nsp, s = ds.s, t = ds.t;
+    const int k0 = ds.k0, k1 = ds.k1;
     const int tid = threadIdx.x;
     const int n_tiles = k1 > k0 ? (k1 - k0 + F8_TK - 1) / F8_TK : 0;
     auto issue = [&](int it, int buf) {
@@ -420,22 +419,37 @@ static void launch_decode_fp8_k(cu_impl *c, const f8_params &p, dim3 grid) {
     CU_LAUNCHED(c, "fp8 decode attention");
 }
 
+/* The FP8 attention's process-wide A/B switches (benchmark and test
+ * switches): read from the environment variable the first time, set by
+ * the ns_cuda_set_fp8_* calls, which bump the graph generation (graphs
+ * bake the kernel choice). `fix` maps any int, the environment's atoi
+ * included, to one of the switch's values; `dflt` is the value where the
+ * variable is unset. Values are >= 0; -1 means not read yet. */
+struct fp8_switch {
+    const char *env;
+    int dflt;
+    int (*fix)(int v);
+    int value;
+};
+static int fp8_switch_get(fp8_switch *sw) {
+    if (sw->value < 0) {
+        const char *e = getenv(sw->env);
+        sw->value = sw->fix(e ? atoi(e) : sw->dflt);
+    }
+    return sw->value;
+}
+static void fp8_switch_set(ns_backend *be, fp8_switch *sw, int v) {
+    sw->value = sw->fix(v);
+    cu_bump_generation((cu_impl *)be->impl);
+}
+static int fix_on(int v) { return v != 0; }
+
 /* NS_CUDA_FP8_DEC / ns_cuda_set_fp8_dec: 0 = codes through the e4m3x2 ->
  * f16x2 conversion instruction (default until measured), 1 = the integer
- * path (f8x4_to_float). Process-wide: a benchmark and test switch. */
-static int g_fp8_dec = -1;
-static int fp8_dec_mode(void) {
-    if (g_fp8_dec < 0) {
-        const char *e = getenv("NS_CUDA_FP8_DEC");
-        g_fp8_dec = e && atoi(e) == 1 ? 1 : 0;
-    }
-    return g_fp8_dec;
-}
-
-extern "C" void ns_cuda_set_fp8_dec(ns_backend *be, int mode) {
-    g_fp8_dec = mode == 1 ? 1 : 0;
-    cu_bump_generation((cu_impl *)be->impl); /* graphs bake the kernel choice */
-}
+ * path (f8x4_to_float). */
+static int fix_dec(int v) { return v == 1; }
+static fp8_switch sw_dec = {"NS_CUDA_FP8_DEC", 0, fix_dec, -1};
+extern "C" void ns_cuda_set_fp8_dec(ns_backend *be, int mode) { fp8_switch_set(be, &sw_dec, mode); }
 
 /* NS_CUDA_FP8_SPLIT_DIV / ns_cuda_set_fp8_split_div: set_batch picks
  * n_splits for the bf16 CUDA-core decode (>= 64 keys per split); where
@@ -443,38 +457,16 @@ extern "C" void ns_cuda_set_fp8_dec(ns_backend *be, int mode) {
  * streams more keys (per-CTA setup, the q load and the merge amortized)
  * -- what the tensor-core bf16 decode does with its 8. Default 8 until
  * measured; 1 = set_batch's own choice. A power of two in [1, 64]. */
-static int g_fp8_split_div = 0;
-static int fp8_split_div(void) {
-    if (g_fp8_split_div <= 0) {
-        const char *e = getenv("NS_CUDA_FP8_SPLIT_DIV");
-        const int v = e ? atoi(e) : 8;
-        g_fp8_split_div = v >= 1 && v <= 64 && (v & (v - 1)) == 0 ? v : 8;
-    }
-    return g_fp8_split_div;
-}
-
-extern "C" void ns_cuda_set_fp8_split_div(ns_backend *be, int div) {
-    g_fp8_split_div = div >= 1 && div <= 64 && (div & (div - 1)) == 0 ? div : 8;
-    cu_bump_generation((cu_impl *)be->impl);
-}
+static int fix_split_div(int v) { return v >= 1 && v <= 64 && (v & (v - 1)) == 0 ? v : 8; }
+static fp8_switch sw_split_div = {"NS_CUDA_FP8_SPLIT_DIV", 8, fix_split_div, -1};
+extern "C" void ns_cuda_set_fp8_split_div(ns_backend *be, int div) { fp8_switch_set(be, &sw_split_div, div); }
 
 /* NS_CUDA_FP8_QREG / ns_cuda_set_fp8_qreg: 1 = q in registers (see
  * k_attn_decode_fp8; default: run B, 32k B1 8.05 ms/step against 12.10
  * with q from shared memory, B8 18.7 against 35.3), 0 = q read from
- * shared memory. Process-wide. */
-static int g_fp8_qreg = -1;
-static int fp8_qreg(void) {
-    if (g_fp8_qreg < 0) {
-        const char *e = getenv("NS_CUDA_FP8_QREG");
-        g_fp8_qreg = e && atoi(e) == 0 ? 0 : 1;
-    }
-    return g_fp8_qreg;
-}
-
-extern "C" void ns_cuda_set_fp8_qreg(ns_backend *be, int on) {
-    g_fp8_qreg = on == 0 ? 0 : 1;
-    cu_bump_generation((cu_impl *)be->impl);
-}
+ * shared memory. */
+static fp8_switch sw_qreg = {"NS_CUDA_FP8_QREG", 1, fix_on, -1};
+extern "C" void ns_cuda_set_fp8_qreg(ns_backend *be, int on) { fp8_switch_set(be, &sw_qreg, on); }
 
 /* NS_CUDA_FP8_MMA / ns_cuda_set_fp8_mma: decode rows on the tensor cores
  * (cu_attn_decode_mma_fp8 in cuda_attn_fp8_mma.cu, where the shape allows) or
@@ -486,72 +478,36 @@ extern "C" void ns_cuda_set_fp8_qreg(ns_backend *be, int on) {
  * splits) 21.35 against 18.21. Since v20 (per-warp bulk pipeline, f16
  * tiles; runs I, J): 32k batch 8 16.03 against 16.57, 4k batch 64 (4
  * splits of 1024) 16.65 against 17.54, but 4k batch 8 (splits of 128)
- * 8.13 against 7.85 and 1k batch 64 10.00 against 9.87. Process-wide. */
-static int g_fp8_mma = -1;
-static int fp8_mma(void) {
-    if (g_fp8_mma < 0) {
-        const char *e = getenv("NS_CUDA_FP8_MMA");
-        const int v = e ? atoi(e) : 2;
-        g_fp8_mma = v >= 0 && v <= 2 ? v : 2;
-    }
-    return g_fp8_mma;
-}
-
-extern "C" void ns_cuda_set_fp8_mma(ns_backend *be, int mode) {
-    g_fp8_mma = mode >= 0 && mode <= 2 ? mode : 2;
-    cu_bump_generation((cu_impl *)be->impl);
-}
+ * 8.13 against 7.85 and 1k batch 64 10.00 against 9.87. */
+static int fix_mma(int v) { return v >= 0 && v <= 2 ? v : 2; }
+static fp8_switch sw_mma = {"NS_CUDA_FP8_MMA", 2, fix_mma, -1};
+extern "C" void ns_cuda_set_fp8_mma(ns_backend *be, int mode) { fp8_switch_set(be, &sw_mma, mode); }
 
 /* NS_CUDA_FP8_BULK / ns_cuda_set_fp8_bulk: the tensor-core FP8 decode
  * fetches each tile as page segments by bulk copy (1, default, where the
  * layout allows and the bf16 decode copy mode is a bulk one) or as
- * 16-byte cp.async per row (0). Process-wide. */
-static int g_fp8_bulk = -1;
-static int fp8_bulk(void) {
-    if (g_fp8_bulk < 0) {
-        const char *e = getenv("NS_CUDA_FP8_BULK");
-        g_fp8_bulk = e ? atoi(e) != 0 : 1;
-    }
-    return g_fp8_bulk;
-}
-
+ * 16-byte cp.async per row (0). */
+static fp8_switch sw_bulk = {"NS_CUDA_FP8_BULK", 1, fix_on, -1};
 extern "C" int ns_cuda_get_fp8_bulk(ns_backend *be) {
     (void)be;
-    return fp8_bulk();
+    return fp8_switch_get(&sw_bulk);
 }
-
-extern "C" void ns_cuda_set_fp8_bulk(ns_backend *be, int on) {
-    g_fp8_bulk = on != 0;
-    cu_bump_generation((cu_impl *)be->impl);
-}
+extern "C" void ns_cuda_set_fp8_bulk(ns_backend *be, int on) { fp8_switch_set(be, &sw_bulk, on); }
 
 /* NS_CUDA_FP8_REG / ns_cuda_set_fp8_reg: decode rows on the register-tile
  * tensor-core kernel (cuda_attn_fp8_reg.cu) wherever it covers the pool
  * and shape and set_batch gave it splits (1, default: contexts >= 8k or
- * batches >= 4, cuda_batch.cu), or the choice of NS_CUDA_FP8_MMA (0).
- * Process-wide. */
-static int g_fp8_reg = -1;
-static int fp8_reg(void) {
-    if (g_fp8_reg < 0) {
-        const char *e = getenv("NS_CUDA_FP8_REG");
-        g_fp8_reg = e ? atoi(e) != 0 : 1;
-    }
-    return g_fp8_reg;
-}
-
+ * batches >= 4, cuda_batch.cu), or the choice of NS_CUDA_FP8_MMA (0). */
+static fp8_switch sw_reg = {"NS_CUDA_FP8_REG", 1, fix_on, -1};
 extern "C" int ns_cuda_get_fp8_reg(ns_backend *be) {
     (void)be;
-    return fp8_reg();
+    return fp8_switch_get(&sw_reg);
 }
-
-extern "C" void ns_cuda_set_fp8_reg(ns_backend *be, int on) {
-    g_fp8_reg = on != 0;
-    cu_bump_generation((cu_impl *)be->impl);
-}
+extern "C" void ns_cuda_set_fp8_reg(ns_backend *be, int on) { fp8_switch_set(be, &sw_reg, on); }
 
 template <int D, int GB>
 static void launch_decode_fp8(cu_impl *c, const f8_params &p, dim3 grid) {
-    const bool in = fp8_dec_mode() == 1, qr = fp8_qreg() == 1;
+    const bool in = fp8_switch_get(&sw_dec) == 1, qr = fp8_switch_get(&sw_qreg) == 1;
     if (in && qr) launch_decode_fp8_k<D, GB, true, true>(c, p, grid);
     else if (in) launch_decode_fp8_k<D, GB, true, false>(c, p, grid);
     else if (qr) launch_decode_fp8_k<D, GB, false, true>(c, p, grid);
@@ -603,10 +559,10 @@ static void decode_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_
     p.scale_log2 = scale * F8_LOG2E;
     p.ws = c->attn_ws;
     p.cnt = c->attn_cnt;
-    const bool reg = fp8_reg() && m->fp8r_splits > 0 && cu_attn_decode_fp8_reg_ok(c, l, p.G);
+    const bool reg = fp8_switch_get(&sw_reg) && m->fp8r_splits > 0 && cu_attn_decode_fp8_reg_ok(c, l, p.G);
     int nsp = m->n_splits > 0 ? m->n_splits : 1;
     if (reg) nsp = m->fp8r_splits;
-    else if (nsp >= 64) nsp = nsp / fp8_split_div() > 0 ? nsp / fp8_split_div() : 1;
+    else if (nsp >= 64) nsp /= fp8_switch_get(&sw_split_div); /* a divisor <= 64: at least 1 split */
     if (nsp > 1024) nsp = 1024; /* decode_merge's bound (set_batch never asks for more) */
     if (nsp > 1) {
         if (!cu_attn_reserve_partials(c, (size_t)m->n_dec * n_heads * nsp * CU_WS_ROW(D), (size_t)m->n_dec * KVH)) return;
@@ -617,8 +573,8 @@ static void decode_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 *out_
         cu_attn_decode_fp8_reg(c, l, out, out_bf, q, layer, n_heads, scale, nsp, p.ws, p.cnt);
         return;
     }
-    const int mma = fp8_mma();
-    const bool bulk = fp8_bulk() && cu_attn_decode_fp8_bulk_ok(c, l, layer);
+    const int mma = fp8_switch_get(&sw_mma);
+    const bool bulk = fp8_switch_get(&sw_bulk) && cu_attn_decode_fp8_bulk_ok(c, l, layer);
     if ((mma == 1 || (mma == 2 && (m->n_splits >= 64 || (m->long_splits && bulk)))) && cu_attn_decode_mma_fp8_ok(D, p.G)) {
         cu_attn_decode_mma_fp8(c, l, out, out_bf, q, layer, n_heads, scale, nsp, p.ws, p.cnt, bulk);
         return;

@@ -224,11 +224,10 @@ __global__ __launch_bounds__(128, 2) void k_attn_decode_mma_fp8(attn_params p, s
     float *Ksc = reinterpret_cast<float *>(Vr + NST * DM_TK * D); /* [NST][DM_TK] */
     float *Vsc = Ksc + NST * DM_TK;
 
-    const int split = blockIdx.x, kvh = blockIdx.y, di = blockIdx.z, nsp = gridDim.x;
-    const int s = p.dec_seqs[di];
-    const int L = p.seq_len[s], t = p.seq_start[s];
-    const int chunk = (((L + nsp - 1) / nsp) + DM_TK - 1) / DM_TK * DM_TK;
-    const int k0 = split * chunk, k1 = min(L, k0 + chunk);
+    static_assert(DM_TK == CU_DEC_TILE, "splits start on whole tiles (dec_split_of)");
+    const dec_split ds = dec_split_of(p);
+    const int split = ds.split, kvh = ds.kvh, di = ds.di, nsp = ds.nsp, s = ds.s, t = ds.t;
+    const int k0 = ds.k0, k1 = ds.k1;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n_tiles = k1 > k0 ? (k1 - k0 + DM_TK - 1) / DM_TK : 0;
     __shared__ __align__(8) uint64_t bars[NST * 4]; /* BULK: [stage][warp] "full" barriers of the codes */

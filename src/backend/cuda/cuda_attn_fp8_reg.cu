@@ -157,11 +157,10 @@ __global__ __launch_bounds__(128, MINB) void k_attn_decode_fp8_reg(attn_params p
     float *Ksc = reinterpret_cast<float *>(dsm + NST * F8R_STAGE), *Vsc = Ksc + NST * 4; /* [stage][warp] */
     __shared__ __align__(8) uint64_t bars[NST * 4];                                        /* [stage][warp] */
 
-    const int split = blockIdx.x, kvh = blockIdx.y, di = blockIdx.z, nsp = gridDim.x;
-    const int s = p.dec_seqs[di];
-    const int L = p.seq_len[s], t = p.seq_start[s];
-    const int chunk = (((L + nsp - 1) / nsp) + DM_TK - 1) / DM_TK * DM_TK;
-    const int k0 = split * chunk, k1 = min(L, k0 + chunk);
+    static_assert(DM_TK == CU_DEC_TILE, "splits start on whole tiles (dec_split_of)");
+    const dec_split ds = dec_split_of(p);
+    const int split = ds.split, kvh = ds.kvh, di = ds.di, nsp = ds.nsp, s = ds.s, L = ds.L, t = ds.t;
+    const int k0 = ds.k0, k1 = ds.k1;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0)
         for (int i = 0; i < NST; i++) dm_mbar_init((uint32_t)__cvta_generic_to_shared(&bars[i * 4 + warp]), 1);
