@@ -3,11 +3,16 @@
 
 Usage: python3 bench/sbs_table.py WORKDIR MODEL...
 
-It reads, per model, WORKDIR/MODEL.llama-pp.json and MODEL.llama-tg.json
-(llama-bench -o json), MODEL.llama-batched.txt (llama-batched-bench's
-table) and MODEL.nightshift.txt (bench_engine's output). It prints one
+It reads, per model, WORKDIR/MODEL.llama-pp.json, MODEL.llama-long.json
+and MODEL.llama-tg.json (llama-bench -o json), MODEL.llama-batched.txt
+(llama-batched-bench's table) and MODEL.nightshift.txt and
+MODEL.nightshift-long.txt (bench_engine's output). It prints one
 markdown row per measured line: nightshift's figure, llama.cpp's figure,
 their ratio, and the range of that ratio over the two sides' spreads.
+The alternated rounds of decode at 1k batch 1 (MODEL.roundR.llama-tg.json
+and MODEL.roundR.nightshift.txt, R = 1, 2, ...) make one more row: the
+medians of both sides' figures over the rounds, the median of the
+rounds' ratios, and their smallest and largest.
 The spreads are nightshift's min-max over its --repeats runs (the
 "(median of N, LO-HI ms)" suffix) and the min-max of llama-bench's
 samples_ts. So when a target such as 1.2x falls inside the range, the
@@ -69,6 +74,28 @@ def nightshift(path):
     return out
 
 
+def rounds(work, mdl):
+    """[(nightshift tok/s, llama.cpp tok/s)] of the rounds present, in order."""
+    out = []
+    r = 1
+    while True:
+        lj = os.path.join(work, "%s.round%d.llama-tg.json" % (mdl, r))
+        nt = os.path.join(work, "%s.round%d.nightshift.txt" % (mdl, r))
+        if not (os.path.exists(lj) and os.path.exists(nt)):
+            return out
+        a = nightshift(nt).get(("decode", 1024, 1))
+        b = llama_bench(lj, lambda x: ("decode", int(x["n_depth"]), 1)).get(("decode", 1024, 1))
+        if a and b:
+            out.append((a[0], b[0]))
+        r += 1
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
 def main(argv):
     if len(argv) < 3:
         sys.stderr.write("usage: sbs_table.py WORKDIR MODEL...\n")
@@ -80,8 +107,10 @@ def main(argv):
         ll = llama_bench(os.path.join(work, mdl + ".llama-pp.json"), lambda r: ("prefill", int(r["n_prompt"])))
         ll.update(llama_bench(os.path.join(work, mdl + ".llama-tg.json"),
                               lambda r: ("decode", int(r["n_depth"]), 1)))
+        ll.update(llama_bench(os.path.join(work, mdl + ".llama-long.json"), lambda r: ("prefill", int(r["n_prompt"]))))
         ll.update(batched(os.path.join(work, mdl + ".llama-batched.txt")))
         ns = nightshift(os.path.join(work, mdl + ".nightshift.txt"))
+        ns.update(nightshift(os.path.join(work, mdl + ".nightshift-long.txt")))
         for k in sorted(set(ll) | set(ns), key=lambda k: (k[0] != "prefill",) + k[1:]):
             name = "prefill %d tok/s" % k[1] if k[0] == "prefill" else "decode ctx %d B%d tok/s" % (k[1], k[2])
             a, b = ns.get(k), ll.get(k)
@@ -91,6 +120,12 @@ def main(argv):
                 rng = "%.3fx-%.3fx" % (a[1] / b[2], a[2] / b[1])
             print("| %s | %s | %s | %s | %s | %s |" % (mdl, name, "%.1f" % a[0] if a else "missing",
                                                       "%.1f" % b[0] if b else "missing", ratio, rng))
+        rs = rounds(work, mdl)
+        if rs:
+            q = [a / b for a, b in rs]
+            print("| %s | decode ctx 1024 B1 tok/s, %d alternated rounds (medians) | %.1f | %.1f | %.3fx | "
+                  "%.3fx-%.3fx (the rounds' ratios) |" % (mdl, len(rs), median([a for a, _ in rs]),
+                                                         median([b for _, b in rs]), median(q), min(q), max(q)))
     return 0
 
 

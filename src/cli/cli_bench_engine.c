@@ -57,6 +57,7 @@ typedef struct bopts {
     int32_t prefill[MAX_LIST], batches[MAX_LIST], contexts[MAX_LIST];
     int n_prefill, n_batches, n_contexts;
     bool profile, micro;
+    bool no_ablation; /* --no-ablation: skip the cuda decode ablation rows */
     uint64_t seed;
     double kv_gb; /* cpu: KV pool budget */
     ns_dtype weight_type; /* dummy weights: bf16, or a GGUF block type (cuda) */
@@ -114,6 +115,8 @@ static void usage(FILE *f) {
             "  --profile                per-kernel times (cuda; default off): decode b1@1k and b64@1k, and a\n"
             "                           prefill of the longest --prefill point (else 8k)\n"
             "  --micro                  matmul path micro-benchmark (cuda; default off)\n"
+            "  --no-ablation            skip the cuda decode ablation rows (default: run them after\n"
+            "                           the decode points; ~15 s at --repeats 3)\n"
             "  --seed N                 dummy-weight seed (default 1)\n"
             "  --weight-type T          dummy-weight type: bf16 (default), or GGUF blocks q8_0, q4_0,\n"
             "                           q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (cuda; every matrix of\n"
@@ -272,6 +275,8 @@ static int parse_args(int argc, char **argv, bopts *o) {
             o->profile = true;
         } else if (!strcmp(a, "--micro")) {
             o->micro = true;
+        } else if (!strcmp(a, "--no-ablation")) {
+            o->no_ablation = true;
         } else {
             fprintf(stderr, "nightshift bench-engine: unknown option %s\n", a);
             return -1;
@@ -809,7 +814,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
         printf("cuda graphs: %lld replays, %lld captures, %lld eager decode tapes; %lld steps from the step memo\n",
                (long long)rep, (long long)cap, (long long)eag, (long long)ns_cuda_memo_replays(B->be));
     }
-    if (B->cuda && B->o.n_batches && B->o.n_contexts) {
+    if (B->cuda && B->o.n_batches && B->o.n_contexts && !B->o.no_ablation) {
         /* what each decode-path feature is worth: batch 1, 1k context,
          * each flipped from its setting in turn (prefetch is off by
          * default, the others on) */
@@ -866,7 +871,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
         }
         printf("\n");
     }
-    if (B->cuda && B->be->kv.dtype == NS_DT_FP8_E4M3 && B->o.n_batches && B->o.n_contexts) {
+    if (B->cuda && B->be->kv.dtype == NS_DT_FP8_E4M3 && B->o.n_batches && B->o.n_contexts && !B->o.no_ablation) {
         /* FP8 decode variants at the longest context, batch 1 and the
          * largest batch <= 8 (cuda.h: ns_cuda_set_fp8_split_div /
          * ns_cuda_set_fp8_dec; defaults 8 and 0) */

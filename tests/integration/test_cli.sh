@@ -130,7 +130,7 @@ expect_usage_error 'bad value for --repeats: "0"' bench-engine --dummy-weights "
 
 # ---- bench-engine: every point is the median of --repeats timed runs,
 # with its spread on the line
-run bench-engine --device cpu --dummy-weights "$TINY_CFG" --prefill 32 --batches 1 --contexts 32 --repeats 2
+run bench-engine --device cpu --dummy-weights "$TINY_CFG" --prefill 32 --batches 1 --contexts 32 --repeats 2 --no-ablation
 [ "$RC" = 0 ] || fail "bench-engine --repeats 2: exit $RC: $ERR"
 grep -qE '^prefill +32 tokens: .*median of 2, [0-9.]+-[0-9.]+ s\)' <<<"$OUT" || fail "bench-engine prefill line: $OUT"
 grep -qE '^decode ctx +32 batch +1: .*\(median of 2, [0-9.]+-[0-9.]+ ms\)' <<<"$OUT" || fail "bench-engine decode line: $OUT"
