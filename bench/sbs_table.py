@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/sbs_table.py: the table of bench/llama_cpp_side_by_side.sh.
 
-Usage: python3 bench/sbs_table.py WORKDIR MODEL...
+Usage: python3 bench/sbs_table.py [--target X] WORKDIR MODEL...
 
 It reads, per model, WORKDIR/MODEL.llama-pp.json, MODEL.llama-long.json
 and MODEL.llama-tg.json (llama-bench -o json), MODEL.llama-batched.txt
@@ -13,6 +13,10 @@ The alternated rounds of decode at 1k batch 1 (MODEL.roundR.llama-tg.json
 and MODEL.roundR.nightshift.txt, R = 1, 2, ...) make one more row: the
 medians of both sides' figures over the rounds, the median of the
 rounds' ratios, and their smallest and largest.
+The last column holds each ratio against the target X (default 1.2,
+issue 12's "every line >= 1.2x llama.cpp"): "met" when the whole range
+is at or above it, "not met" when the whole range is below, "inside the
+spread" otherwise (a ratio without a range is its own range).
 The spreads are nightshift's min-max over its --repeats runs (the
 "(median of N, LO-HI ms)" suffix) and the min-max of llama-bench's
 samples_ts. So when a target such as 1.2x falls inside the range, the
@@ -96,13 +100,34 @@ def median(xs):
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
+def verdict(lo, hi, target):
+    """The range [lo, hi] of a ratio against the target."""
+    if lo >= target:
+        return "met"
+    if hi < target:
+        return "not met"
+    return "inside the spread"
+
+
 def main(argv):
-    if len(argv) < 3:
-        sys.stderr.write("usage: sbs_table.py WORKDIR MODEL...\n")
+    args = argv[1:]
+    target = 1.2
+    if args[:1] == ["--target"]:
+        if len(args) < 2:
+            sys.stderr.write("sbs_table.py: --target needs a number\n")
+            return 2
+        try:
+            target = float(args[1])
+        except ValueError:
+            sys.stderr.write("sbs_table.py: --target needs a number, not %r\n" % args[1])
+            return 2
+        args = args[2:]
+    if len(args) < 2:
+        sys.stderr.write("usage: sbs_table.py [--target X] WORKDIR MODEL...\n")
         return 2
-    work, models = argv[1], argv[2:]
-    print("| model | measure | nightshift | llama.cpp | ratio | ratio over both spreads |")
-    print("|---|---|---|---|---|---|")
+    work, models = args[0], args[1:]
+    print("| model | measure | nightshift | llama.cpp | ratio | ratio over both spreads | >= %gx |" % target)
+    print("|---|---|---|---|---|---|---|")
     for mdl in models:
         ll = llama_bench(os.path.join(work, mdl + ".llama-pp.json"), lambda r: ("prefill", int(r["n_prompt"])))
         ll.update(llama_bench(os.path.join(work, mdl + ".llama-tg.json"),
@@ -115,17 +140,22 @@ def main(argv):
             name = "prefill %d tok/s" % k[1] if k[0] == "prefill" else "decode ctx %d B%d tok/s" % (k[1], k[2])
             a, b = ns.get(k), ll.get(k)
             ratio = "%.3fx" % (a[0] / b[0]) if a and b else "-"
-            rng = "-"
-            if a and b and None not in (a[1], a[2], b[1], b[2]) and b[1] > 0 and b[2] > 0:
-                rng = "%.3fx-%.3fx" % (a[1] / b[2], a[2] / b[1])
-            print("| %s | %s | %s | %s | %s | %s |" % (mdl, name, "%.1f" % a[0] if a else "missing",
-                                                      "%.1f" % b[0] if b else "missing", ratio, rng))
+            rng, ok = "-", "-"
+            if a and b:
+                lo = hi = a[0] / b[0]
+                if None not in (a[1], a[2], b[1], b[2]) and b[1] > 0 and b[2] > 0:
+                    lo, hi = a[1] / b[2], a[2] / b[1]
+                    rng = "%.3fx-%.3fx" % (lo, hi)
+                ok = verdict(lo, hi, target)
+            print("| %s | %s | %s | %s | %s | %s | %s |" % (mdl, name, "%.1f" % a[0] if a else "missing",
+                                                           "%.1f" % b[0] if b else "missing", ratio, rng, ok))
         rs = rounds(work, mdl)
         if rs:
             q = [a / b for a, b in rs]
             print("| %s | decode ctx 1024 B1 tok/s, %d alternated rounds (medians) | %.1f | %.1f | %.3fx | "
-                  "%.3fx-%.3fx (the rounds' ratios) |" % (mdl, len(rs), median([a for a, _ in rs]),
-                                                         median([b for _, b in rs]), median(q), min(q), max(q)))
+                  "%.3fx-%.3fx (the rounds' ratios) | %s |" % (mdl, len(rs), median([a for a, _ in rs]),
+                                                              median([b for _, b in rs]), median(q), min(q), max(q),
+                                                              verdict(min(q), max(q), target)))
     return 0
 
 

@@ -7,6 +7,7 @@
 # A trap kills every server started here on any exit path.
 # json_get JSON EXPR      evaluates a JS expression on the parsed JSON (node).
 # fail MSG                prints MSG and the server log tail, exits 1.
+# expect_line TEXT KEY EXPECTED  the first line of TEXT with KEY is EXPECTED.
 # Assets: $NS_SHARED (models/, goldens/), default the repository's
 # tests/fixtures. curl and node are required: a missing one fails the test.
 set -u
@@ -35,6 +36,17 @@ fail() {
   echo "FAIL: $*"
   [ -n "${LOG:-}" ] && [ -f "$LOG" ] && { echo "--- server log (tail)"; tail -20 "$LOG"; }
   exit 1
+}
+
+# expect_line TEXT KEY EXPECTED: the first line of TEXT that contains KEY
+# (a fixed string) must be EXPECTED; fails naming both otherwise.
+expect_line() {
+  local got
+  got=$(grep -F -m1 -- "$2" <<<"$1")
+  [ "$got" = "$3" ] || fail "line '$2': expected
+  $3
+got
+  ${got:-(none)}"
 }
 
 start_server() {

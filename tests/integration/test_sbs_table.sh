@@ -4,7 +4,8 @@
 # ubatch is taken, nightshift's median lines are read with their spread,
 # the ratio and its range over both spreads are right, a line without a
 # spread (older output, llama-batched-bench) gets none, a missing side
-# reads "missing".
+# reads "missing", and the target column says met / not met / inside the
+# spread (default 1.2x, --target X).
 source "$(dirname "$0")/common.bash"
 
 W=$TMP/work
@@ -29,20 +30,22 @@ decode ctx   1024 batch   8:    6.000 ms/step    1333.3 tok/s   16.36 GB/step  f
 decode ctx  32768 batch   8:   14.839 ms/step     539.1 tok/s   53.81 GB/step  floor  12.631 ms =  85.1% of bandwidth roofline  (median of 3, 14.800-14.900 ms)
 T
 OUT=$(python3 "$NS_ROOT/bench/sbs_table.py" "$W" m) || fail "sbs_table.py: exit $?: $OUT"
-row() { grep -F "| m | $1 |" <<<"$OUT" || fail "no row '$1' in: $OUT"; }
 # prefill: best ubatch 120 (110-130); ours 16384 (10240-20480)
-[ "$(row 'prefill 8192 tok/s')" = "| m | prefill 8192 tok/s | 16384.0 | 120.0 | 136.533x | 78.769x-186.182x |" ] ||
-  fail "prefill row: $(row 'prefill 8192 tok/s')"
-# decode B1: 250 (243.9-256.4) against 200 (190-210)
-[ "$(row 'decode ctx 1024 B1 tok/s')" = "| m | decode ctx 1024 B1 tok/s | 250.0 | 200.0 | 1.250x | 1.161x-1.350x |" ] ||
-  fail "decode B1 row: $(row 'decode ctx 1024 B1 tok/s')"
+expect_line "$OUT" "| m | prefill 8192 tok/s |" "| m | prefill 8192 tok/s | 16384.0 | 120.0 | 136.533x | 78.769x-186.182x | met |"
+# decode B1: 250 (243.9-256.4) against 200 (190-210): 1.25x, but 1.161x at
+# the low end, so the 1.2x target lies inside the spread
+expect_line "$OUT" "| m | decode ctx 1024 B1 tok/s |" \
+  "| m | decode ctx 1024 B1 tok/s | 250.0 | 200.0 | 1.250x | 1.161x-1.350x | inside the spread |"
 # batched: one figure on each side, no spread on either
-[ "$(row 'decode ctx 1024 B8 tok/s')" = "| m | decode ctx 1024 B8 tok/s | 1333.3 | 800.0 | 1.667x | - |" ] ||
-  fail "decode B8 row: $(row 'decode ctx 1024 B8 tok/s')"
+expect_line "$OUT" "| m | decode ctx 1024 B8 tok/s |" "| m | decode ctx 1024 B8 tok/s | 1333.3 | 800.0 | 1.667x | - | met |"
 # one side only
-[ "$(row 'decode ctx 32768 B1 tok/s')" = "| m | decode ctx 32768 B1 tok/s | missing | 100.0 | - | - |" ] ||
-  fail "llama-only row: $(row 'decode ctx 32768 B1 tok/s')"
-[ "$(row 'decode ctx 32768 B8 tok/s')" = "| m | decode ctx 32768 B8 tok/s | 539.1 | missing | - | - |" ] ||
-  fail "nightshift-only row: $(row 'decode ctx 32768 B8 tok/s')"
+expect_line "$OUT" "| m | decode ctx 32768 B1 tok/s |" "| m | decode ctx 32768 B1 tok/s | missing | 100.0 | - | - | - |"
+expect_line "$OUT" "| m | decode ctx 32768 B8 tok/s |" "| m | decode ctx 32768 B8 tok/s | 539.1 | missing | - | - | - |"
+# another target: 1.4x lies above the B1 row's whole range (1.161-1.350)
+OUT=$(python3 "$NS_ROOT/bench/sbs_table.py" --target 1.4 "$W" m) || fail "sbs_table.py --target 1.4: exit $?: $OUT"
+expect_line "$OUT" "| model |" "| model | measure | nightshift | llama.cpp | ratio | ratio over both spreads | >= 1.4x |"
+expect_line "$OUT" "| m | decode ctx 1024 B1 tok/s |" \
+  "| m | decode ctx 1024 B1 tok/s | 250.0 | 200.0 | 1.250x | 1.161x-1.350x | not met |"
+python3 "$NS_ROOT/bench/sbs_table.py" --target x "$W" m >/dev/null 2>&1 && fail "sbs_table.py --target x: exit 0"
 python3 "$NS_ROOT/bench/sbs_table.py" "$W" >/dev/null 2>&1 && fail "sbs_table.py without a model: exit 0"
 echo "ok: side-by-side table, ratios and their ranges"
