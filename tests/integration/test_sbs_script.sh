@@ -11,7 +11,7 @@ W=$TMP/side
 mkdir -p "$W/build/bin"
 CALLS=$TMP/calls.log
 export CALLS
-touch "$W/8b-bf16.gguf" "$TMP/src.txz"
+touch "$W/8b-bf16.gguf" "$W/8b-q4_k.gguf" "$TMP/src.txz"
 
 # llama-bench: one JSON entry per -p length (prefill) or -d depth (decode);
 # decode's tok/s grows by 10 on each call, so the rounds differ
@@ -68,7 +68,7 @@ EOF
 chmod +x "$W/build/bin/llama-bench" "$W/build/bin/llama-batched-bench" "$TMP/bench_engine"
 
 run_sbs() {
-  CUDA_HOME=/nonexistent SBS_MODELS=8b-bf16 SBS_PHASES="3 4 5 6" SBS_ROUNDS=2 SBS_NS_BIN=$TMP/bench_engine \
+  CUDA_HOME=/nonexistent SBS_MODELS="8b-bf16 8b-q4_k" SBS_PHASES="3 4 5 6" SBS_ROUNDS=2 SBS_NS_BIN=$TMP/bench_engine \
     bash "$NS_ROOT/bench/llama_cpp_side_by_side.sh" "$TMP/src.txz" "$W" 2>&1
 }
 OUT=$(run_sbs) || fail "side-by-side script: exit $?: $OUT"
@@ -77,17 +77,23 @@ grep -q -- "llama-bench .*-p 100000 -n 0 " "$CALLS" || fail "no llama.cpp 100k p
 grep -q -- "bench_engine .*qwen3-8b-128k.json --prefill 100000 --contexts none --batches none --chunk 8448 " "$CALLS" ||
   fail "no nightshift 100k prompt in chunks of 8448: $(cat "$CALLS")"
 [ "$(grep -c -- "--contexts 1k --batches 1 .*--no-ablation" "$CALLS")" = 2 ] || fail "not two nightshift rounds: $(cat "$CALLS")"
-[ "$(grep -c -- "llama-bench .*-p 0 -n 64 -d 1024 " "$CALLS")" = 2 ] || fail "not two llama.cpp rounds: $(cat "$CALLS")"
+# rounds only for SBS_ROUND_MODELS (8b-bf16); the quantized model runs on its GGUF
+[ -s "$W/8b-bf16.round2.llama-tg.json" ] && [ -s "$W/8b-bf16.round2.nightshift.txt" ] || fail "no round 2: $(ls "$W")"
+[ ! -e "$W/8b-bf16.round3.llama-tg.json" ] && [ ! -e "$W/8b-q4_k.round1.llama-tg.json" ] || fail "rounds beyond SBS_ROUNDS / SBS_ROUND_MODELS: $(ls "$W")"
+grep -q -- "bench_engine --device cuda --model $W/8b-q4_k.gguf " "$CALLS" || fail "q4_k not on its GGUF: $(cat "$CALLS")"
 
 # 100000 / 7 s = 14286 tok/s (14285.7 both ends of the spread) against 7000
 expect_line "$OUT" "| 8b-bf16 | prefill 100000 tok/s |" \
   "| 8b-bf16 | prefill 100000 tok/s | 14286.0 | 7000.0 | 2.041x | 2.041x-2.041x | met |"
-# phase 3's decode call was llama-bench's first -n 64 (190 tok/s); the
-# rounds got 200 and 210: ratios 1.250 and 1.190
+# phase 3's decode calls were llama-bench's first two -n 64 (8b-bf16 190
+# tok/s, 8b-q4_k 200); the rounds got 210 and 220: ratios 1.190 and 1.136
 expect_line "$OUT" "| 8b-bf16 | decode ctx 1024 B1 tok/s |" \
   "| 8b-bf16 | decode ctx 1024 B1 tok/s | 250.0 | 190.0 | 1.316x | 1.316x-1.316x | met |"
 expect_line "$OUT" "| 8b-bf16 | decode ctx 1024 B1 tok/s, 2" \
-  "| 8b-bf16 | decode ctx 1024 B1 tok/s, 2 alternated rounds (medians) | 250.0 | 205.0 | 1.220x | 1.190x-1.250x (the rounds' ratios) | inside the spread |"
+  "| 8b-bf16 | decode ctx 1024 B1 tok/s, 2 alternated rounds (medians) | 250.0 | 215.0 | 1.163x | 1.136x-1.190x (the rounds' ratios) | not met |"
+expect_line "$OUT" "| 8b-q4_k | decode ctx 1024 B1 tok/s |" \
+  "| 8b-q4_k | decode ctx 1024 B1 tok/s | 250.0 | 200.0 | 1.250x | 1.250x-1.250x | met |"
+grep -qF "| 8b-q4_k | decode ctx 1024 B1 tok/s, " <<<"$OUT" && fail "a rounds row for 8b-q4_k: $OUT"
 
 # a second run measures nothing again
 n=$(wc -l <"$CALLS")
