@@ -78,6 +78,14 @@ def nightshift(path):
     return out
 
 
+def prefill_key(r):
+    return ("prefill", int(r["n_prompt"]))
+
+
+def decode_key(r):
+    return ("decode", int(r["n_depth"]), 1)
+
+
 def rounds(work, mdl):
     """[(nightshift tok/s, llama.cpp tok/s)] of the rounds present, in order."""
     out = []
@@ -88,7 +96,7 @@ def rounds(work, mdl):
         if not (os.path.exists(lj) and os.path.exists(nt)):
             return out
         a = nightshift(nt).get(("decode", 1024, 1))
-        b = llama_bench(lj, lambda x: ("decode", int(x["n_depth"]), 1)).get(("decode", 1024, 1))
+        b = llama_bench(lj, decode_key).get(("decode", 1024, 1))
         if a and b:
             out.append((a[0], b[0]))
         r += 1
@@ -129,10 +137,9 @@ def main(argv):
     print("| model | measure | nightshift | llama.cpp | ratio | ratio over both spreads | >= %gx |" % target)
     print("|---|---|---|---|---|---|---|")
     for mdl in models:
-        ll = llama_bench(os.path.join(work, mdl + ".llama-pp.json"), lambda r: ("prefill", int(r["n_prompt"])))
-        ll.update(llama_bench(os.path.join(work, mdl + ".llama-tg.json"),
-                              lambda r: ("decode", int(r["n_depth"]), 1)))
-        ll.update(llama_bench(os.path.join(work, mdl + ".llama-long.json"), lambda r: ("prefill", int(r["n_prompt"]))))
+        ll = llama_bench(os.path.join(work, mdl + ".llama-pp.json"), prefill_key)
+        ll.update(llama_bench(os.path.join(work, mdl + ".llama-tg.json"), decode_key))
+        ll.update(llama_bench(os.path.join(work, mdl + ".llama-long.json"), prefill_key))
         ll.update(batched(os.path.join(work, mdl + ".llama-batched.txt")))
         ns = nightshift(os.path.join(work, mdl + ".nightshift.txt"))
         ns.update(nightshift(os.path.join(work, mdl + ".nightshift-long.txt")))
