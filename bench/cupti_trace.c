@@ -11,6 +11,11 @@
  * Use (the GPU machine; `make CUDA=1 cupti-trace` builds it):
  *   NS_TRACE_OUT=trace.csv NS_TRACE_MAX=200000 \
  *     LD_PRELOAD=build/cuda/libns_cupti_trace.so build/cuda/gpu-tests/bench_engine ...
+ * LD_PRELOAD reaches every process the command starts: under a wrapper,
+ * put it after the wrapper (`timeout 90 env LD_PRELOAD=... bench_engine`).
+ * A process that recorded no kernel (the wrapper itself) leaves the file
+ * alone, so it cannot replace the real trace with an empty one at its
+ * exit, as `LD_PRELOAD=... timeout 90 bench_engine` did (2026-12-03).
  *   python3 bench/trace_step.py trace.csv   (per-kernel cost inside one decode step)
  * Writes "Start (ns)","Duration (ns)","Name" rows (the first NS_TRACE_MAX
  * kernels, default 200000) when the process exits. Kernel names are
@@ -90,6 +95,7 @@ __attribute__((constructor)) static void trace_start(void) {
 __attribute__((destructor)) static void trace_stop(void) {
     if (!enabled) return;
     cuptiActivityFlushAll(1);
+    if (n_rows == 0) return; /* no kernel ran here: not the traced process */
     const char *path = getenv("NS_TRACE_OUT");
     FILE *f = fopen(path ? path : "cupti_trace.csv", "w");
     if (!f) {
