@@ -241,10 +241,6 @@ __global__ __launch_bounds__(128, MINB) void k_attn_decode_fp8_reg(attn_params p
 static constexpr int f8r_smem = 1024 + F8R_NST * F8R_STAGE + 2 * F8R_NST * 4 * 4;
 static_assert(F8R_NST * F8R_STAGE >= 4 * 8 * F8R_D * 4, "dm_finish reuses the stages for the warps' partial o");
 
-typedef CUresult (*f8r_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                  const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
 /* The tensor map: the pool as [n_pages][segs * P rows][128 codes] (page
  * stride page_size_bytes, a multiple of 16; the scales after the codes
  * are outside every box), boxes of 16 rows with the 128-byte swizzle.
@@ -253,7 +249,7 @@ static bool f8r_tmap(cu_impl *c, const ns_kv_layout *l, dm_tmap *out) {
     const size_t rows = (size_t)l->n_layers * 2 * (size_t)l->n_kv_heads * (size_t)l->page_tokens;
     if (c->attn_tmap8_kv != c->kv || c->attn_tmap8_pages != l->n_pages || c->attn_tmap8_page_bytes != l->page_size_bytes ||
         c->attn_tmap8_rows != rows) {
-        const f8r_encode_fn encode = (f8r_encode_fn)cu_tmap_encoder();
+        const PFN_cuTensorMapEncodeTiled_v12000 encode = cu_tmap_encoder();
         alignas(64) CUtensorMap m;
         memset(&m, 0, sizeof m);
         const cuuint64_t dims[3] = {F8R_D, (cuuint64_t)rows, (cuuint64_t)l->n_pages};

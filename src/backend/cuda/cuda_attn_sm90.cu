@@ -809,11 +809,8 @@ bool cu_attn_sm90_usable(cu_impl *c, int head_dim, int G) {
  * this kernel on its own bf16 scratch pool. False (use the cp.async
  * producer) where a TMA box cannot express the pages: P not a multiple of
  * 8 dividing 128, row coordinates past 2^31, or no encoder in the driver. */
-typedef CUresult (*s9_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                 const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-void *cu_tmap_encoder(void) {
-    static void *encode = NULL;
+PFN_cuTensorMapEncodeTiled_v12000 cu_tmap_encoder(void) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
     static bool tried = false;
     if (!tried) {
         tried = true;
@@ -822,7 +819,7 @@ void *cu_tmap_encoder(void) {
         if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
                 cudaSuccess &&
             q == cudaDriverEntryPointSuccess)
-            encode = fn;
+            encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
         else
             (void)cudaGetLastError();
     }
@@ -835,7 +832,7 @@ bool cu_attn_kv_tmap(cu_impl *c, const uint8_t *kv, size_t kv_bytes, size_t page
         v_off % 256 || kv_bytes / 256 >= (1ull << 31))
         return false;
     if (c->attn_tmap_kv != kv || c->attn_tmap_bytes != kv_bytes) {
-        const s9_encode_fn encode = (s9_encode_fn)cu_tmap_encoder();
+        const PFN_cuTensorMapEncodeTiled_v12000 encode = cu_tmap_encoder();
         alignas(64) CUtensorMap m;
         memset(&m, 0, sizeof m);
         const cuuint64_t dims[2] = {128, (cuuint64_t)(kv_bytes / 256)}, strides[1] = {256};

@@ -24,6 +24,7 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h> /* the driver entry points' function types (nothing links -lcuda) */
 #include <stdint.h>
 
 extern "C" {
@@ -572,9 +573,8 @@ typedef struct cu_sm90_params {
     float scale_log2;
 } cu_sm90_params;
 /* The driver's cuTensorMapEncodeTiled (fetched once through the runtime,
- * so nothing links -lcuda), or NULL where the driver lacks it; callers
- * cast it to the function type of <cuda.h>. */
-void *cu_tmap_encoder(void);
+ * so nothing links -lcuda), or NULL where the driver lacks it. */
+PFN_cuTensorMapEncodeTiled_v12000 cu_tmap_encoder(void);
 /* The pool [kv, kv + kv_bytes) as a TMA tensor map (rows of 128 bf16,
  * boxes of 64 x P, 128-byte swizzle; cached per pool in cu_impl), shared
  * by the Hopper prefill and the decode's copy mode 4: false where a box
