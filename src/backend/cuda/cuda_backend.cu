@@ -1467,6 +1467,12 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     if (c->dec_mma_tiles < 1 || c->dec_mma_tiles > 16) c->dec_mma_tiles = 2;
     c->dec_mma_ctas = env_int("NS_CUDA_DEC_MMA_CTAS", 2);
     if (c->dec_mma_ctas < 0 || c->dec_mma_ctas > 64) c->dec_mma_ctas = 2;
+    c->fp8r_ctas_aim = env_int("NS_CUDA_FP8R_CTAS", 0); /* choose_fp8r_splits */
+    if (c->fp8r_ctas_aim < 0) c->fp8r_ctas_aim = 0;
+    c->fp8r_tiles = env_int("NS_CUDA_FP8R_TILES", 1);
+    if (c->fp8r_tiles < 1) c->fp8r_tiles = 1;
+    c->fp8r_min_len = env_int("NS_CUDA_FP8R_MIN_LEN", 8192);
+    if (c->fp8r_min_len < 0) c->fp8r_min_len = 8192;
     c->split_keys = env_int("NS_CUDA_SPLIT_KEYS", 64);
     if (c->split_keys < 64 || c->split_keys % 64) c->split_keys = 64;
     c->l2_bytes = (size_t)prop.l2CacheSize;

@@ -8,7 +8,6 @@
  * depend only on the step's counts (meta_place), so a replayed graph
  * reads where it was captured to.
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.cuh"
@@ -103,19 +102,10 @@ static int32_t choose_mma_splits(const cu_impl *c, int32_t n_splits, int32_t max
  * in the graph key (tape_key). */
 static int32_t choose_fp8r_splits(cu_impl *c, int32_t n_dec, int32_t n_kv_heads, int32_t max_len) {
     if (n_dec <= 0 || n_kv_heads <= 0) return 0;
-    static int ctas_env = -1, tiles_env = -1, min_len_env = -1;
-    if (ctas_env < 0) {
-        const char *e = getenv("NS_CUDA_FP8R_CTAS");
-        ctas_env = e && atoi(e) > 0 ? atoi(e) : 0;
-        e = getenv("NS_CUDA_FP8R_TILES");
-        tiles_env = e && atoi(e) > 0 ? atoi(e) : 1;
-        e = getenv("NS_CUDA_FP8R_MIN_LEN");
-        min_len_env = e && atoi(e) >= 0 ? atoi(e) : 8192;
-    }
-    if (n_dec < 4 && max_len < min_len_env) return 0;
-    const int64_t per_sm = ctas_env > 0 ? ctas_env : cu_attn_decode_fp8_reg_ctas(c);
+    if (n_dec < 4 && max_len < c->fp8r_min_len) return 0;
+    const int64_t per_sm = c->fp8r_ctas_aim > 0 ? c->fp8r_ctas_aim : cu_attn_decode_fp8_reg_ctas(c);
     int64_t q = per_sm * c->n_sm / ((int64_t)n_dec * n_kv_heads);
-    const int64_t by_len = ((int64_t)max_len + 64LL * tiles_env - 1) / (64LL * tiles_env);
+    const int64_t by_len = ((int64_t)max_len + 64LL * c->fp8r_tiles - 1) / (64LL * c->fp8r_tiles);
     if (q > by_len) q = by_len;
     if (q > 1024) q = 1024; /* decode_merge's bound */
     return q < 1 ? 1 : (int32_t)q;

@@ -249,6 +249,11 @@ typedef struct cu_impl {
     size_t attn_tmap8_page_bytes, attn_tmap8_rows;
     int attn_tmap8_ok;
     int fp8r_ctas; /* its CTAs per SM (occupancy; 0 = not asked yet) */
+    /* its split choice (choose_fp8r_splits): NS_CUDA_FP8R_CTAS, CTAs per SM
+     * aimed at (0: the occupancy); NS_CUDA_FP8R_TILES, fewest 64-key tiles
+     * per split; NS_CUDA_FP8R_MIN_LEN, the length below which batches under
+     * 4 keep the older kernels */
+    int fp8r_ctas_aim, fp8r_tiles, fp8r_min_len;
     int early_loads; /* decode tapes: small kernels read constants and metadata before the PDL wait */
     bool tape_early; /* run_tape: this tape's norm weights / RoPE frequencies are written by none of its ops */
     int tape_early_mask; /* run_tape: the CU_EARLY_* kernels that read before their PDL wait in this tape (cu_early) */
