@@ -871,8 +871,9 @@ static ns_status bench_run(bench *B, ns_error *err) {
         }
         /* the defaults once more at the end: rows measured in a fixed
          * order drift with the GPU's clock and power state, and on
-         * 2026-12-03 the first defaults read up to 0.05 ms above most later
-         * rows (docs/cuda.md v30); a row counts only against both */
+         * 2026-12-03 the first defaults read up to 0.05 ms above the row
+         * after them in every process (docs/cuda.md v30); a row counts
+         * only against both */
         if (!base.skipped) {
             dec_result again;
             rc = run_decode_median(B, 1024, 1, &again, &lo, &hi, err);
