@@ -17,6 +17,12 @@ The last column holds each ratio against the target X (default 1.2,
 issue 12's "every line >= 1.2x llama.cpp"): "met" when the whole range
 is at or above it, "not met" when the whole range is below, "inside the
 spread" otherwise (a ratio without a range is its own range).
+For the model 8b-bf16 (the shape issue 12 names) a second table holds
+nightshift's own figures against the issue's absolute targets on the
+H200 (prefill 8k >= 32000 tok/s, 32k >= 21000, the 100k-token prompt
+<= 7.0 s, decode ctx 32k batch 1 >= 170 tok/s, ctx 1k batch 1 >= 231),
+with the same three verdicts over nightshift's spread: a ratio column
+that says "met" must not hide an absolute line that is not.
 The spreads are nightshift's min-max over its --repeats runs (the
 "(median of N, LO-HI ms)" suffix) and the min-max of llama-bench's
 samples_ts. So when a target such as 1.2x falls inside the range, the
@@ -117,6 +123,39 @@ def verdict(lo, hi, target):
     return "inside the spread"
 
 
+# issue 12's absolute targets for the 8b-bf16 shape on the H200: (key,
+# the line's name, the least tok/s); the 100k-token prompt's target is a
+# time, 7.0 s, so its least rate is 100000 / 7.0 and it is shown in s
+ABSOLUTE = {
+    "8b-bf16": [(("prefill", 8192), "prefill 8192 >= 32000 tok/s", 32000.0),
+                (("prefill", 32768), "prefill 32768 >= 21000 tok/s", 21000.0),
+                (("prefill", 100000), "100000-token prompt <= 7.0 s", 100000 / 7.0),
+                (("decode", 32768, 1), "decode ctx 32768 B1 >= 170 tok/s", 170.0),
+                (("decode", 1024, 1), "decode ctx 1024 B1 >= 231 tok/s", 231.0)],
+}
+
+
+def absolute_rows(mdl, ns):
+    """Markdown rows of mdl's absolute targets ([] when it has none)."""
+    rows = []
+    for k, name, least in ABSOLUTE.get(mdl, []):
+        a = ns.get(k)
+        if not a:
+            rows.append("| %s | %s | missing | - |" % (mdl, name))
+            continue
+        lo, hi = (a[1], a[2]) if None not in (a[1], a[2]) else (a[0], a[0])
+        if k == ("prefill", 100000):
+            fig = "%.3f s" % (k[1] / a[0])
+            if a[1] is not None and a[2] is not None:
+                fig += " (%.3f-%.3f)" % (k[1] / a[2], k[1] / a[1])
+        else:
+            fig = "%.1f" % a[0]
+            if a[1] is not None and a[2] is not None:
+                fig += " (%.1f-%.1f)" % (a[1], a[2])
+        rows.append("| %s | %s | %s | %s |" % (mdl, name, fig, verdict(lo / least, hi / least, 1.0)))
+    return rows
+
+
 def main(argv):
     args = argv[1:]
     target = 1.2
@@ -134,6 +173,7 @@ def main(argv):
         sys.stderr.write("usage: sbs_table.py [--target X] WORKDIR MODEL...\n")
         return 2
     work, models = args[0], args[1:]
+    absolute = []
     print("| model | measure | nightshift | llama.cpp | ratio | ratio over both spreads | >= %gx |" % target)
     print("|---|---|---|---|---|---|---|")
     for mdl in models:
@@ -156,6 +196,7 @@ def main(argv):
                 ok = verdict(lo, hi, target)
             print("| %s | %s | %s | %s | %s | %s | %s |" % (mdl, name, "%.1f" % a[0] if a else "missing",
                                                            "%.1f" % b[0] if b else "missing", ratio, rng, ok))
+        absolute += absolute_rows(mdl, ns)
         rs = rounds(work, mdl)
         if rs:
             q = [a / b for a, b in rs]
@@ -163,6 +204,12 @@ def main(argv):
                   "%.3fx-%.3fx (the rounds' ratios) | %s |" % (mdl, len(rs), median([a for a, _ in rs]),
                                                               median([b for _, b in rs]), median(q), min(q), max(q),
                                                               verdict(min(q), max(q), target)))
+    if absolute:
+        print()
+        print("| model | issue 12 target (H200) | nightshift | verdict |")
+        print("|---|---|---|---|")
+        for r in absolute:
+            print(r)
     return 0
 
 

@@ -5,7 +5,8 @@
 # the ratio and its range over both spreads are right, a line without a
 # spread (older output, llama-batched-bench) gets none, a missing side
 # reads "missing", and the target column says met / not met / inside the
-# spread (default 1.2x, --target X).
+# spread (default 1.2x, --target X); the 8b-bf16 shape's absolute
+# targets of issue 12 make a second table with the same verdicts.
 source "$(dirname "$0")/common.bash"
 
 W=$TMP/work
@@ -46,6 +47,31 @@ OUT=$(python3 "$NS_ROOT/bench/sbs_table.py" --target 1.4 "$W" m) || fail "sbs_ta
 expect_line "$OUT" "| model |" "| model | measure | nightshift | llama.cpp | ratio | ratio over both spreads | >= 1.4x |"
 expect_line "$OUT" "| m | decode ctx 1024 B1 tok/s |" \
   "| m | decode ctx 1024 B1 tok/s | 250.0 | 200.0 | 1.250x | 1.161x-1.350x | not met |"
+# the 8b-bf16 shape also gets issue 12's absolute targets, read over
+# nightshift's spread: the 100k-token prompt as a time (<= 7.0 s)
+cat >"$W/8b-bf16.nightshift.txt" <<'T'
+prefill   8192 tokens:    0.230 s      35617 tok/s      562 TFLOP/s =  72.0% of measured GEMM rate (chunks of 8192; median of 3, 0.220-0.240 s)
+prefill  32768 tokens:    1.600 s      20480 tok/s      562 TFLOP/s =  72.0% of measured GEMM rate (chunks of 8192; median of 3, 1.500-1.700 s)
+decode ctx   1024 batch   1:    4.300 ms/step     232.6 tok/s   15.29 GB/step  floor   3.589 ms =  83.4% of bandwidth roofline  (median of 3, 4.250-4.350 ms)
+T
+cat >"$W/8b-bf16.nightshift-long.txt" <<'T'
+prefill 100000 tokens:    7.203 s      13883 tok/s      602 TFLOP/s =  76.1% of measured GEMM rate (chunks of 8448; median of 3, 7.189-7.203 s)
+T
+OUT=$(python3 "$NS_ROOT/bench/sbs_table.py" "$W" m 8b-bf16) || fail "sbs_table.py m 8b-bf16: exit $?: $OUT"
+expect_line "$OUT" "| model | issue 12" "| model | issue 12 target (H200) | nightshift | verdict |"
+expect_line "$OUT" "| 8b-bf16 | prefill 8192 >=" \
+  "| 8b-bf16 | prefill 8192 >= 32000 tok/s | 35617.0 (34133.3-37236.4) | met |"
+# 20480 tok/s, 19275-21845 over the spread: the 21000 line lies inside it
+expect_line "$OUT" "| 8b-bf16 | prefill 32768 >=" \
+  "| 8b-bf16 | prefill 32768 >= 21000 tok/s | 20480.0 (19275.3-21845.3) | inside the spread |"
+expect_line "$OUT" "| 8b-bf16 | 100000-token prompt" \
+  "| 8b-bf16 | 100000-token prompt <= 7.0 s | 7.203 s (7.189-7.203) | not met |"
+expect_line "$OUT" "| 8b-bf16 | decode ctx 32768 B1" "| 8b-bf16 | decode ctx 32768 B1 >= 170 tok/s | missing | - |"
+expect_line "$OUT" "| 8b-bf16 | decode ctx 1024 B1 >=" \
+  "| 8b-bf16 | decode ctx 1024 B1 >= 231 tok/s | 232.6 (229.9-235.3) | inside the spread |"
+# a model without absolute targets prints no second table
+OUT=$(python3 "$NS_ROOT/bench/sbs_table.py" "$W" m) || fail "sbs_table.py m: exit $?: $OUT"
+grep -qF "issue 12 target" <<<"$OUT" && fail "model m got the issue 12 targets table"
 python3 "$NS_ROOT/bench/sbs_table.py" --target x "$W" m >/dev/null 2>&1 && fail "sbs_table.py --target x: exit 0"
 python3 "$NS_ROOT/bench/sbs_table.py" "$W" >/dev/null 2>&1 && fail "sbs_table.py without a model: exit 0"
 echo "ok: side-by-side table, ratios and their ranges"
