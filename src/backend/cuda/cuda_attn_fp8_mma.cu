@@ -329,13 +329,10 @@ void cu_attn_decode_mma_fp8(cu_impl *c, const ns_kv_layout *l, float *out, bf16 
      * two lose where the grid is one wave at two per SM (32k batch 1,
      * 256 CTAs: 6.20 against 5.80) and win where it is many (batch 8,
      * 2048 CTAs: 14.08 against 15.53). So two stages once the grid
-     * exceeds two CTAs per SM; NS_CUDA_FP8_STAGES=2|3 forces either. A
-     * function of the grid, which the graph key fixes. */
-    static int forced = -1;
-    if (forced < 0) {
-        const char *e = getenv("NS_CUDA_FP8_STAGES");
-        forced = e && (atoi(e) == 2 || atoi(e) == 3) ? atoi(e) : 0;
-    }
+     * exceeds two CTAs per SM; NS_CUDA_FP8_STAGES=2|3 (read at backend
+     * creation) forces either. A function of the grid, which the graph
+     * key fixes. */
+    const int forced = c->fp8_stages;
     const unsigned ctas = grid.x * grid.y * grid.z;
     const bool st2 = forced == 2 || (forced == 0 && ctas > 2u * (unsigned)c->n_sm);
     if (D == 64 && bulk) launch_decode_mma_fp8<64, true, DM_ST>(c, p, grid, ks_off, vs_off);

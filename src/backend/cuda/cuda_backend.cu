@@ -1467,6 +1467,9 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     if (c->dec_mma_tiles < 1 || c->dec_mma_tiles > 16) c->dec_mma_tiles = 2;
     c->dec_mma_ctas = env_int("NS_CUDA_DEC_MMA_CTAS", 2);
     if (c->dec_mma_ctas < 0 || c->dec_mma_ctas > 64) c->dec_mma_ctas = 2;
+    c->fp8_stages = env_int("NS_CUDA_FP8_STAGES", 0); /* cu_attn_decode_mma_fp8 */
+    if (c->fp8_stages != 2 && c->fp8_stages != 3) c->fp8_stages = 0;
+    c->qgemv_early = env_int("NS_CUDA_QGEMV_EARLY", 0) == 1; /* qgemv_early (cuda_quant.cu) */
     c->fp8r_ctas_aim = env_int("NS_CUDA_FP8R_CTAS", 0); /* choose_fp8r_splits */
     if (c->fp8r_ctas_aim < 0) c->fp8r_ctas_aim = 0;
     c->fp8r_tiles = env_int("NS_CUDA_FP8R_TILES", 1);

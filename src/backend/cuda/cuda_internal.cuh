@@ -227,6 +227,8 @@ typedef struct cu_impl {
     int dec_mma_div; /* NS_CUDA_DEC_MMA_DIV: long contexts' tensor-core decode splits = n_splits / this */
     int dec_mma_tiles; /* NS_CUDA_DEC_MMA_TILES: shorter ones halved until a split holds this many tiles */
     int dec_mma_ctas;  /* NS_CUDA_DEC_MMA_CTAS: and until there are at most this many CTAs per SM (0: no cap) */
+    int fp8_stages;    /* NS_CUDA_FP8_STAGES: 2 or 3 forces the FP8 tensor-core decode's raw stages (0: by grid) */
+    int qgemv_early;   /* NS_CUDA_QGEMV_EARLY: the quantized GEMVs' early weight loads (default 0; cuda_quant.cu) */
     /* attention kernel switches (cuda.h: ns_cuda_set_attn_sm90,
      * ns_cuda_set_attn_dec_mma): 1 + the switch value once set, 0 = not
      * set yet (the env var decides at first use); see cu_attn_switch */

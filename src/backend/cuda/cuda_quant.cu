@@ -565,14 +565,7 @@ static bool quantize_x(cu_impl *c, const float *x, int n, int k, qx *out) {
  * (c->tape_early), where the kernel before the GEMV is the small
  * activation quantization, so the first weight bytes stream while it
  * runs. */
-static int qgemv_early(const cu_impl *c) {
-    static int env = -1;
-    if (env < 0) {
-        const char *v = getenv("NS_CUDA_QGEMV_EARLY");
-        env = v && *v == '1' ? 1 : 0;
-    }
-    return env && c->tape_early;
-}
+static int qgemv_early(const cu_impl *c) { return c->qgemv_early && c->tape_early; }
 
 /* The CG kernels (coherent activation loads) run for early loads and
  * with NS_CUDA_ACT_NC=0 (c->act_nc, the switch of the other decode
