@@ -87,34 +87,14 @@ void cu_launch_bf16_to_f32(cu_impl *c, float *dst, const bf16 *src, size_t n) {
 
 /* ------------------------------------------------------------ embedding */
 
-/* Loads in flight per thread in the one-row copies below (k_embed,
- * k_gather): each thread issues all its loads of a row before its first
- * store. Written as one load and one store per iteration, those loops
- * waited a whole memory round trip per element, 16 in a row of 4096 at
- * 256 threads: the embed took 7.1 us and the gather 4.0 us of a 1k
- * batch-1 step's critical path (docs/cuda.md v31). */
-#define CU_ROW_UNROLL 16
-
 __global__ void k_embed(float *__restrict__ out, const void *__restrict__ table, int is_bf16, const int32_t *tokens,
                         int dim) {
     PDL_ENTRY();
     const int t = blockIdx.x;
     const size_t row = (size_t)tokens[t] * dim;
-    float *o = out + (size_t)t * dim;
-    for (int d0 = threadIdx.x; d0 < dim; d0 += blockDim.x * CU_ROW_UNROLL) {
-        float v[CU_ROW_UNROLL];
-#pragma unroll
-        for (int u = 0; u < CU_ROW_UNROLL; u++) {
-            const int d = d0 + u * (int)blockDim.x;
-            v[u] = d >= dim ? 0.f
-                   : is_bf16 ? __bfloat162float(((const bf16 *)table)[row + d])
-                             : ((const float *)table)[row + d];
-        }
-#pragma unroll
-        for (int u = 0; u < CU_ROW_UNROLL; u++) {
-            const int d = d0 + u * (int)blockDim.x;
-            if (d < dim) o[d] = v[u];
-        }
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        float v = is_bf16 ? __bfloat162float(((const bf16 *)table)[row + d]) : ((const float *)table)[row + d];
+        out[(size_t)t * dim + d] = v;
     }
 }
 
@@ -368,24 +348,10 @@ __global__ void k_gather(float *out, bf16 *out_bf, const float *__restrict__ in,
     PDL_ENTRY();
     const int i = blockIdx.x;
     const float *src = in + (size_t)rows[i] * in_stride;
-    float *o = out + (size_t)i * cols;
-    bf16 *ob = out_bf ? out_bf + (size_t)i * cols : NULL;
-    /* all of a thread's loads first (CU_ROW_UNROLL) */
-    for (int d0 = threadIdx.x; d0 < cols; d0 += blockDim.x * CU_ROW_UNROLL) {
-        float v[CU_ROW_UNROLL];
-#pragma unroll
-        for (int u = 0; u < CU_ROW_UNROLL; u++) {
-            const int d = d0 + u * (int)blockDim.x;
-            v[u] = d < cols ? cu_ld_act<NC>(src + d) : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < CU_ROW_UNROLL; u++) {
-            const int d = d0 + u * (int)blockDim.x;
-            if (d < cols) {
-                o[d] = v[u];
-                if (ob) ob[d] = __float2bfloat16_rn(v[u]);
-            }
-        }
+    for (int d = threadIdx.x; d < cols; d += blockDim.x) {
+        float v = cu_ld_act<NC>(src + d);
+        out[(size_t)i * cols + d] = v;
+        if (out_bf) out_bf[(size_t)i * cols + d] = __float2bfloat16_rn(v);
     }
 }
 
