@@ -550,6 +550,10 @@ typedef struct dec_result {
     double host_fwd_s, host_sample_s;
     int copies;
     bool skipped;
+    /* NS_CUDA_GAP_PROBE=1: the GPU's mean idle time between steps and a
+     * step's upload -> tokens time (ns_cuda_gap_stats), over gap_n steps */
+    double gap_idle_us, gap_span_us;
+    int64_t gap_n;
 } dec_result;
 
 /* Weights one decode step of `batch` tokens reads: the dense part, and
@@ -605,6 +609,9 @@ static ns_status run_decode(bench *B, int32_t ctx, int32_t batch, int steps, int
         if (k == warm) {
             rc = B->be->ops->sync(B->be, err);
             if (rc != NS_OK) goto cleanup;
+#ifdef NS_HAVE_CUDA
+            if (B->cuda) (void)ns_cuda_gap_stats(B->be, &r->gap_idle_us, &r->gap_span_us); /* a new count */
+#endif
             t0 = ns_clock_now();
         }
         for (int32_t s = 0; s < batch; s++) {
@@ -630,6 +637,9 @@ static ns_status run_decode(bench *B, int32_t ctx, int32_t batch, int steps, int
         }
     }
     double dt = ns_clock_now() - t0;
+#ifdef NS_HAVE_CUDA
+    if (B->cuda) r->gap_n = ns_cuda_gap_stats(B->be, &r->gap_idle_us, &r->gap_span_us);
+#endif
     r->host_fwd_s /= steps;
     r->host_sample_s /= steps;
     r->step_s = dt / steps;
@@ -803,6 +813,8 @@ static ns_status bench_run(bench *B, ns_error *err) {
             if (tok1 > 0 && batch > 1) printf("  (%.1fx batch 1)", r.tok_s / tok1);
             if (r.copies < batch) printf("  [context KV shared: %d copies for %d seqs]", r.copies, batch);
             printf("  host: forward %.0f us, sample %.0f us", r.host_fwd_s * 1e6, r.host_sample_s * 1e6);
+            if (r.gap_n > 0)
+                printf("  gpu: idle %.1f us between steps, %.1f us upload -> tokens", r.gap_idle_us, r.gap_span_us);
             printf("  (median of %d, %.3f-%.3f ms)\n", B->o.repeats, lo * 1e3, hi * 1e3);
             fflush(stdout);
         }
@@ -811,8 +823,10 @@ static ns_status bench_run(bench *B, ns_error *err) {
     if (B->cuda) {
         int64_t rep, cap, eag;
         ns_cuda_graph_stats(B->be, &rep, &cap, &eag);
-        printf("cuda graphs: %lld replays, %lld captures, %lld eager decode tapes; %lld steps from the step memo\n",
-               (long long)rep, (long long)cap, (long long)eag, (long long)ns_cuda_memo_replays(B->be));
+        printf("cuda graphs: %lld replays, %lld captures, %lld eager decode tapes; %lld steps from the step memo, %lld "
+               "of them launched directly\n",
+               (long long)rep, (long long)cap, (long long)eag, (long long)ns_cuda_memo_replays(B->be),
+               (long long)ns_cuda_memo_direct(B->be));
     }
     if (B->cuda && B->o.n_batches && B->o.n_contexts && !B->o.no_ablation) {
         /* what each decode-path feature is worth: batch 1, 1k context,
@@ -828,6 +842,7 @@ static ns_status bench_run(bench *B, ns_error *err) {
         const int memo = ns_cuda_get_memo(B->be);           /* NS_CUDA_MEMO */
         const int mlp = ns_cuda_get_mlp(B->be);             /* NS_CUDA_MLP */
         const int mlp_tail = ns_cuda_get_mlp_tail(B->be);   /* NS_CUDA_MLP_TAIL */
+        const int row_fuse = ns_cuda_get_row_fuse(B->be);   /* NS_CUDA_ROW_FUSE */
         /* each row: set(alt), measure, set(dflt) */
         struct {
             const char *name;
@@ -849,9 +864,13 @@ static ns_status bench_run(bench *B, ns_error *err) {
                      {act_nc ? "activation loads .cg" : "activation loads .nc", ns_cuda_set_act_nc, act_nc, !act_nc},
                      {bulk ? "bulk-copy GEMV off" : "bulk-copy GEMV on", ns_cuda_set_gemv_bulk, bulk, !bulk},
                      {memo ? "step memo off" : "step memo on", ns_cuda_set_memo, memo, !memo},
+                     {memo == 1 ? "memo's direct graph launch off" : "memo's direct graph launch on", ns_cuda_set_memo,
+                      memo, memo == 1 ? 2 : 1},
                      {mlp ? "persistent MLP off" : "persistent MLP on", ns_cuda_set_mlp, mlp, !mlp},
                      {mlp_tail ? "its norm + q/k/v tail off" : "its norm + q/k/v tail on", ns_cuda_set_mlp_tail,
-                      mlp_tail, !mlp_tail}};
+                      mlp_tail, !mlp_tail},
+                     {row_fuse ? "step's first/last row ops unfused" : "step's first/last row ops fused",
+                      ns_cuda_set_row_fuse, row_fuse, row_fuse ? 0 : 3}};
         dec_result base;
         double lo, hi;
         rc = run_decode_median(B, 1024, 1, &base, &lo, &hi, err);

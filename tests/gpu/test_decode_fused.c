@@ -27,6 +27,9 @@
  * The step memo and the packed metadata upload (test_step_memo): decode
  * steps of changing shapes replayed from the memo give bit-identical
  * logits to steps recorded op by op.
+ * The step's first and last row ops fused (test_row_fuse): embed +
+ * RMSNorm and add + gather + RMSNorm, bit-identical to the ops in
+ * prefill and decode, also with two logits rows naming one token.
  */
 #include <jansson.h>
 #include <math.h>
@@ -874,6 +877,111 @@ TEST(test_prefill_lean) {
     model_pair_free(&mp);
 }
 
+/* The step's first and last row ops fused (NS_CUDA_ROW_FUSE;
+ * cuda_tape_fuse.cu 5: embed + RMSNorm, 6: add + gather + RMSNorm).
+ * Decode at batch 1 and 2 through model_check_sw (eager, captured,
+ * replayed); then two prefill chunks of two sequences (the second against
+ * the first's pages), two decode steps and a step whose two logits rows
+ * name the same token, with the fusions off and on: the logits must be
+ * bit-identical, both fused kernels must have run (profile labels), and
+ * all must stay near the CPU's. */
+static void row_fuse_sw(ns_backend *be, int on) { ns_cuda_set_row_fuse(be, on ? 3 : 0); }
+
+/* One forward of ns sequences with nnew[i] tokens each whose logits rows
+ * are lr (given, not derived), then the logits into dst. */
+static ns_status step_rows(ns_engine *e, seq *ss, int ns, const int32_t *toks, const int32_t *nnew, const int32_t *lr,
+                           float *dst, ns_error *err) {
+    int32_t tok[128], pos[128], st[3], len[2], pt[16], lrc[2];
+    int32_t t = 0;
+    for (int i = 0; i < ns; i++) {
+        st[i] = t;
+        len[i] = ss[i].ctx + nnew[i];
+        memcpy(pt + i * 8, ss[i].pt, sizeof ss[i].pt);
+        for (int32_t j = 0; j < nnew[i]; j++, t++) {
+            tok[t] = toks[i * 64 + j];
+            pos[t] = ss[i].ctx + j;
+        }
+        lrc[i] = lr ? lr[i] : t - 1;
+    }
+    st[ns] = t;
+    ns_batch b = {.n_tokens = t, .n_seqs = ns, .tokens = tok, .positions = pos, .seq_start = st, .seq_len = len,
+                  .page_table = pt, .max_pages = 8, .logit_rows = lrc, .n_logits = ns};
+    ns_status rc = ns_engine_forward(e, &b, err);
+    if (rc == NS_OK) rc = ns_engine_read_logits(e, ns, dst, err);
+    if (rc == NS_OK)
+        for (int i = 0; i < ns; i++) ss[i].ctx += nnew[i];
+    return rc;
+}
+
+TEST(test_row_fuse) {
+    enum { STEPS = 5 };
+    const int saved = ns_cuda_get_row_fuse(gpu);
+    model_check_sw(QWEN3, "qwen3-shaped, row fusions", 1, 0, row_fuse_sw);
+    model_check_sw(QWEN3, "qwen3-shaped, row fusions", 2, 0, row_fuse_sw);
+    ns_error err = {0};
+    model_pair mp;
+    ns_status rc = model_pair_open(&mp, QWEN3, 19, &err);
+    CHECKF(rc == NS_OK, "row fusions setup: %s", err.msg);
+    if (rc != NS_OK) {
+        model_pair_free(&mp);
+        ns_cuda_set_row_fuse(gpu, saved);
+        return;
+    }
+    const int32_t V = mp.cfg.vocab_size;
+    const size_t row = (size_t)2 * V;
+    float *lc = malloc(STEPS * row * 4), *l0 = malloc(STEPS * row * 4), *ln = malloc(row * 4);
+    int32_t toks[STEPS][2 * 64];
+    const int32_t nnew[STEPS][2] = {{29, 40}, {21, 13}, {1, 1}, {1, 1}, {3, 2}};
+    /* the last step's two logits rows both name sequence 0's last token */
+    const int32_t dup[2] = {2, 2};
+    for (int k = 0; k < STEPS; k++)
+        for (int i = 0; i < 2 * 64; i++) toks[k][i] = (k * 7717 + i * 389 + 57) % V;
+    seq sc[2];
+    for (int i = 0; i < 2; i++) {
+        for (int p = 0; p < 8; p++) sc[i].pt[p] = 2 + i * 8 + p;
+        sc[i].ctx = 0;
+    }
+    for (int k = 0; k < STEPS && rc == NS_OK; k++)
+        rc = step_rows(mp.ec, sc, 2, toks[k], nnew[k], k == STEPS - 1 ? dup : NULL, lc + k * row, &err);
+    for (int mode = 0; mode < 2 && rc == NS_OK; mode++) {
+        ns_cuda_set_row_fuse(gpu, mode ? 3 : 0);
+        ns_cuda_set_profiling(gpu, 1);
+        seq sg[2];
+        for (int i = 0; i < 2; i++) {
+            memcpy(sg[i].pt, sc[i].pt, sizeof sg[i].pt);
+            sg[i].ctx = 0;
+        }
+        int bitwise = 1;
+        double worst_cpu = 0;
+        for (int k = 0; k < STEPS && rc == NS_OK; k++) {
+            float *got = mode ? ln : l0 + k * row;
+            rc = step_rows(mp.eg, sg, 2, toks[k], nnew[k], k == STEPS - 1 ? dup : NULL, got, &err);
+            if (rc != NS_OK) break;
+            if (mode && memcmp(got, l0 + k * row, row * 4) != 0) {
+                bitwise = 0;
+                printf("#   row fusions step %d: rel L2 %.3g against unfused\n", k, rel_l2(got, l0 + k * row, row));
+            }
+            const double e = rel_l2(got, lc + k * row, row);
+            if (e > worst_cpu) worst_cpu = e;
+        }
+        char *text = profile_text(); /* also resets it */
+        ns_cuda_set_profiling(gpu, 0);
+        const int ran = text && strstr(text, "fused embed+rmsnorm") && strstr(text, "fused add+gather+rmsnorm");
+        free(text);
+        CHECKF(rc == NS_OK, "row fusions %d: %s", mode, err.msg);
+        printf("#   row fusions %s: fused kernels %s; %s unfused; cuda vs cpu worst rel L2 %.3g\n", mode ? "on" : "off",
+               ran ? "ran" : "did not run", bitwise ? "bit-identical to" : "DIFFERS from", worst_cpu);
+        CHECKF(bitwise, "row fusions: logits differ from unfused");
+        CHECKF(ran == mode, "row fusions %s: the fused kernels %s", mode ? "on" : "off", ran ? "ran" : "did not run");
+        CHECKF(worst_cpu <= 2e-2, "row fusions %d: cuda logits differ from cpu: %.3g", mode, worst_cpu);
+    }
+    ns_cuda_set_row_fuse(gpu, saved);
+    free(lc);
+    free(l0);
+    free(ln);
+    model_pair_free(&mp);
+}
+
 /* experts follow the post-attention norm (no GEMV there) */
 TEST(test_model_qwen3moe_batch1) { model_check(QWEN3MOE, "qwen3moe-shaped", 1, 1); }
 
@@ -914,11 +1022,11 @@ TEST(test_step_memo) {
     memcpy(s0, sg, sizeof sg);
     const int memo0 = ns_cuda_get_memo(gpu), pf = ns_cuda_get_prefetch(gpu);
     double worst_cpu = 0;
-    int64_t served[2] = {0, 0};
+    int64_t served[2] = {0, 0}, direct[2] = {0, 0};
     for (int pass = 0; pass < 2 && rc == NS_OK; pass++) {
         ns_cuda_set_memo(gpu, pass);
         memcpy(sg, s0, sizeof s0);
-        const int64_t m0 = ns_cuda_memo_replays(gpu);
+        const int64_t m0 = ns_cuda_memo_replays(gpu), d0 = ns_cuda_memo_direct(gpu);
         float *lg = pass ? lon : loff;
         for (int k = 0; k < STEPS && rc == NS_OK; k++) {
             if (k == 8) ns_cuda_set_prefetch(gpu, pf); /* same value: only the generation bump */
@@ -932,6 +1040,7 @@ TEST(test_step_memo) {
             }
         }
         served[pass] = ns_cuda_memo_replays(gpu) - m0;
+        direct[pass] = ns_cuda_memo_direct(gpu) - d0;
     }
     ns_cuda_set_memo(gpu, memo0);
     CHECKF(rc == NS_OK, "decode: %s", err.msg);
@@ -945,11 +1054,16 @@ TEST(test_step_memo) {
     /* the memo serves a step whose shape matches the last recorded step's,
      * unless the generation moved in between: steps 1, 2, 4, 5, 7 and 9
      * (8 follows the bump) */
-    printf("#   step memo: %lld of %d decode steps served (memo off: %lld); cuda vs cpu worst rel L2 %.3g\n",
-           (long long)served[1], STEPS, (long long)served[0], worst_cpu);
+    printf("#   step memo: %lld of %d decode steps served, %lld of them launched directly (memo off: %lld); cuda vs "
+           "cpu worst rel L2 %.3g\n",
+           (long long)served[1], STEPS, (long long)direct[1], (long long)served[0], worst_cpu);
     CHECK(identical);
     CHECK_EQ_INT((int)served[0], 0);
     CHECK_EQ_INT((int)served[1], 6);
+    /* a direct launch needs a graph launched from the same memo before
+     * (the first replay of a memo links it): at most steps 2 and 5 */
+    CHECK_EQ_INT((int)direct[0], 0);
+    CHECKF(direct[1] >= 1 && direct[1] <= 2, "%lld steps launched directly from the memo", (long long)direct[1]);
     CHECKF(worst_cpu <= 2e-2, "cuda decode logits differ from cpu: %.3g", worst_cpu);
     free(lc);
     free(loff);
@@ -973,6 +1087,7 @@ int main(void) {
     RUN(test_prefill_lean);
     RUN(test_model_qwen3moe_batch1);
     RUN(test_step_memo);
+    RUN(test_row_fuse);
     cpu->ops->destroy(cpu);
     gpu->ops->destroy(gpu);
     TEST_MAIN_END;

@@ -86,11 +86,22 @@ int ns_cuda_get_fp8_reg(ns_backend *be);
 void ns_cuda_set_graphs(ns_backend *be, int on);
 /* The step memo (backend.h memo_save / memo_replay): a decode step of the
  * last step's shape reuses its op tape instead of the engine issuing the
- * ops again; on (default; env NS_CUDA_MEMO) or off. Same results either
- * way. ns_cuda_memo_replays counts the steps that reused a memo. */
+ * ops again; on (1, default; env NS_CUDA_MEMO), on without the direct
+ * launch below (2, for A/B runs) or off (0). Same results either
+ * way. ns_cuda_memo_replays counts the steps that reused a memo;
+ * ns_cuda_memo_direct those of them whose graph launched without the tape
+ * being assembled, hashed and compared (the memo's link to its graph). */
 void ns_cuda_set_memo(ns_backend *be, int on);
 int ns_cuda_get_memo(ns_backend *be);
 int64_t ns_cuda_memo_replays(ns_backend *be);
+int64_t ns_cuda_memo_direct(ns_backend *be);
+/* With env NS_CUDA_GAP_PROBE=1 at backend creation, each sampled step is
+ * timed by events: *idle_us the mean time the GPU waited between a step's
+ * tokens and the next step's metadata upload (host time on the critical
+ * path), *span_us the mean time from a step's upload to its tokens.
+ * Returns the steps measured since the last call (0: probe off) and
+ * starts a new count. */
+int64_t ns_cuda_gap_stats(ns_backend *be, double *idle_us, double *span_us);
 /* Fused kernels for the engine's fixed op sequences in decode steps: on
  * (default) or off. Fused and unfused give the same numbers. */
 void ns_cuda_set_fusion(ns_backend *be, int on);
@@ -152,6 +163,12 @@ int ns_cuda_get_mlp(ns_backend *be);
  * slower, docs/cuda.md v27). Bit-identical either way; for A/B runs. */
 void ns_cuda_set_mlp_tail(ns_backend *be, int on);
 int ns_cuda_get_mlp_tail(ns_backend *be);
+/* The step's first and last row ops as one kernel each (env
+ * NS_CUDA_ROW_FUSE, default 3): bit 1 = embed + the first RMSNorm, bit 2 =
+ * the last residual add + gather of the logits rows + the final RMSNorm.
+ * Bit-identical either way; 0 for A/B runs (docs/cuda.md v32). */
+void ns_cuda_set_row_fuse(ns_backend *be, int mode);
+int ns_cuda_get_row_fuse(ns_backend *be);
 /* Prefill and mixed steps only (env NS_CUDA_PREFILL_LEAN, default 3): bit
  * 1 = an RMSNorm / SwiGLU output that only GEMMs read (through its bf16
  * copy) is not written as F32; bit 2 = the output and down projections add

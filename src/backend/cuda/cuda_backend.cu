@@ -176,11 +176,18 @@ void cu_bump_generation(cu_impl *c) {
  * XXH3: the tape is hashed on the host between the previous step's sync
  * and this step's launch, while the GPU idles, and a byte-wise FNV-1a of
  * it took tens of microseconds of every decode step. */
-static uint64_t tape_key(const cu_impl *c) {
+/* The step's launch shape: what a graph bakes besides its ops. */
+static void tape_shape(const cu_impl *c, int32_t shape[10]) {
     const cu_meta *m = &c->meta;
-    int32_t shape[10] = {m->n_tokens, m->n_seqs,      m->n_logits,   m->pt_stride, m->n_dec,
-                         m->n_splits, m->n_tiles,     m->long_splits, m->mma_splits, m->fp8r_splits};
-    return XXH3_64bits_withSeed(c->tape, (size_t)c->n_tape * sizeof(cu_op), XXH3_64bits(shape, sizeof shape));
+    const int32_t s[10] = {m->n_tokens, m->n_seqs,      m->n_logits,   m->pt_stride, m->n_dec,
+                           m->n_splits, m->n_tiles,     m->long_splits, m->mma_splits, m->fp8r_splits};
+    memcpy(shape, s, sizeof s);
+}
+
+static uint64_t tape_key(const cu_impl *c) {
+    int32_t shape[10];
+    tape_shape(c, shape);
+    return XXH3_64bits_withSeed(c->tape, (size_t)c->n_tape * sizeof(cu_op), XXH3_64bits(shape, 10 * sizeof(int32_t)));
 }
 
 static cu_graph_entry *graph_find(cu_impl *c, uint64_t key) {
@@ -210,6 +217,7 @@ static cu_graph_entry *graph_insert(cu_impl *c, uint64_t key) {
     victim->n_ops = c->n_tape;
     victim->key = key;
     victim->generation = c->generation;
+    victim->serial = ++c->graph_serial;
     return victim;
 }
 
@@ -557,14 +565,77 @@ static void run_tape(ns_backend *be, const cu_op *ops, int32_t n) {
 }
 
 /* Executes the recorded tape (eager / capture / replay). */
-static void flush(ns_backend *be) {
-    cu_impl *c = IMPL(be);
-    if (!c->n_tape) return;
-    if (c->err_status != NS_OK) {
+/* Puts a pending memo's ops in front of what was recorded after them,
+ * so the tape holds the whole step (memo_in_tape then says so, for the
+ * link made when its graph launches). */
+static void memo_materialize(cu_impl *c) {
+    if (!c->memo_pending) return;
+    c->memo_pending = false;
+    if (NS_VEC_GROW(c->tape, c->cap_tape, (size_t)c->n_memo + (size_t)c->n_tape, INT32_MAX) != NS_OK) {
+        set_error(c, NS_ERR_NOMEM, "cuda: out of host memory for the op tape");
         c->n_tape = 0;
         return;
     }
+    memmove(c->tape + c->n_memo, c->tape, (size_t)c->n_tape * sizeof(cu_op));
+    memcpy(c->tape, c->memo, (size_t)c->n_memo * sizeof(cu_op));
+    c->n_tape += c->n_memo;
+    c->memo_in_tape = true;
+}
+
+/* After the tape launched as graph g: when the tape began with the memo's
+ * ops, remember g, the ops after them and the launch shape, so the next
+ * replay of the same memo can launch g directly (memo_launch_direct). */
+static void memo_link(cu_impl *c, cu_graph_entry *g) {
+    if (!c->memo_in_tape) return;
+    c->memo_in_tape = false;
+    const int32_t tail = c->n_tape - c->n_memo;
+    if (!g || tail < 0 || tail > 4) return;
+    c->memo_g = g;
+    c->memo_g_serial = g->serial;
+    tape_shape(c, c->memo_g_shape);
+    c->memo_g_tail_n = tail;
+    memcpy(c->memo_g_tail, c->tape + c->n_memo, (size_t)tail * sizeof(cu_op));
+}
+
+/* A pending memo whose link still holds (the same graph entry, not
+ * recaptured or evicted since, the same ops after the memo's, the same
+ * launch shape): its graph is launched without assembling the tape. The
+ * link was made from a tape that graph_find matched byte for byte, and
+ * the memo's ops cannot change while its generation holds. */
+static bool memo_launch_direct(cu_impl *c) {
+    cu_graph_entry *g = c->memo_g;
+    if (!c->memo_pending || c->memo_enabled != 1 || !g || !g->exec || g->serial != c->memo_g_serial || g->generation != c->generation ||
+        c->memo_generation != c->generation || g->n_ops != c->n_memo + c->n_tape || c->n_tape != c->memo_g_tail_n ||
+        memcmp(c->memo_g_tail, c->tape, (size_t)c->n_tape * sizeof(cu_op)) != 0)
+        return false;
+    int32_t shape[10];
+    tape_shape(c, shape);
+    if (memcmp(shape, c->memo_g_shape, sizeof shape) != 0) return false;
+    c->use_clock++;
+    g->last_use = c->use_clock;
+    cu_check(c, cudaGraphLaunch(g->exec, c->stream), "cudaGraphLaunch");
+    c->stat_replays++;
+    c->stat_memo_direct++;
+    c->memo_pending = false;
+    c->n_tape = 0;
+    return true;
+}
+
+static void flush(ns_backend *be) {
+    cu_impl *c = IMPL(be);
+    if (!c->n_tape && !c->memo_pending) return;
+    if (c->err_status != NS_OK) {
+        c->n_tape = 0;
+        c->memo_pending = false;
+        return;
+    }
     cu_shadow_invalidate_all(c);
+    if (!c->tape_eager_only && c->graphs_enabled && !c->profiling && memo_launch_direct(c)) {
+        cu_shadow_invalidate_all(c);
+        return;
+    }
+    memo_materialize(c);
+    if (!c->n_tape) return;
     /* eager: a prefill / mixed step's tape (fusions only, set_batch), or
      * graphs off, or per-kernel profiling */
     if (c->tape_eager_only || !c->graphs_enabled || c->profiling) {
@@ -572,6 +643,7 @@ static void flush(ns_backend *be) {
         c->stat_eager++;
         cu_shadow_invalidate_all(c);
         c->n_tape = 0;
+        c->memo_in_tape = false;
         return;
     }
     uint64_t key = tape_key(c);
@@ -581,6 +653,7 @@ static void flush(ns_backend *be) {
         g->last_use = c->use_clock;
         cu_check(c, cudaGraphLaunch(g->exec, c->stream), "cudaGraphLaunch");
         c->stat_replays++;
+        memo_link(c, g);
         cu_shadow_invalidate_all(c);
         c->n_tape = 0;
         return;
@@ -606,6 +679,7 @@ static void flush(ns_backend *be) {
             g->exec = exec;
             c->stat_captures++;
             cu_check(c, cudaGraphLaunch(exec, c->stream), "cudaGraphLaunch");
+            memo_link(c, g);
             cu_shadow_invalidate_all(c);
             c->n_tape = 0;
             return;
@@ -621,6 +695,7 @@ static void flush(ns_backend *be) {
     c->stat_eager++;
     cu_shadow_invalidate_all(c);
     c->n_tape = 0;
+    c->memo_in_tape = false;
 }
 
 static void submit(ns_backend *be, const cu_op *op) {
@@ -658,6 +733,7 @@ static void cu_memo_save(ns_backend *be, uint64_t id) {
     if (NS_VEC_GROW(c->memo, c->cap_memo, (size_t)c->n_tape, INT32_MAX) != NS_OK) return; /* no memo: record */
     memcpy(c->memo, c->tape, (size_t)c->n_tape * sizeof(cu_op));
     c->n_memo = c->n_tape;
+    c->memo_g = NULL; /* a new memo: no graph launched from it yet */
     c->memo_id = id;
     c->memo_generation = c->generation;
     c->memo_valid = true;
@@ -666,11 +742,11 @@ static void cu_memo_save(ns_backend *be, uint64_t id) {
 static bool cu_memo_replay(ns_backend *be, uint64_t id) {
     cu_impl *c = IMPL(be);
     if (!c->memo_valid || !c->memo_enabled || c->memo_id != id || c->memo_generation != c->generation ||
-        c->err_status != NS_OK || !c->recording || c->tape_eager_only || c->n_tape != 0)
+        c->err_status != NS_OK || !c->recording || c->tape_eager_only || c->n_tape != 0 || c->memo_pending)
         return false;
-    if (NS_VEC_GROW(c->tape, c->cap_tape, (size_t)c->n_memo, INT32_MAX) != NS_OK) return false;
-    memcpy(c->tape, c->memo, (size_t)c->n_memo * sizeof(cu_op));
-    c->n_tape = c->n_memo;
+    /* not copied here: flush launches the linked graph directly or puts
+     * the memo's ops in front of the ops recorded after this call */
+    c->memo_pending = true;
     c->stat_memo++;
     return true;
 }
@@ -1181,6 +1257,28 @@ static bool on_device(const ns_sampler *s) {
     return ns_sampler_is_greedy(s) && !ns_sampler_has_penalties(s) && !s->allow;
 }
 
+/* After a probed step's sync: its span (upload -> tokens copied) and,
+ * when the step before was probed too, the GPU's idle time between that
+ * step's tokens and this step's upload (host time on the critical path:
+ * the sync's wake-up, the token's use, recording or the memo, set_batch). */
+static void probe_account(cu_impl *c) {
+    float span = 0, idle = 0;
+    c->probe_begun = false;
+    if (cudaEventElapsedTime(&span, c->probe_begin, c->probe_end[c->probe_cur]) != cudaSuccess) {
+        (void)cudaGetLastError();
+        c->probe_prev = false;
+        return;
+    }
+    if (c->probe_prev && cudaEventElapsedTime(&idle, c->probe_end[c->probe_cur ^ 1], c->probe_begin) == cudaSuccess) {
+        c->probe_idle_ms += idle;
+        c->probe_span_ms += span;
+        c->probe_n++;
+    }
+    (void)cudaGetLastError();
+    c->probe_prev = true;
+    c->probe_cur ^= 1;
+}
+
 static ns_status cu_sample(ns_backend *be, const ns_tensor *logits, int n_rows, struct ns_sampler *const *samplers,
                            int32_t *out_tokens, ns_error *err) {
     cu_impl *c = IMPL(be);
@@ -1217,6 +1315,7 @@ static ns_status cu_sample(ns_backend *be, const ns_tensor *logits, int n_rows, 
     if (n_host < n_rows)
         cu_check(c, cudaMemcpyAsync(c->h_argmax, c->d_argmax, (size_t)n_rows * 4, cudaMemcpyDeviceToHost, c->stream),
                  "sample: tokens");
+    if (c->probe_begun) cu_check(c, cudaEventRecord(c->probe_end[c->probe_cur], c->stream), "gap probe");
     int j = 0;
     for (int i = 0; i < n_rows; i++) {
         if (on_device(samplers[i])) continue;
@@ -1226,6 +1325,7 @@ static ns_status cu_sample(ns_backend *be, const ns_tensor *logits, int n_rows, 
     }
     cu_check(c, cudaStreamSynchronize(c->stream), "sample");
     if (c->err_status != NS_OK) return cu_report(c, err);
+    if (c->probe_begun) probe_account(c);
     j = 0;
     for (int i = 0; i < n_rows; i++) {
         if (on_device(samplers[i])) {
@@ -1286,6 +1386,9 @@ static void cu_destroy(ns_backend *be) {
         if (c->h_argmax) cudaFreeHost(c->h_argmax);
         if (c->h_rows) cudaFreeHost(c->h_rows);
         if (c->staging_done) cudaEventDestroy(c->staging_done);
+        if (c->probe_begin) cudaEventDestroy(c->probe_begin);
+        for (int i = 0; i < 2; i++)
+            if (c->probe_end[i]) cudaEventDestroy(c->probe_end[i]);
         if (c->prof_ev) {
             for (int i = 0; i < 2 * CU_PROF_EVENTS; i++)
                 if (c->prof_ev[i]) cudaEventDestroy(c->prof_ev[i]);
@@ -1415,6 +1518,13 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
         rc = ns_fail(err, NS_ERR_INTERNAL, "cuda: cannot create a stream");
         goto fail;
     }
+    c->gap_probe = env_int("NS_CUDA_GAP_PROBE", 0) != 0;
+    if (c->gap_probe && (cudaEventCreate(&c->probe_begin) != cudaSuccess ||
+                         cudaEventCreate(&c->probe_end[0]) != cudaSuccess ||
+                         cudaEventCreate(&c->probe_end[1]) != cudaSuccess)) {
+        rc = ns_fail(err, NS_ERR_INTERNAL, "cuda: cannot create the gap probe's events");
+        goto fail;
+    }
     c->fence_ev = (cudaEvent_t *)calloc(CU_FENCES, sizeof(cudaEvent_t));
     if (!c->fence_ev) {
         rc = ns_fail(err, NS_ERR_NOMEM, "out of memory");
@@ -1436,7 +1546,10 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
         goto fail;
     }
     c->graphs_enabled = env_int("NS_CUDA_GRAPHS", 1);
-    c->memo_enabled = env_int("NS_CUDA_MEMO", 1) != 0; /* the step memo (cu_memo_save) */
+    /* the step memo (cu_memo_save): 1 with its direct launch, 2 without
+     * (memo_launch_direct), 0 off */
+    c->memo_enabled = env_int("NS_CUDA_MEMO", 1);
+    if (c->memo_enabled < 0 || c->memo_enabled > 2) c->memo_enabled = 1;
     c->fusion = env_int("NS_CUDA_FUSION", 1);
     /* off until measured on the H200 (docs/cuda.md, v17) */
     c->dec_fuse = env_int("NS_CUDA_DEC_FUSE", 0);
@@ -1512,6 +1625,8 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     /* its tail: the residual add, the next RMSNorm and q/k/v in the same
      * kernel; off: measured +0.12 ms at 1k batch 1 (docs/cuda.md v27) */
     c->mlp_tail = env_int("NS_CUDA_MLP_TAIL", 0);
+    /* the step's first and last row ops fused (cuda_tape_fuse.cu 5, 6) */
+    c->row_fuse = env_int("NS_CUDA_ROW_FUSE", 3) & 3;
     if (!cu_mlp_init(c)) {
         rc = ns_fail(err, NS_ERR_NOMEM, "cuda: cannot allocate the decode MLP barrier");
         goto fail;

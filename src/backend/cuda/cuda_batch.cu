@@ -238,6 +238,10 @@ ns_status cu_set_batch(ns_backend *be, const ns_batch *b, ns_error *err) {
     m->mma_splits = choose_mma_splits(c, m->n_splits, max_len, n_dec, be->kv.n_kv_heads);
     m->fp8r_splits = be->kv.dtype == NS_DT_FP8_E4M3 ? choose_fp8r_splits(c, n_dec, be->kv.n_kv_heads, max_len) : 0;
     m->valid = true;
+    if (c->gap_probe) {
+        cu_check(c, cudaEventRecord(c->probe_begin, c->stream), "gap probe");
+        c->probe_begun = true;
+    }
     /* one copy of the packed span (meta_place); the alignment gaps it
      * carries are never read */
     cu_check(c, cudaMemcpyAsync(m->d_base, m->h_base, m->used_ints * 4, cudaMemcpyHostToDevice, c->stream),
@@ -257,6 +261,8 @@ ns_status cu_set_batch(ns_backend *be, const ns_batch *b, ns_error *err) {
     c->tape_eager_only = !pure_decode && c->prefill_fuse && c->fusion && b->n_tokens > 0;
     c->recording = pure_decode || c->tape_eager_only;
     c->n_tape = 0;
+    c->memo_pending = false; /* cu_flush above launched any */
+    c->memo_in_tape = false;
     return cu_report(c, err);
 }
 

@@ -159,12 +159,49 @@ void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, 
  * wait (see k_qk_norm_rope_store).
  * The first AR_REG float4 of each thread stay in registers between the
  * two passes, and their norm weights are read before the PDL wait when
- * early (norm weights never come from an earlier kernel of the tape). */
+ * early (norm weights never come from an earlier kernel of the tape).
+ *
+ * SRC picks where the row comes from (the other two of the step's row
+ * patterns, cuda_tape_fuse.cu 5 and 6; each replaced two or three
+ * latency-bound one-row kernels on a batch-1 step's critical path,
+ * ~10 us at the step's start and ~7 us at its end, docs/cuda.md v32):
+ * - AR_ADD: x[r] += y[r]. With idx (the logits rows of a gather), out
+ *   row i is the norm of x[idx[i]] for every i < n_idx, written by the
+ *   block of that row (so repeated rows race on nothing), and a row no
+ *   i names is only added: x keeps the add + gather + norm semantics.
+ * - AR_EMBED_BF16 / AR_EMBED_F32: x[r] = table[idx[r]] (y is the table,
+ *   idx the step's tokens), then out[r] = its norm: embed + RMSNorm.
+ * The values are the unfused kernels' bit for bit: the add and the
+ * bf16 -> f32 widening are exact per element, the norm is this kernel's
+ * in every mode. */
 #define AR_REG 4
-template <bool NC>
-__global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out, bf16 *out_bf,
+enum { AR_ADD = 0, AR_EMBED_BF16 = 1, AR_EMBED_F32 = 2 };
+
+/* The four values of a row at d (a multiple of 4) that the norm takes:
+ * the sum (written back to the residual) or the embedding row's. */
+template <bool NC, int SRC>
+__device__ __forceinline__ float4 ar_load(float *xr, const void *__restrict__ src, int64_t src_off, int d) {
+    float4 a;
+    if constexpr (SRC == AR_ADD) {
+        a = NC ? *reinterpret_cast<const float4 *>(xr + d) : cu_ld_act4<false>(xr + d);
+        const float4 b = cu_ld_act4<false>((const float *)src + src_off + d);
+        a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    } else if constexpr (SRC == AR_EMBED_BF16) {
+        const uint2 u = __ldg(reinterpret_cast<const uint2 *>((const bf16 *)src + src_off + d));
+        const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x)),
+                     hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
+        a = make_float4(lo.x, lo.y, hi.x, hi.y);
+    } else {
+        a = __ldg(reinterpret_cast<const float4 *>((const float *)src + src_off + d));
+    }
+    *reinterpret_cast<float4 *>(xr + d) = a;
+    return a;
+}
+
+template <bool NC, int SRC>
+__global__ void k_add_rmsnorm(float *x, const void *__restrict__ y, float *out, bf16 *out_bf,
                               const float *__restrict__ w, int cols, float eps, cu_prefetch pf, int64_t rows,
-                              int early) {
+                              int early, const int32_t *__restrict__ idx, int n_idx) {
     PDL_TRIGGER();
     if ((int64_t)blockIdx.x >= rows) {
         l2_prefetch(pf, (int)(blockIdx.x - rows));
@@ -182,55 +219,107 @@ __global__ void k_add_rmsnorm(float *x, const float *__restrict__ y, float *out,
     if (early) PDL_WAIT();
     const int64_t r = blockIdx.x;
     float *xr = x + r * cols;
-    const float *yr = y + r * cols;
+    /* the source row's offset in y: the residual's own row, or the
+     * embedding row of the token (metadata, uploaded before the step) */
+    const int64_t src_off = SRC == AR_ADD ? r * cols : (int64_t)idx[r] * cols;
     __shared__ float part[32];
     float ss = 0.f;
 #pragma unroll
     for (int i = 0; i < AR_REG; i++) {
         const int d = threadIdx.x * 4 + i * step;
         if (d < cols) {
-            float4 a = NC ? *reinterpret_cast<const float4 *>(xr + d) : cu_ld_act4<false>(xr + d),
-                   b = cu_ld_act4<false>(yr + d);
-            a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-            *reinterpret_cast<float4 *>(xr + d) = a;
+            const float4 a = ar_load<NC, SRC>(xr, y, src_off, d);
             xv[i] = a;
             ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
         }
     }
     for (int d = threadIdx.x * 4 + AR_REG * step; d < cols; d += step) {
-        float4 a = NC ? *reinterpret_cast<const float4 *>(xr + d) : cu_ld_act4<false>(xr + d),
-               b = cu_ld_act4<false>(yr + d);
-        a = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-        *reinterpret_cast<float4 *>(xr + d) = a;
+        const float4 a = ar_load<NC, SRC>(xr, y, src_off, d);
         ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
     }
-    const float inv = 1.0f / sqrtf(cu_block_sum(ss, part) / (float)cols + eps);
-    float *o = out ? out + r * cols : NULL; /* NULL: only the bf16 shadow (cu_tape_f32_dead) */
-    auto emit = [&](int d, float4 a, float4 ww) {
-        float4 yv = make_float4((a.x * inv) * ww.x, (a.y * inv) * ww.y, (a.z * inv) * ww.z, (a.w * inv) * ww.w);
-        if (o) *reinterpret_cast<float4 *>(o + d) = yv;
-        if (out_bf) {
-            __nv_bfloat162 p0 = __floats2bfloat162_rn(yv.x, yv.y), p1 = __floats2bfloat162_rn(yv.z, yv.w);
-            uint2 u;
-            u.x = *reinterpret_cast<uint32_t *>(&p0);
-            u.y = *reinterpret_cast<uint32_t *>(&p1);
-            *reinterpret_cast<uint2 *>(out_bf + r * cols + d) = u;
-        }
-    };
-#pragma unroll
-    for (int i = 0; i < AR_REG; i++) {
-        const int d = threadIdx.x * 4 + i * step;
-        if (d < cols) emit(d, xv[i], wv[i]);
+    /* gather mode: the first out row that names this row, if any (the
+     * same for every thread of the block, so the barriers below agree) */
+    int64_t orow = r;
+    if (SRC == AR_ADD && idx) {
+        orow = -1;
+        for (int i = 0; i < n_idx; i++)
+            if (idx[i] == r) {
+                orow = i;
+                break;
+            }
+        if (orow < 0) return;
     }
-    for (int d = threadIdx.x * 4 + AR_REG * step; d < cols; d += step)
-        emit(d, *reinterpret_cast<const float4 *>(xr + d), *reinterpret_cast<const float4 *>(w + d));
+    const float inv = 1.0f / sqrtf(cu_block_sum(ss, part) / (float)cols + eps);
+    while (orow >= 0) {
+        float *o = out ? out + orow * cols : NULL; /* NULL: only the bf16 shadow (cu_tape_f32_dead) */
+        bf16 *ob = out_bf ? out_bf + orow * cols : NULL;
+        auto emit = [&](int d, float4 a, float4 ww) {
+            float4 yv = make_float4((a.x * inv) * ww.x, (a.y * inv) * ww.y, (a.z * inv) * ww.z, (a.w * inv) * ww.w);
+            if (o) *reinterpret_cast<float4 *>(o + d) = yv;
+            if (ob) {
+                __nv_bfloat162 p0 = __floats2bfloat162_rn(yv.x, yv.y), p1 = __floats2bfloat162_rn(yv.z, yv.w);
+                uint2 u;
+                u.x = *reinterpret_cast<uint32_t *>(&p0);
+                u.y = *reinterpret_cast<uint32_t *>(&p1);
+                *reinterpret_cast<uint2 *>(ob + d) = u;
+            }
+        };
+#pragma unroll
+        for (int i = 0; i < AR_REG; i++) {
+            const int d = threadIdx.x * 4 + i * step;
+            if (d < cols) emit(d, xv[i], wv[i]);
+        }
+        for (int d = threadIdx.x * 4 + AR_REG * step; d < cols; d += step)
+            emit(d, *reinterpret_cast<const float4 *>(xr + d), *reinterpret_cast<const float4 *>(w + d));
+        /* a later logits row naming the same row (never from the
+         * scheduler, which asks one row per sequence) */
+        int64_t next = -1;
+        if (SRC == AR_ADD && idx)
+            for (int i = (int)orow + 1; i < n_idx; i++)
+                if (idx[i] == r) {
+                    next = i;
+                    break;
+                }
+        orow = next;
+    }
 }
 
 void cu_launch_add_rmsnorm(cu_impl *c, float *x, const float *y, float *out, bf16 *out_bf, const float *w,
                            int64_t rows, int cols, float eps, const cu_prefetch *pf) {
     if (rows <= 0) return;
     const unsigned extra = cu_pf_any(pf) ? CU_PF_BLOCKS : 0;
-    cu_launch(c, c->act_nc ? k_add_rmsnorm<true> : k_add_rmsnorm<false>, dim3((unsigned)rows + extra), dim3(512), 0, x, y, out, out_bf, w, cols, eps, *pf, rows,
-              cu_early(c, CU_EARLY_ADDNORM));
+    cu_launch(c, c->act_nc ? k_add_rmsnorm<true, AR_ADD> : k_add_rmsnorm<false, AR_ADD>,
+              dim3((unsigned)rows + extra), dim3(512), 0, x, (const void *)y, out, out_bf, w, cols, eps, *pf, rows,
+              cu_early(c, CU_EARLY_ADDNORM), (const int32_t *)NULL, 0);
     CU_LAUNCHED(c, "add_rmsnorm");
+}
+
+void cu_launch_add_gather_rmsnorm(cu_impl *c, float *x, const float *y, float *out, bf16 *out_bf, const float *w,
+                                  int64_t rows, int cols, float eps, int n_out, const cu_prefetch *pf) {
+    if (rows <= 0) return;
+    if (n_out > c->meta.n_logits) {
+        cu_check(c, cudaErrorInvalidValue, "add_gather_rmsnorm: more rows than the batch has logits");
+        return;
+    }
+    const unsigned extra = cu_pf_any(pf) ? CU_PF_BLOCKS : 0;
+    cu_launch(c, c->act_nc ? k_add_rmsnorm<true, AR_ADD> : k_add_rmsnorm<false, AR_ADD>,
+              dim3((unsigned)rows + extra), dim3(512), 0, x, (const void *)y, out, out_bf, w, cols, eps, *pf, rows,
+              cu_early(c, CU_EARLY_ADDNORM),
+              (const int32_t *)c->meta.logit_rows, n_out);
+    CU_LAUNCHED(c, "add_gather_rmsnorm");
+}
+
+void cu_launch_embed_rmsnorm(cu_impl *c, float *x, const ns_tensor *table, float *out, bf16 *out_bf, const float *w,
+                             int64_t rows, int cols, float eps, const cu_prefetch *pf) {
+    if (rows <= 0) return;
+    if (rows > c->meta.n_tokens) {
+        cu_check(c, cudaErrorInvalidValue, "embed_rmsnorm: more rows than the batch has tokens");
+        return;
+    }
+    const unsigned extra = cu_pf_any(pf) ? CU_PF_BLOCKS : 0;
+    const bool b16 = table->dtype == NS_DT_BF16;
+    cu_launch(c, b16 ? k_add_rmsnorm<true, AR_EMBED_BF16> : k_add_rmsnorm<true, AR_EMBED_F32>,
+              dim3((unsigned)rows + extra), dim3(512), 0, x, (const void *)table->data, out, out_bf, w, cols, eps,
+              *pf, rows, cu_early(c, CU_EARLY_ADDNORM), (const int32_t *)c->meta.tokens, (int)rows);
+    CU_LAUNCHED(c, "embed_rmsnorm");
 }

@@ -115,6 +115,7 @@ typedef struct cu_graph_entry {
     int32_t seen;
     bool no_graph; /* capture failed once: always eager */
     uint64_t last_use;
+    uint64_t serial; /* which insert made this entry (a slot is reused) */
 } cu_graph_entry;
 
 #define CU_MAX_GRAPHS 128
@@ -159,6 +160,16 @@ typedef struct cu_impl {
     /* metadata */
     cu_meta meta;
     cudaEvent_t staging_done;
+    /* NS_CUDA_GAP_PROBE (default 0): events around each sampled step
+     * (set_batch's upload -> the tokens' copy) to measure how long the GPU
+     * idles between steps and how long a step takes from its upload to
+     * its tokens (ns_cuda_gap_stats; bench-engine prints them) */
+    int gap_probe;
+    cudaEvent_t probe_begin, probe_end[2];
+    bool probe_begun, probe_prev;
+    int probe_cur;
+    double probe_idle_ms, probe_span_ms;
+    int64_t probe_n;
     bool staging_pending;
 
     /* shadows */
@@ -219,6 +230,9 @@ typedef struct cu_impl {
      * most CTAs per SM (NS_CUDA_MLP_CTAS), each instance's occupancy, and
      * its grid-barrier word (device, zeroed once) */
     int mlp_persist, mlp_ctas, mlp_tail;
+    /* the step's row patterns (cuda_tape_fuse.cu 5, 6; NS_CUDA_ROW_FUSE,
+     * default 3): bit 1 embed + RMSNorm, bit 2 add + gather + RMSNorm */
+    int row_fuse;
     int mlp_occ[4];
     unsigned *mlp_bar;
     int cc_major; /* compute capability of the device */
@@ -273,6 +287,21 @@ typedef struct cu_impl {
     bool memo_valid;
     int memo_enabled; /* NS_CUDA_MEMO (default 1) */
     int64_t stat_memo;
+    /* The memo's direct launch (flush): a replayed memo is not copied into
+     * the tape (memo_pending: the tape is logically memo + tape). When the
+     * last flush of the memo's ops (+ the ops recorded after them, the
+     * tail: the step's argmax) launched graph memo_g, the next replay
+     * with the same tail and launch shape launches it again without the
+     * copy, the hash and the compare of a ~90 KB tape, host time that the
+     * GPU idles through between two decode steps (docs/cuda.md v32). */
+    bool memo_pending, memo_in_tape;
+    cu_graph_entry *memo_g; /* NULL: no link */
+    uint64_t memo_g_serial;
+    int32_t memo_g_shape[10];
+    int32_t memo_g_tail_n;
+    cu_op memo_g_tail[4];
+    uint64_t graph_serial;
+    int64_t stat_memo_direct;
 
     /* mixture of experts (cuda_moe.cu): device tables of expert weight
      * pointers (kept until destroy: graphs bake them) and the scratch */
@@ -713,6 +742,14 @@ void cu_launch_qk_norm_rope_store(cu_impl *c, const ns_kv_layout *l, int layer, 
                                   const float *inv_freq, const cu_prefetch *pf);
 void cu_launch_add_rmsnorm(cu_impl *c, float *x, const float *y, float *out, bf16 *out_bf, const float *w,
                            int64_t rows, int cols, float eps, const cu_prefetch *pf);
+/* x += y over all rows; out row i = rmsnorm(x[logit_rows[i]]) * w for
+ * i < n_out (the step's add, gather_rows and final norm, bit-identical) */
+void cu_launch_add_gather_rmsnorm(cu_impl *c, float *x, const float *y, float *out, bf16 *out_bf, const float *w,
+                                  int64_t rows, int cols, float eps, int n_out, const cu_prefetch *pf);
+/* x = table[tokens] (bf16 or f32 table); out = rmsnorm(x) * w: the step's
+ * embed and first norm, bit-identical */
+void cu_launch_embed_rmsnorm(cu_impl *c, float *x, const ns_tensor *table, float *out, bf16 *out_bf, const float *w,
+                             int64_t rows, int cols, float eps, const cu_prefetch *pf);
 /* projection bias (cuda_moe.cu): out[r, :] += b[:] for rows x cols */
 void cu_launch_add_bias(cu_impl *c, float *out, const float *b, int64_t rows, int cols);
 /* mixture of experts (cuda_moe.cu). cu_moe_prepare runs when the op is

@@ -70,6 +70,8 @@ extern "C" void ns_cuda_set_mlp(ns_backend *be, int on) {
 extern "C" int ns_cuda_get_mlp(ns_backend *be) { return cu_impl_of(be)->mlp_persist; }
 extern "C" void ns_cuda_set_mlp_tail(ns_backend *be, int on) { set_captured_setting(be, &cu_impl::mlp_tail, on != 0); }
 extern "C" int ns_cuda_get_mlp_tail(ns_backend *be) { return cu_impl_of(be)->mlp_tail; }
+extern "C" void ns_cuda_set_row_fuse(ns_backend *be, int mode) { set_captured_setting(be, &cu_impl::row_fuse, mode & 3); }
+extern "C" int ns_cuda_get_row_fuse(ns_backend *be) { return cu_impl_of(be)->row_fuse; }
 /* prefill tapes are never captured: a flush is enough */
 extern "C" void ns_cuda_set_prefill_lean(ns_backend *be, int mode) {
     cu_flush(be);
@@ -92,9 +94,21 @@ extern "C" void ns_cuda_graph_stats(ns_backend *be, int64_t *replays, int64_t *c
 extern "C" void ns_cuda_set_memo(ns_backend *be, int on) {
     cu_impl *c = cu_impl_of(be);
     cu_flush(be);
-    c->memo_enabled = on != 0;
+    c->memo_enabled = on < 0 || on > 2 ? 1 : on;
     c->memo_valid = false;
 }
 extern "C" int ns_cuda_get_memo(ns_backend *be) { return cu_impl_of(be)->memo_enabled; }
 extern "C" int64_t ns_cuda_memo_replays(ns_backend *be) { return cu_impl_of(be)->stat_memo; }
+extern "C" int64_t ns_cuda_memo_direct(ns_backend *be) { return cu_impl_of(be)->stat_memo_direct; }
+
+extern "C" int64_t ns_cuda_gap_stats(ns_backend *be, double *idle_us, double *span_us) {
+    cu_impl *c = cu_impl_of(be);
+    const int64_t n = c->probe_n;
+    *idle_us = n ? 1e3 * c->probe_idle_ms / (double)n : 0;
+    *span_us = n ? 1e3 * c->probe_span_ms / (double)n : 0;
+    c->probe_idle_ms = c->probe_span_ms = 0;
+    c->probe_n = 0;
+    c->probe_prev = false;
+    return n;
+}
 

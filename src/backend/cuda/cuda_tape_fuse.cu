@@ -145,6 +145,63 @@ static int32_t match_mlp_tail(const cu_impl *c, const cu_op *ops, int32_t j, int
     return 2 + g;
 }
 
+/* Is t a contiguous F32 row block the norm kernels take with float4
+ * lanes (k_rmsnorm_block's vector path, whose sums they reproduce)? */
+static bool norm_rows_ok(const ns_tensor *t) {
+    return t->dtype == NS_DT_F32 && t->cols > 1024 && t->cols % 4 == 0 && al16p(t->data);
+}
+
+/* 5. x = embed(tokens); xn = rmsnorm(x): one kernel (the step's first
+ * two; bf16 or F32 tables, the quantized ones keep their embed op).
+ * 6. x += y; hid = gather_rows(x); hid = rmsnorm(hid): one kernel (the
+ * step's last row ops before the LM head; x stays fully added).
+ * Returns the ops consumed, 0 for no match (cuda_fused.cu
+ * k_add_rmsnorm's SRC modes; bit-identical to the ops). */
+static int32_t try_fuse_rows(cu_impl *c, const cu_op *ops, int32_t i, int32_t n) {
+    const cu_op *o = &ops[i];
+    int pi;
+    cu_prefetch pf;
+    if ((c->row_fuse & 1) && o->kind == OP_EMBED && i + 1 < n && ops[i + 1].kind == OP_RMSNORM) {
+        const cu_op *nm = &ops[i + 1];
+        const ns_tensor *x = &o->a, *tab = &o->b, *out = &nm->a, *w = &nm->c;
+        if (!same_view(&nm->b, x) || !norm_rows_ok(x) || !norm_rows_ok(out) || out->rows != x->rows ||
+            out->cols != x->cols || (tab->dtype != NS_DT_BF16 && tab->dtype != NS_DT_F32) || tab->cols != x->cols ||
+            !al16p(tab->data) || w->dtype != NS_DT_F32 || w->rows * w->cols != x->cols || !al16p(w->data) ||
+            cu_tensors_overlap(out, x) || x->rows > c->meta.n_tokens)
+            return 0;
+        plan_prefetch(c, ops, i + 2, n, &pf); /* layer 0's q/k/v */
+        cu_prof_begin(c, "fused embed+rmsnorm", &pi);
+        cu_note_write(c, x);
+        bf16 *obf = cu_shadow_produce(c, out);
+        const bool dead = obf && cu_prefill_out_dead(c, ops, i + 2, n, out);
+        if (dead) c->stat_f32_dropped++;
+        cu_launch_embed_rmsnorm(c, (float *)x->data, tab, dead ? NULL : (float *)out->data, obf,
+                                (const float *)w->data, x->rows, (int)x->cols, nm->f0, &pf);
+        cu_prof_end(c, pi);
+        return 2;
+    }
+    if ((c->row_fuse & 2) && o->kind == OP_ADD && i + 2 < n && ops[i + 1].kind == OP_GATHER &&
+        ops[i + 2].kind == OP_RMSNORM) {
+        const cu_op *ga = &ops[i + 1], *nm = &ops[i + 2];
+        const ns_tensor *x = &o->a, *y = &o->b, *hid = &ga->a, *w = &nm->c;
+        if (!same_view(&ga->b, x) || !same_view(&nm->a, hid) || !same_view(&nm->b, hid) || !norm_rows_ok(x) ||
+            !norm_rows_ok(y) || !norm_rows_ok(hid) || y->rows * y->cols != x->rows * x->cols ||
+            hid->cols != x->cols || hid->rows > c->meta.n_logits || w->dtype != NS_DT_F32 ||
+            w->rows * w->cols != x->cols || !al16p(w->data) || cu_tensors_overlap(hid, x) ||
+            cu_tensors_overlap(hid, y))
+            return 0;
+        plan_prefetch(c, ops, i + 3, n, &pf); /* the LM head */
+        cu_prof_begin(c, "fused add+gather+rmsnorm", &pi);
+        cu_note_write(c, x);
+        bf16 *obf = cu_shadow_produce(c, hid);
+        cu_launch_add_gather_rmsnorm(c, (float *)x->data, (const float *)y->data, (float *)hid->data, obf,
+                                     (const float *)w->data, x->rows, (int)x->cols, nm->f0, (int)hid->rows, &pf);
+        cu_prof_end(c, pi);
+        return 3;
+    }
+    return 0;
+}
+
 /* Runs the engine's fixed op sequences of a recorded tape as fused
  * kernels (see cuda_fused.cu). Returns the number of ops consumed, 0 when
  * nothing at ops[i] can be fused. Each pattern is checked completely
@@ -166,6 +223,11 @@ int32_t cu_tape_try_fuse(ns_backend *be, const cu_op *ops, int32_t i, int32_t n)
             cu_prof_end(c, pi);
             return used;
         }
+    }
+    /* 5, 6. the step's first and last row ops */
+    if (c->row_fuse) {
+        const int32_t used = try_fuse_rows(c, ops, i, n);
+        if (used > 0) return used;
     }
     /* 1a. gate and up GEMVs followed by swiglu: one launch with the
      * SwiGLU epilogue */
