@@ -3,8 +3,10 @@
 
 Reads a kernel timeline CSV ("Start (ns)","Duration (ns)","Name": the
 output of bench/cupti_trace.c) of a bench-engine decode run. Steps are cut
-at k_embed (the first kernel of a step); step N (default: the 12th, past
-the graph captures) is printed kernel by kernel:
+at their first kernel: the embedding (k_embed, k_qembed), or since
+docs/cuda.md v32 the embedding fused with the first RMSNorm
+(k_add_rmsnorm in an embedding mode, SRC 1 or 2); step N (default: the
+12th, past the graph captures) is printed kernel by kernel:
 
   start / end      relative to the step's first kernel start, in us
   dur              the kernel's own start -> end (with PDL this includes
@@ -22,6 +24,7 @@ Usage: trace_step.py TRACE.csv [STEP] [--all]
 """
 import collections
 import csv
+import re
 import sys
 
 
@@ -44,6 +47,16 @@ def short(name):
     return n[:70]
 
 
+def is_step_start(name):
+    """The first kernel of a decode step (see the module comment)."""
+    s = short(name)
+    if s.startswith('k_embed') or s.startswith('k_qembed'):
+        return True
+    # mangled: k_add_rmsnorm<Lb1ELi1EE...; demangled: k_add_rmsnorm<true, 1>
+    m = re.match(r'k_add_rmsnorm<(?:Lb[01]ELi(\d+)E|(?:true|false), ?(\d+)>)', s)
+    return bool(m) and (m.group(1) or m.group(2)) in ('1', '2')
+
+
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith('--')]
     show_all = '--all' in sys.argv
@@ -55,7 +68,7 @@ def main():
             except (KeyError, ValueError):
                 continue
     rows.sort()
-    starts = [i for i, r in enumerate(rows) if short(r[2]).startswith('k_embed') or short(r[2]).startswith('k_qembed')]
+    starts = [i for i, r in enumerate(rows) if is_step_start(r[2])]
     which = int(args[1]) if len(args) > 1 else 12
     print('%d kernels, %d steps' % (len(rows), len(starts)))
     if which + 1 >= len(starts):
