@@ -552,7 +552,7 @@ typedef struct dec_result {
     bool skipped;
     /* NS_CUDA_GAP_PROBE=1: the GPU's mean idle time between steps and a
      * step's upload -> tokens time (ns_cuda_gap_stats), over gap_n steps */
-    double gap_idle_us, gap_span_us;
+    double gap_idle_us, gap_span_us, gap_upload_us, gap_graph_us;
     int64_t gap_n;
 } dec_result;
 
@@ -610,7 +610,8 @@ static ns_status run_decode(bench *B, int32_t ctx, int32_t batch, int steps, int
             rc = B->be->ops->sync(B->be, err);
             if (rc != NS_OK) goto cleanup;
 #ifdef NS_HAVE_CUDA
-            if (B->cuda) (void)ns_cuda_gap_stats(B->be, &r->gap_idle_us, &r->gap_span_us); /* a new count */
+            if (B->cuda) /* a new count */
+                (void)ns_cuda_gap_stats(B->be, &r->gap_idle_us, &r->gap_span_us, &r->gap_upload_us, &r->gap_graph_us);
 #endif
             t0 = ns_clock_now();
         }
@@ -638,7 +639,8 @@ static ns_status run_decode(bench *B, int32_t ctx, int32_t batch, int steps, int
     }
     double dt = ns_clock_now() - t0;
 #ifdef NS_HAVE_CUDA
-    if (B->cuda) r->gap_n = ns_cuda_gap_stats(B->be, &r->gap_idle_us, &r->gap_span_us);
+    if (B->cuda)
+        r->gap_n = ns_cuda_gap_stats(B->be, &r->gap_idle_us, &r->gap_span_us, &r->gap_upload_us, &r->gap_graph_us);
 #endif
     r->host_fwd_s /= steps;
     r->host_sample_s /= steps;
@@ -814,7 +816,8 @@ static ns_status bench_run(bench *B, ns_error *err) {
             if (r.copies < batch) printf("  [context KV shared: %d copies for %d seqs]", r.copies, batch);
             printf("  host: forward %.0f us, sample %.0f us", r.host_fwd_s * 1e6, r.host_sample_s * 1e6);
             if (r.gap_n > 0)
-                printf("  gpu: idle %.1f us between steps, %.1f us upload -> tokens", r.gap_idle_us, r.gap_span_us);
+                printf("  gpu: idle %.1f us between steps, %.1f us upload -> tokens (upload %.1f, kernels %.1f)",
+                       r.gap_idle_us, r.gap_span_us, r.gap_upload_us, r.gap_graph_us);
             printf("  (median of %d, %.3f-%.3f ms)\n", B->o.repeats, lo * 1e3, hi * 1e3);
             fflush(stdout);
         }

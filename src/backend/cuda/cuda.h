@@ -98,10 +98,12 @@ int64_t ns_cuda_memo_direct(ns_backend *be);
 /* With env NS_CUDA_GAP_PROBE=1 at backend creation, each sampled step is
  * timed by events: *idle_us the mean time the GPU waited between a step's
  * tokens and the next step's metadata upload (host time on the critical
- * path), *span_us the mean time from a step's upload to its tokens.
+ * path), *span_us the mean time from a step's upload to its tokens, of
+ * which *upload_us the upload and *graph_us the step's kernels (the
+ * graph's launch included) up to the tokens' copy, if any.
  * Returns the steps measured since the last call (0: probe off) and
  * starts a new count. */
-int64_t ns_cuda_gap_stats(ns_backend *be, double *idle_us, double *span_us);
+int64_t ns_cuda_gap_stats(ns_backend *be, double *idle_us, double *span_us, double *upload_us, double *graph_us);
 /* Fused kernels for the engine's fixed op sequences in decode steps: on
  * (default) or off. Fused and unfused give the same numbers. */
 void ns_cuda_set_fusion(ns_backend *be, int on);

@@ -525,7 +525,12 @@ static void exec_op_be(ns_backend *be, const cu_op *op) {
         break;
     case OP_ARGMAX: {
         const ns_tensor *lg = &op->a;
-        cu_launch_argmax(c, c->d_argmax, (const float *)lg->data, op->i0, (int)lg->cols, (int)lg->cols);
+        /* mapped: the last CTA of a row writes its token straight to the
+         * pinned host buffer, so no copy waits in the stream after the
+         * step's graph (the graph bakes the address; ensure_argmax bumps
+         * the generation when it moves) */
+        cu_launch_argmax(c, c->argmax_mapped ? c->d_argmax_mapped : c->d_argmax, (const float *)lg->data, op->i0,
+                         (int)lg->cols, (int)lg->cols);
         break;
     }
     default: break;
@@ -1236,7 +1241,8 @@ static ns_status ensure_argmax(cu_impl *c, int n, ns_error *err) {
         cudaMalloc(&c->d_argmax_aux, (size_t)cap * 8) != cudaSuccess ||
         cudaMemsetAsync(c->d_argmax_key, 0, (size_t)cap * 8, c->stream) != cudaSuccess ||
         cudaMemsetAsync(c->d_argmax_aux, 0, (size_t)cap * 8, c->stream) != cudaSuccess ||
-        cudaMallocHost(&c->h_argmax, (size_t)cap * 4) != cudaSuccess) {
+        cudaHostAlloc(&c->h_argmax, (size_t)cap * 4, cudaHostAllocMapped) != cudaSuccess ||
+        cudaHostGetDevicePointer(&c->d_argmax_mapped, c->h_argmax, 0) != cudaSuccess) {
         (void)cudaGetLastError();
         return ns_fail(err, NS_ERR_NOMEM, "cuda: cannot allocate sampling buffers");
     }
@@ -1269,9 +1275,14 @@ static void probe_account(cu_impl *c) {
         c->probe_prev = false;
         return;
     }
-    if (c->probe_prev && cudaEventElapsedTime(&idle, c->probe_end[c->probe_cur ^ 1], c->probe_begin) == cudaSuccess) {
+    float up = 0, gr = 0;
+    if (c->probe_prev && cudaEventElapsedTime(&idle, c->probe_end[c->probe_cur ^ 1], c->probe_begin) == cudaSuccess &&
+        cudaEventElapsedTime(&up, c->probe_begin, c->probe_mid) == cudaSuccess &&
+        cudaEventElapsedTime(&gr, c->probe_mid, c->probe_graph) == cudaSuccess) {
         c->probe_idle_ms += idle;
         c->probe_span_ms += span;
+        c->probe_upload_ms += up;
+        c->probe_graph_ms += gr;
         c->probe_n++;
     }
     (void)cudaGetLastError();
@@ -1312,7 +1323,8 @@ static ns_status cu_sample(ns_backend *be, const ns_tensor *logits, int n_rows, 
         submit(be, &op);
     }
     flush(be);
-    if (n_host < n_rows)
+    if (c->probe_begun) cu_check(c, cudaEventRecord(c->probe_graph, c->stream), "gap probe");
+    if (n_host < n_rows && !c->argmax_mapped)
         cu_check(c, cudaMemcpyAsync(c->h_argmax, c->d_argmax, (size_t)n_rows * 4, cudaMemcpyDeviceToHost, c->stream),
                  "sample: tokens");
     if (c->probe_begun) cu_check(c, cudaEventRecord(c->probe_end[c->probe_cur], c->stream), "gap probe");
@@ -1387,6 +1399,8 @@ static void cu_destroy(ns_backend *be) {
         if (c->h_rows) cudaFreeHost(c->h_rows);
         if (c->staging_done) cudaEventDestroy(c->staging_done);
         if (c->probe_begin) cudaEventDestroy(c->probe_begin);
+        if (c->probe_mid) cudaEventDestroy(c->probe_mid);
+        if (c->probe_graph) cudaEventDestroy(c->probe_graph);
         for (int i = 0; i < 2; i++)
             if (c->probe_end[i]) cudaEventDestroy(c->probe_end[i]);
         if (c->prof_ev) {
@@ -1519,9 +1533,12 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
         goto fail;
     }
     c->gap_probe = env_int("NS_CUDA_GAP_PROBE", 0) != 0;
+    c->argmax_mapped = env_int("NS_CUDA_ARGMAX_MAPPED", 1) != 0;
     if (c->gap_probe && (cudaEventCreate(&c->probe_begin) != cudaSuccess ||
                          cudaEventCreate(&c->probe_end[0]) != cudaSuccess ||
-                         cudaEventCreate(&c->probe_end[1]) != cudaSuccess)) {
+                         cudaEventCreate(&c->probe_end[1]) != cudaSuccess ||
+                         cudaEventCreate(&c->probe_mid) != cudaSuccess ||
+                         cudaEventCreate(&c->probe_graph) != cudaSuccess)) {
         rc = ns_fail(err, NS_ERR_INTERNAL, "cuda: cannot create the gap probe's events");
         goto fail;
     }

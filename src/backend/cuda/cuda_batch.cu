@@ -247,6 +247,7 @@ ns_status cu_set_batch(ns_backend *be, const ns_batch *b, ns_error *err) {
     cu_check(c, cudaMemcpyAsync(m->d_base, m->h_base, m->used_ints * 4, cudaMemcpyHostToDevice, c->stream),
              "set_batch upload");
     cu_check(c, cudaEventRecord(c->staging_done, c->stream), "set_batch event");
+    if (c->probe_begun) cu_check(c, cudaEventRecord(c->probe_mid, c->stream), "gap probe");
     c->staging_pending = true;
     c->pdl_anchor = c->pdl_anchors != 0; /* the step's first kernel waits for these copies */
     /* Pure decode steps are recorded: fused at flush, and captured into

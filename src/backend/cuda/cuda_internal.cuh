@@ -166,6 +166,8 @@ typedef struct cu_impl {
      * its tokens (ns_cuda_gap_stats; bench-engine prints them) */
     int gap_probe;
     cudaEvent_t probe_begin, probe_end[2];
+    cudaEvent_t probe_mid, probe_graph; /* after the upload; after the step's kernels (before the tokens' copy) */
+    double probe_upload_ms, probe_graph_ms;
     bool probe_begun, probe_prev;
     int probe_cur;
     double probe_idle_ms, probe_span_ms;
@@ -187,7 +189,9 @@ typedef struct cu_impl {
     int32_t *d_argmax;     /* [cap] */
     unsigned long long *d_argmax_key; /* [cap] per-row running (value, ~index) maxima, zero between launches */
     int32_t *d_argmax_aux; /* [2 cap] per row: a NaN was seen, CTAs finished; zero between launches */
-    int32_t *h_argmax;     /* pinned [cap] */
+    int32_t *h_argmax;     /* pinned [cap], mapped */
+    int32_t *d_argmax_mapped; /* h_argmax's device address: with argmax_mapped the argmax writes the tokens there */
+    int argmax_mapped;     /* NS_CUDA_ARGMAX_MAPPED (default 1): no copy of the tokens after the step's graph */
     int32_t argmax_cap;
     float *h_rows;         /* pinned host copy of logits rows for host sampling */
     size_t h_rows_floats;

@@ -101,12 +101,15 @@ extern "C" int ns_cuda_get_memo(ns_backend *be) { return cu_impl_of(be)->memo_en
 extern "C" int64_t ns_cuda_memo_replays(ns_backend *be) { return cu_impl_of(be)->stat_memo; }
 extern "C" int64_t ns_cuda_memo_direct(ns_backend *be) { return cu_impl_of(be)->stat_memo_direct; }
 
-extern "C" int64_t ns_cuda_gap_stats(ns_backend *be, double *idle_us, double *span_us) {
+extern "C" int64_t ns_cuda_gap_stats(ns_backend *be, double *idle_us, double *span_us, double *upload_us,
+                                     double *graph_us) {
     cu_impl *c = cu_impl_of(be);
     const int64_t n = c->probe_n;
     *idle_us = n ? 1e3 * c->probe_idle_ms / (double)n : 0;
     *span_us = n ? 1e3 * c->probe_span_ms / (double)n : 0;
-    c->probe_idle_ms = c->probe_span_ms = 0;
+    *upload_us = n ? 1e3 * c->probe_upload_ms / (double)n : 0;
+    *graph_us = n ? 1e3 * c->probe_graph_ms / (double)n : 0;
+    c->probe_idle_ms = c->probe_span_ms = c->probe_upload_ms = c->probe_graph_ms = 0;
     c->probe_n = 0;
     c->probe_prev = false;
     return n;
