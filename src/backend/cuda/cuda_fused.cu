@@ -5,7 +5,9 @@
  * sequences, cuda_backend.cu runs them through these kernels instead:
  * - q/k RMSNorm (optional) + RoPE of q and k + KV store of k and v: one
  *   kernel, one warp per (token, head), instead of five;
- * - residual add + the RMSNorm that follows it: one kernel instead of two.
+ * - residual add + the RMSNorm that follows it: one kernel instead of two;
+ *   in its other modes the step's embedding + first RMSNorm, and its last
+ *   add + gather of the logits rows + final RMSNorm.
  * Each fused kernel performs exactly the arithmetic of the unfused kernels
  * in the same order (same per-lane element assignment, same reduction
  * tree), so fusing changes no result bit; tests/gpu checks fused against
