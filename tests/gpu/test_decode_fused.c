@@ -606,8 +606,12 @@ typedef struct {
     int32_t ctx;
 } seq;
 
-static ns_status step(ns_engine *e, seq *ss, int ns, const int32_t *toks, const int32_t *nnew, ns_error *err) {
-    int32_t tok[128], pos[128], st[3], len[2], pt[16], lr[2];
+/* One forward of ns sequences with nnew[i] tokens each (toks[i * 64 + j]);
+ * the logits rows are lr when given, else each sequence's last token; with
+ * dst, the logits are read into it. */
+static ns_status step_rows(ns_engine *e, seq *ss, int ns, const int32_t *toks, const int32_t *nnew, const int32_t *lr,
+                           float *dst, ns_error *err) {
+    int32_t tok[128], pos[128], st[3], len[2], pt[16], lrc[2];
     int32_t t = 0;
     for (int i = 0; i < ns; i++) {
         st[i] = t;
@@ -617,15 +621,20 @@ static ns_status step(ns_engine *e, seq *ss, int ns, const int32_t *toks, const 
             tok[t] = toks[i * 64 + j];
             pos[t] = ss[i].ctx + j;
         }
-        lr[i] = t - 1;
+        lrc[i] = lr ? lr[i] : t - 1;
     }
     st[ns] = t;
     ns_batch b = {.n_tokens = t, .n_seqs = ns, .tokens = tok, .positions = pos, .seq_start = st, .seq_len = len,
-                  .page_table = pt, .max_pages = 8, .logit_rows = lr, .n_logits = ns};
+                  .page_table = pt, .max_pages = 8, .logit_rows = lrc, .n_logits = ns};
     ns_status rc = ns_engine_forward(e, &b, err);
+    if (rc == NS_OK && dst) rc = ns_engine_read_logits(e, ns, dst, err);
     if (rc == NS_OK)
         for (int i = 0; i < ns; i++) ss[i].ctx += nnew[i];
     return rc;
+}
+
+static ns_status step(ns_engine *e, seq *ss, int ns, const int32_t *toks, const int32_t *nnew, ns_error *err) {
+    return step_rows(e, ss, ns, toks, nnew, NULL, NULL, err);
 }
 
 /* A random-weight model of a config.json text on the CPU (F32 KV) and on
@@ -886,32 +895,6 @@ TEST(test_prefill_lean) {
  * bit-identical, both fused kernels must have run (profile labels), and
  * all must stay near the CPU's. */
 static void row_fuse_sw(ns_backend *be, int on) { ns_cuda_set_row_fuse(be, on ? 3 : 0); }
-
-/* One forward of ns sequences with nnew[i] tokens each whose logits rows
- * are lr (given, not derived), then the logits into dst. */
-static ns_status step_rows(ns_engine *e, seq *ss, int ns, const int32_t *toks, const int32_t *nnew, const int32_t *lr,
-                           float *dst, ns_error *err) {
-    int32_t tok[128], pos[128], st[3], len[2], pt[16], lrc[2];
-    int32_t t = 0;
-    for (int i = 0; i < ns; i++) {
-        st[i] = t;
-        len[i] = ss[i].ctx + nnew[i];
-        memcpy(pt + i * 8, ss[i].pt, sizeof ss[i].pt);
-        for (int32_t j = 0; j < nnew[i]; j++, t++) {
-            tok[t] = toks[i * 64 + j];
-            pos[t] = ss[i].ctx + j;
-        }
-        lrc[i] = lr ? lr[i] : t - 1;
-    }
-    st[ns] = t;
-    ns_batch b = {.n_tokens = t, .n_seqs = ns, .tokens = tok, .positions = pos, .seq_start = st, .seq_len = len,
-                  .page_table = pt, .max_pages = 8, .logit_rows = lrc, .n_logits = ns};
-    ns_status rc = ns_engine_forward(e, &b, err);
-    if (rc == NS_OK) rc = ns_engine_read_logits(e, ns, dst, err);
-    if (rc == NS_OK)
-        for (int i = 0; i < ns; i++) ss[i].ctx += nnew[i];
-    return rc;
-}
 
 TEST(test_row_fuse) {
     enum { STEPS = 5 };
