@@ -171,11 +171,6 @@ void cu_bump_generation(cu_impl *c) {
 }
 #define bump_generation cu_bump_generation
 
-/* The graph cache key of the recorded step: its launch shape and its op
- * tape (~300 ops, ~50 KB at batch 1 of a 36-layer model). Hashed with
- * XXH3: the tape is hashed on the host between the previous step's sync
- * and this step's launch, while the GPU idles, and a byte-wise FNV-1a of
- * it took tens of microseconds of every decode step. */
 /* The step's launch shape: what a graph bakes besides its ops. */
 static void tape_shape(const cu_impl *c, int32_t shape[10]) {
     const cu_meta *m = &c->meta;
@@ -184,6 +179,11 @@ static void tape_shape(const cu_impl *c, int32_t shape[10]) {
     memcpy(shape, s, sizeof s);
 }
 
+/* The graph cache key of the recorded step: its launch shape and its op
+ * tape (~650 ops of 144 bytes, ~94 KB, for a 36-layer model). Hashed with
+ * XXH3: the tape is hashed on the host between the previous step's sync
+ * and this step's launch, while the GPU idles, and a byte-wise FNV-1a of
+ * it took tens of microseconds of every decode step. */
 static uint64_t tape_key(const cu_impl *c) {
     int32_t shape[10];
     tape_shape(c, shape);
@@ -569,7 +569,6 @@ static void run_tape(ns_backend *be, const cu_op *ops, int32_t n) {
     c->tape_early_mask = 0;
 }
 
-/* Executes the recorded tape (eager / capture / replay). */
 /* Puts a pending memo's ops in front of what was recorded after them,
  * so the tape holds the whole step (memo_in_tape then says so, for the
  * link made when its graph launches). */
@@ -609,8 +608,9 @@ static void memo_link(cu_impl *c, cu_graph_entry *g) {
  * the memo's ops cannot change while its generation holds. */
 static bool memo_launch_direct(cu_impl *c) {
     cu_graph_entry *g = c->memo_g;
-    if (!c->memo_pending || c->memo_enabled != 1 || !g || !g->exec || g->serial != c->memo_g_serial || g->generation != c->generation ||
-        c->memo_generation != c->generation || g->n_ops != c->n_memo + c->n_tape || c->n_tape != c->memo_g_tail_n ||
+    if (!c->memo_pending || c->memo_enabled != 1 || !g || !g->exec || g->serial != c->memo_g_serial ||
+        g->generation != c->generation || c->memo_generation != c->generation ||
+        g->n_ops != c->n_memo + c->n_tape || c->n_tape != c->memo_g_tail_n ||
         memcmp(c->memo_g_tail, c->tape, (size_t)c->n_tape * sizeof(cu_op)) != 0)
         return false;
     int32_t shape[10];
@@ -626,6 +626,7 @@ static bool memo_launch_direct(cu_impl *c) {
     return true;
 }
 
+/* Executes the recorded tape (eager / capture / replay). */
 static void flush(ns_backend *be) {
     cu_impl *c = IMPL(be);
     if (!c->n_tape && !c->memo_pending) return;
@@ -720,10 +721,12 @@ static void submit(ns_backend *be, const cu_op *op) {
 /* ============================================================ step memo */
 
 /* A decode step's ops are recorded into the tape and only then hashed,
- * looked up and replayed as a graph; recording ~300 ops is host time
+ * looked up and replayed as a graph; recording ~650 ops is host time
  * between the previous step's sync and this step's launch, so the GPU
  * idles through it. The memo keeps the last decode step's tape so the
- * engine can skip issuing the same ops again (backend.h). Only recorded,
+ * engine can skip issuing the same ops again (backend.h), and flush can
+ * launch the graph it last became without looking it up
+ * (memo_launch_direct). Only recorded,
  * graph-eligible steps are kept: an eager-only (prefill) tape is not
  * replayed, and a tape with a MoE op is not kept because that op prepares
  * its expert table at submit time (cu_moe_ffn_op). Any change that drops
