@@ -811,6 +811,38 @@ TEST(test_model_qwen3_mlp) {
     ns_cuda_set_mlp(gpu, saved);
     ns_cuda_set_mlp_tail(gpu, tail);
 }
+/* The chunk runs test_prefill_lean and test_row_fuse repeat per setting:
+ * `steps` forwards of two sequences from empty, on the pages of `pages`
+ * (toks[k], nnew[k] as step_rows takes them; the last step asks for the
+ * logits rows last_rows when given). With ref NULL each step's logits go
+ * to out + k * row (the reference run); else to out (one step's rows) and
+ * *bitwise is cleared for a step that differs from ref + k * row. With
+ * cpu_ref, *worst is the largest rel L2 against cpu_ref + k * row. */
+static ns_status run_chunks(ns_engine *e, const seq pages[2], int steps, const int32_t (*toks)[2 * 64],
+                            const int32_t (*nnew)[2], const int32_t *last_rows, size_t row, float *out,
+                            const float *ref, const float *cpu_ref, const char *label, int *bitwise, double *worst,
+                            ns_error *err) {
+    seq sg[2];
+    for (int i = 0; i < 2; i++) {
+        memcpy(sg[i].pt, pages[i].pt, sizeof sg[i].pt);
+        sg[i].ctx = 0;
+    }
+    *bitwise = 1;
+    *worst = 0;
+    for (int k = 0; k < steps; k++) {
+        float *got = ref ? out : out + k * row;
+        ns_status rc = step_rows(e, sg, 2, toks[k], nnew[k], k == steps - 1 ? last_rows : NULL, got, err);
+        if (rc != NS_OK) return rc;
+        if (ref && memcmp(got, ref + k * row, row * 4) != 0) {
+            *bitwise = 0;
+            printf("#   %s step %d: rel L2 %.3g against the reference run\n", label, k, rel_l2(got, ref + k * row, row));
+        }
+        const double d = cpu_ref ? rel_l2(got, cpu_ref + k * row, row) : 0;
+        if (d > *worst) *worst = d;
+    }
+    return NS_OK;
+}
+
 /* NS_CUDA_PREFILL_LEAN (cu_tape_f32_dead; the residual added inside the
  * GEMM): two prefill chunks of two sequences (the second against the
  * first's cached pages) and a decode step that reads what they stored,
@@ -840,33 +872,17 @@ TEST(test_prefill_lean) {
         for (int p = 0; p < 8; p++) sc[i].pt[p] = 2 + i * 8 + p;
         sc[i].ctx = 0;
     }
-    for (int k = 0; k < STEPS && rc == NS_OK; k++) {
-        rc = step(mp.ec, sc, 2, toks[k], nnew[k], &err);
-        if (rc == NS_OK) rc = ns_engine_read_logits(mp.ec, 2, lc + k * row, &err);
-    }
+    int bitwise = 1;
+    double worst_cpu = 0;
+    rc = run_chunks(mp.ec, sc, STEPS, toks, nnew, NULL, row, lc, NULL, NULL, "cpu", &bitwise, &worst_cpu, &err);
     for (int mode = 0; mode < 4 && rc == NS_OK; mode++) {
         ns_cuda_set_prefill_lean(gpu, mode);
         int64_t d0, f0, d1, f1;
         ns_cuda_prefill_lean_stats(gpu, &d0, &f0);
-        seq sg[2];
-        for (int i = 0; i < 2; i++) {
-            memcpy(sg[i].pt, sc[i].pt, sizeof sg[i].pt);
-            sg[i].ctx = 0;
-        }
-        int bitwise = 1;
-        double worst_cpu = 0;
-        for (int k = 0; k < STEPS && rc == NS_OK; k++) {
-            rc = step(mp.eg, sg, 2, toks[k], nnew[k], &err);
-            if (rc == NS_OK) rc = ns_engine_read_logits(mp.eg, 2, mode ? ln : l0 + k * row, &err);
-            if (rc != NS_OK) break;
-            const float *got = mode ? ln : l0 + k * row;
-            if (mode && memcmp(got, l0 + k * row, row * 4) != 0) {
-                bitwise = 0;
-                printf("#   prefill lean %d step %d: rel L2 %.3g against lean 0\n", mode, k, rel_l2(got, l0 + k * row, row));
-            }
-            const double e = rel_l2(got, lc + k * row, row);
-            if (e > worst_cpu) worst_cpu = e;
-        }
+        char label[32];
+        snprintf(label, sizeof label, "prefill lean %d", mode);
+        rc = run_chunks(mp.eg, sc, STEPS, toks, nnew, NULL, row, mode ? ln : l0, mode ? l0 : NULL, lc, label,
+                        &bitwise, &worst_cpu, &err);
         ns_cuda_prefill_lean_stats(gpu, &d1, &f1);
         CHECKF(rc == NS_OK, "prefill lean %d: %s", mode, err.msg);
         printf("#   prefill lean %d: %lld F32 outputs dropped, %lld projections added in the GEMM; %s lean 0; "
@@ -924,29 +940,14 @@ TEST(test_row_fuse) {
         for (int p = 0; p < 8; p++) sc[i].pt[p] = 2 + i * 8 + p;
         sc[i].ctx = 0;
     }
-    for (int k = 0; k < STEPS && rc == NS_OK; k++)
-        rc = step_rows(mp.ec, sc, 2, toks[k], nnew[k], k == STEPS - 1 ? dup : NULL, lc + k * row, &err);
+    int bitwise = 1;
+    double worst_cpu = 0;
+    rc = run_chunks(mp.ec, sc, STEPS, toks, nnew, dup, row, lc, NULL, NULL, "cpu", &bitwise, &worst_cpu, &err);
     for (int mode = 0; mode < 2 && rc == NS_OK; mode++) {
         ns_cuda_set_row_fuse(gpu, mode ? 3 : 0);
         ns_cuda_set_profiling(gpu, 1);
-        seq sg[2];
-        for (int i = 0; i < 2; i++) {
-            memcpy(sg[i].pt, sc[i].pt, sizeof sg[i].pt);
-            sg[i].ctx = 0;
-        }
-        int bitwise = 1;
-        double worst_cpu = 0;
-        for (int k = 0; k < STEPS && rc == NS_OK; k++) {
-            float *got = mode ? ln : l0 + k * row;
-            rc = step_rows(mp.eg, sg, 2, toks[k], nnew[k], k == STEPS - 1 ? dup : NULL, got, &err);
-            if (rc != NS_OK) break;
-            if (mode && memcmp(got, l0 + k * row, row * 4) != 0) {
-                bitwise = 0;
-                printf("#   row fusions step %d: rel L2 %.3g against unfused\n", k, rel_l2(got, l0 + k * row, row));
-            }
-            const double e = rel_l2(got, lc + k * row, row);
-            if (e > worst_cpu) worst_cpu = e;
-        }
+        rc = run_chunks(mp.eg, sc, STEPS, toks, nnew, dup, row, mode ? ln : l0, mode ? l0 : NULL, lc, "row fusions",
+                        &bitwise, &worst_cpu, &err);
         char *text = profile_text(); /* also resets it */
         ns_cuda_set_profiling(gpu, 0);
         const int ran = text && strstr(text, "fused embed+rmsnorm") && strstr(text, "fused add+gather+rmsnorm");

@@ -258,13 +258,7 @@ __global__ void k_add_rmsnorm(float *x, const void *__restrict__ y, float *out, 
         auto emit = [&](int d, float4 a, float4 ww) {
             float4 yv = make_float4((a.x * inv) * ww.x, (a.y * inv) * ww.y, (a.z * inv) * ww.z, (a.w * inv) * ww.w);
             if (o) *reinterpret_cast<float4 *>(o + d) = yv;
-            if (ob) {
-                __nv_bfloat162 p0 = __floats2bfloat162_rn(yv.x, yv.y), p1 = __floats2bfloat162_rn(yv.z, yv.w);
-                uint2 u;
-                u.x = *reinterpret_cast<uint32_t *>(&p0);
-                u.y = *reinterpret_cast<uint32_t *>(&p1);
-                *reinterpret_cast<uint2 *>(ob + d) = u;
-            }
+            if (ob) cu_store_bf16x4(ob + d, yv);
         };
 #pragma unroll
         for (int i = 0; i < AR_REG; i++) {
@@ -286,14 +280,25 @@ __global__ void k_add_rmsnorm(float *x, const void *__restrict__ y, float *out, 
     }
 }
 
+typedef void (*ar_fn)(float *, const void *, float *, bf16 *, const float *, int, float, cu_prefetch, int64_t, int,
+                      const int32_t *, int);
+
+/* The one launch shape of k_add_rmsnorm for the three launchers below: a
+ * block of 512 threads per row, then the prefetch CTAs, if any. */
+static void ar_launch(cu_impl *c, ar_fn fn, float *x, const void *y, float *out, bf16 *out_bf, const float *w,
+                      int64_t rows, int cols, float eps, const cu_prefetch *pf, const int32_t *idx, int n_idx,
+                      const char *what) {
+    const unsigned extra = cu_pf_any(pf) ? CU_PF_BLOCKS : 0;
+    cu_launch(c, fn, dim3((unsigned)rows + extra), dim3(512), 0, x, y, out, out_bf, w, cols, eps, *pf, rows,
+              cu_early(c, CU_EARLY_ADDNORM), idx, n_idx);
+    CU_LAUNCHED(c, what);
+}
+
 void cu_launch_add_rmsnorm(cu_impl *c, float *x, const float *y, float *out, bf16 *out_bf, const float *w,
                            int64_t rows, int cols, float eps, const cu_prefetch *pf) {
     if (rows <= 0) return;
-    const unsigned extra = cu_pf_any(pf) ? CU_PF_BLOCKS : 0;
-    cu_launch(c, c->act_nc ? k_add_rmsnorm<true, AR_ADD> : k_add_rmsnorm<false, AR_ADD>,
-              dim3((unsigned)rows + extra), dim3(512), 0, x, (const void *)y, out, out_bf, w, cols, eps, *pf, rows,
-              cu_early(c, CU_EARLY_ADDNORM), (const int32_t *)NULL, 0);
-    CU_LAUNCHED(c, "add_rmsnorm");
+    ar_launch(c, c->act_nc ? k_add_rmsnorm<true, AR_ADD> : k_add_rmsnorm<false, AR_ADD>, x, y, out, out_bf, w, rows,
+              cols, eps, pf, NULL, 0, "add_rmsnorm");
 }
 
 void cu_launch_add_gather_rmsnorm(cu_impl *c, float *x, const float *y, float *out, bf16 *out_bf, const float *w,
@@ -303,12 +308,8 @@ void cu_launch_add_gather_rmsnorm(cu_impl *c, float *x, const float *y, float *o
         cu_check(c, cudaErrorInvalidValue, "add_gather_rmsnorm: more rows than the batch has logits");
         return;
     }
-    const unsigned extra = cu_pf_any(pf) ? CU_PF_BLOCKS : 0;
-    cu_launch(c, c->act_nc ? k_add_rmsnorm<true, AR_ADD> : k_add_rmsnorm<false, AR_ADD>,
-              dim3((unsigned)rows + extra), dim3(512), 0, x, (const void *)y, out, out_bf, w, cols, eps, *pf, rows,
-              cu_early(c, CU_EARLY_ADDNORM),
-              (const int32_t *)c->meta.logit_rows, n_out);
-    CU_LAUNCHED(c, "add_gather_rmsnorm");
+    ar_launch(c, c->act_nc ? k_add_rmsnorm<true, AR_ADD> : k_add_rmsnorm<false, AR_ADD>, x, y, out, out_bf, w, rows,
+              cols, eps, pf, c->meta.logit_rows, n_out, "add_gather_rmsnorm");
 }
 
 void cu_launch_embed_rmsnorm(cu_impl *c, float *x, const ns_tensor *table, float *out, bf16 *out_bf, const float *w,
@@ -318,10 +319,7 @@ void cu_launch_embed_rmsnorm(cu_impl *c, float *x, const ns_tensor *table, float
         cu_check(c, cudaErrorInvalidValue, "embed_rmsnorm: more rows than the batch has tokens");
         return;
     }
-    const unsigned extra = cu_pf_any(pf) ? CU_PF_BLOCKS : 0;
     const bool b16 = table->dtype == NS_DT_BF16;
-    cu_launch(c, b16 ? k_add_rmsnorm<true, AR_EMBED_BF16> : k_add_rmsnorm<true, AR_EMBED_F32>,
-              dim3((unsigned)rows + extra), dim3(512), 0, x, (const void *)table->data, out, out_bf, w, cols, eps,
-              *pf, rows, cu_early(c, CU_EARLY_ADDNORM), (const int32_t *)c->meta.tokens, (int)rows);
-    CU_LAUNCHED(c, "embed_rmsnorm");
+    ar_launch(c, b16 ? k_add_rmsnorm<true, AR_EMBED_BF16> : k_add_rmsnorm<true, AR_EMBED_F32>, x, table->data, out,
+              out_bf, w, rows, cols, eps, pf, c->meta.tokens, (int)rows, "embed_rmsnorm");
 }

@@ -457,6 +457,17 @@ __device__ __forceinline__ float cu_ld_act(const float *p) {
     return r;
 }
 
+/* Four floats rounded to bf16 (round to nearest even) and stored as one
+ * 8-byte write at dst (8-byte aligned): the bf16 shadow rows the norm
+ * kernels write beside their f32 output. */
+__device__ __forceinline__ void cu_store_bf16x4(bf16 *dst, float4 v) {
+    __nv_bfloat162 p0 = __floats2bfloat162_rn(v.x, v.y), p1 = __floats2bfloat162_rn(v.z, v.w);
+    uint2 u;
+    u.x = *reinterpret_cast<uint32_t *>(&p0);
+    u.y = *reinterpret_cast<uint32_t *>(&p1);
+    *reinterpret_cast<uint2 *>(dst) = u;
+}
+
 /* 16 bytes of a weight row, streamed: read once, not kept in L1. */
 __device__ __forceinline__ uint4 cu_ld_stream(const void *p) {
     uint4 r;

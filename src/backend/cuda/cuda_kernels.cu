@@ -165,13 +165,7 @@ __global__ void k_rmsnorm_block(float *out, bf16 *out_bf, const float *in, const
             float4 ww = *reinterpret_cast<const float4 *>(w + d);
             float4 y = make_float4((a.x * inv) * ww.x, (a.y * inv) * ww.y, (a.z * inv) * ww.z, (a.w * inv) * ww.w);
             if (o) *reinterpret_cast<float4 *>(o + d) = y;
-            if (out_bf) {
-                __nv_bfloat162 p0 = __floats2bfloat162_rn(y.x, y.y), p1 = __floats2bfloat162_rn(y.z, y.w);
-                uint2 u;
-                u.x = *reinterpret_cast<uint32_t *>(&p0);
-                u.y = *reinterpret_cast<uint32_t *>(&p1);
-                *reinterpret_cast<uint2 *>(out_bf + r * cols + d) = u;
-            }
+            if (out_bf) cu_store_bf16x4(out_bf + r * cols + d, y);
         }
     } else {
         for (int d = threadIdx.x; d < cols; d += blockDim.x) {
@@ -240,13 +234,7 @@ __global__ void k_swiglu4(float *out, bf16 *out_bf, const float *gate, const flo
         float4 u = reinterpret_cast<const float4 *>(up)[i];
         float4 y = make_float4(silu(g.x) * u.x, silu(g.y) * u.y, silu(g.z) * u.z, silu(g.w) * u.w);
         if (out) reinterpret_cast<float4 *>(out)[i] = y; /* NULL: only the bf16 shadow (cu_tape_f32_dead) */
-        if (out_bf) {
-            __nv_bfloat162 p0 = __floats2bfloat162_rn(y.x, y.y), p1 = __floats2bfloat162_rn(y.z, y.w);
-            uint2 o;
-            o.x = *reinterpret_cast<uint32_t *>(&p0);
-            o.y = *reinterpret_cast<uint32_t *>(&p1);
-            reinterpret_cast<uint2 *>(out_bf)[i] = o;
-        }
+        if (out_bf) cu_store_bf16x4(out_bf + 4 * i, y);
     }
 }
 

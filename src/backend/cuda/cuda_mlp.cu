@@ -324,13 +324,7 @@ __device__ __forceinline__ void mlp_tail_write(const mlp_args &a, int n_rows, co
             /* every thread reads its d elements before writing the same xn elements */
             *reinterpret_cast<float4 *>(xr + d) = make_float4(x4.x + y4.x, x4.y + y4.y, x4.z + y4.z, x4.w + y4.w);
             *reinterpret_cast<float4 *>(o + d) = v;
-            if (a.xn_bf) {
-                __nv_bfloat162 p0 = __floats2bfloat162_rn(v.x, v.y), p1 = __floats2bfloat162_rn(v.z, v.w);
-                uint2 u;
-                u.x = *reinterpret_cast<uint32_t *>(&p0);
-                u.y = *reinterpret_cast<uint32_t *>(&p1);
-                *reinterpret_cast<uint2 *>(a.xn_bf + (size_t)n * cols + d) = u;
-            }
+            if (a.xn_bf) cu_store_bf16x4(a.xn_bf + (size_t)n * cols + d, v);
         }
     }
 }
