@@ -554,6 +554,10 @@ typedef struct dec_result {
      * step's upload -> tokens time (ns_cuda_gap_stats), over gap_n steps */
     double gap_idle_us, gap_span_us, gap_upload_us, gap_graph_us;
     int64_t gap_n;
+    /* NS_CUDA_MLP_PROBE=1: the persistent MLP's phase stamps
+     * (ns_cuda_mlp_probe_stats) over mlp_n launches */
+    double mlp_ph_us[4][3], mlp_span_us;
+    int64_t mlp_n;
 } dec_result;
 
 /* Weights one decode step of `batch` tokens reads: the dense part, and
@@ -610,8 +614,10 @@ static ns_status run_decode(bench *B, int32_t ctx, int32_t batch, int steps, int
             rc = B->be->ops->sync(B->be, err);
             if (rc != NS_OK) goto cleanup;
 #ifdef NS_HAVE_CUDA
-            if (B->cuda) /* a new count */
+            if (B->cuda) { /* a new count */
                 (void)ns_cuda_gap_stats(B->be, &r->gap_idle_us, &r->gap_span_us, &r->gap_upload_us, &r->gap_graph_us);
+                (void)ns_cuda_mlp_probe_stats(B->be, r->mlp_ph_us, &r->mlp_span_us);
+            }
 #endif
             t0 = ns_clock_now();
         }
@@ -639,8 +645,10 @@ static ns_status run_decode(bench *B, int32_t ctx, int32_t batch, int steps, int
     }
     double dt = ns_clock_now() - t0;
 #ifdef NS_HAVE_CUDA
-    if (B->cuda)
+    if (B->cuda) {
         r->gap_n = ns_cuda_gap_stats(B->be, &r->gap_idle_us, &r->gap_span_us, &r->gap_upload_us, &r->gap_graph_us);
+        r->mlp_n = ns_cuda_mlp_probe_stats(B->be, r->mlp_ph_us, &r->mlp_span_us);
+    }
 #endif
     r->host_fwd_s /= steps;
     r->host_sample_s /= steps;
@@ -819,6 +827,15 @@ static ns_status bench_run(bench *B, ns_error *err) {
                 printf("  gpu: idle %.1f us between steps, %.1f us upload -> tokens (upload %.1f, kernels %.1f)",
                        r.gap_idle_us, r.gap_span_us, r.gap_upload_us, r.gap_graph_us);
             printf("  (median of %d, %.3f-%.3f ms)\n", B->o.repeats, lo * 1e3, hi * 1e3);
+            if (r.mlp_n > 0) {
+                static const char *stamp[3] = {"gate/up done", "barrier passed", "down done"};
+                printf("  persistent MLP, %lld launches, us after the first CTA's start (min/median/max over CTAs):",
+                       (long long)r.mlp_n);
+                for (int i = 0; i < 3; i++)
+                    printf(" %s %.2f/%.2f/%.2f;", stamp[i], r.mlp_ph_us[i + 1][0], r.mlp_ph_us[i + 1][1],
+                           r.mlp_ph_us[i + 1][2]);
+                printf(" last end %.2f\n", r.mlp_span_us);
+            }
             fflush(stdout);
         }
     }

@@ -398,6 +398,22 @@ static void mlp_chain_check(int n, int64_t H, int64_t FF, int tail) {
         free_bufs(on);
     }
     ns_cuda_graph_stats(gpu, &rep1, &cap1, &eag1);
+    /* the phase probe (NS_CUDA_MLP_PROBE, set by main): every CTA stamps
+     * its gate/up rows done before it arrives at the grid barrier, and
+     * passes it only after all have arrived, so the last "gate/up done"
+     * cannot follow the first "barrier passed" in any launch (the global
+     * timer is one clock for all SMs) */
+    double ph[4][3], span;
+    const int64_t launches = ns_cuda_mlp_probe_stats(gpu, ph, &span);
+    CHECKF(launches >= 1, "n=%d H=%lld tail=%d: the MLP probe recorded no launch", n, (long long)H, tail);
+    CHECKF(ph[0][0] == 0 && ph[1][2] <= ph[2][0] + 1e-6 && ph[2][2] <= ph[3][2] + 1e-6 && fabs(span - ph[3][2]) < 1e-6,
+           "n=%d H=%lld tail=%d: MLP probe stamps out of order: start max %.3f, gate/up done %.3f-%.3f, barrier "
+           "passed %.3f-%.3f, down done max %.3f, span %.3f us",
+           n, (long long)H, tail, ph[0][2], ph[1][0], ph[1][2], ph[2][0], ph[2][2], ph[3][2], span);
+    if (n == 1 && H == 4096 && tail == 0)
+        printf("#   persistent MLP probe (%lld launches): gate/up done %.2f-%.2f us, barrier passed %.2f-%.2f us, "
+               "down done by %.2f us\n",
+               (long long)launches, ph[1][0], ph[1][2], ph[2][0], ph[2][2], ph[3][2]);
     ns_cuda_set_mlp(gpu, saved);
     ns_cuda_set_mlp_tail(gpu, tail0);
     CHECKF(cap1 > cap0 && rep1 >= rep0 + 2, "n=%d H=%lld: graph captures %lld, replays %lld (expected 1 and 2)", n,
@@ -1056,6 +1072,9 @@ TEST(test_step_memo) {
 }
 
 int main(void) {
+    /* the persistent MLP's phase probe, read by mlp_chain_check (it adds
+     * two block barriers to each launch and changes no result) */
+    setenv("NS_CUDA_MLP_PROBE", "1", 1);
     if (!gpu_test_open(2)) return 1;
     RUN(test_chain_batch1);
     RUN(test_chain_batch2);

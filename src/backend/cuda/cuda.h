@@ -104,6 +104,17 @@ int64_t ns_cuda_memo_direct(ns_backend *be);
  * Returns the steps measured since the last call (0: probe off) and
  * starts a new count. */
 int64_t ns_cuda_gap_stats(ns_backend *be, double *idle_us, double *span_us, double *upload_us, double *graph_us);
+/* With env NS_CUDA_MLP_PROBE=1 at backend creation, each launch of the
+ * persistent decode MLP (NS_CUDA_MLP) stamps the global timer per CTA at
+ * four points: 0 its start (after the wait), 1 its gate/up rows done, 2
+ * the grid barrier passed, 3 its down rows done. Returns how many
+ * launches were complete since the last call (the last 64 launches; a
+ * launch recorded in a CUDA graph reports its latest replay) and clears
+ * them; ph_us[i] = {min, median, max} over the CTAs of stamp i, in us
+ * after the launch's first start, averaged over those launches; *span_us
+ * the mean first start -> last end. 0 when off. A diagnostic: two more
+ * block barriers per launch while on. */
+int64_t ns_cuda_mlp_probe_stats(ns_backend *be, double ph_us[4][3], double *span_us);
 /* Fused kernels for the engine's fixed op sequences in decode steps: on
  * (default) or off. Fused and unfused give the same numbers. */
 void ns_cuda_set_fusion(ns_backend *be, int on);

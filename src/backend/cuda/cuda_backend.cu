@@ -1645,6 +1645,9 @@ extern "C" ns_status ns_backend_cuda_create(int device, ns_backend **out, ns_err
     /* its tail: the residual add, the next RMSNorm and q/k/v in the same
      * kernel; off: measured +0.12 ms at 1k batch 1 (docs/cuda.md v27) */
     c->mlp_tail = env_int("NS_CUDA_MLP_TAIL", 0);
+    /* NS_CUDA_MLP_PROBE=1: the persistent MLP stamps its phases per CTA
+     * (cu_mlp_probe_read, ns_cuda_mlp_probe_stats; cu_mlp_init sizes it) */
+    c->mlp_probe_cap = env_int("NS_CUDA_MLP_PROBE", 0) == 1 ? 1 : 0;
     /* the step's first and last row ops fused (cuda_tape_fuse.cu 5, 6) */
     c->row_fuse = env_int("NS_CUDA_ROW_FUSE", 3) & 3;
     if (!cu_mlp_init(c)) {

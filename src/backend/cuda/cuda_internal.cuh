@@ -131,6 +131,9 @@ typedef struct cu_prof_label {
 
 /* Fence events of the copy stream (a ring: fence f uses slot f % size). */
 #define CU_FENCES 4096
+/* Launch slots of the persistent MLP's phase probe (cuda_mlp.cu): the
+ * stamps of the last this many launches (a decode step has one per layer). */
+#define CU_MLP_PROBE_SLOTS 64
 
 typedef struct cu_impl {
     int device;
@@ -239,6 +242,13 @@ typedef struct cu_impl {
     int row_fuse;
     int mlp_occ[4];
     unsigned *mlp_bar;
+    /* the MLP's phase probe (NS_CUDA_MLP_PROBE=1 at creation, cuda_mlp.cu):
+     * per-CTA globaltimer stamps [CU_MLP_PROBE_SLOTS][mlp_probe_cap][4]
+     * (device; NULL: off), each launch's grid by slot (0: unused), the
+     * next slot a launch takes */
+    unsigned long long *mlp_probe;
+    int mlp_probe_cap, mlp_probe_next;
+    int mlp_probe_grid[CU_MLP_PROBE_SLOTS];
     int cc_major; /* compute capability of the device */
     int prefetch; /* MB of the next GEMVs' weights each small decode kernel prefetches into L2 (0: none) */
     int split_keys; /* fewest keys per decode-attention split */
@@ -710,6 +720,12 @@ typedef struct cu_mlp_shape {
 bool cu_mlp_init(cu_impl *c);
 void cu_mlp_free(cu_impl *c);
 bool cu_mlp_fits(const cu_impl *c, const cu_mlp_shape *s);
+/* The probe's launches since the last call (their stamps relative to each
+ * launch's first start, averaged: ph_us[i] = {min, median, max} over the
+ * CTAs of stamp i: 0 start, 1 gate/up done, 2 barrier passed, 3 down
+ * done), and *span_us the mean first start -> last end; clears the
+ * stamps. 0 when the probe is off or nothing complete was recorded. */
+int64_t cu_mlp_probe_read(cu_impl *c, double ph_us[4][3], double *span_us);
 void cu_mlp_decode(cu_impl *c, const cu_mlp_shape *s);
 /* gate/up GEMV with the SwiGLU epilogue: gate = x Wg^T, up = x Wu^T,
  * out = silu(gate) * up (out may alias gate); out_bf optional shadow. */

@@ -45,6 +45,7 @@
  *   barrier whatever the grid size (block 0 adds 2^31 - (G - 1), the
  *   others 1), so it needs no reset between launches.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.cuh"
@@ -79,7 +80,20 @@ struct mlp_args {
     const bf16 *wq[3];
     float *oq[3];
     int qend[3]; /* cumulative row ends of the q/k/v segments */
+    unsigned long long *probe; /* the phase probe's slot for this launch ([grid][4]) or NULL */
 };
+
+/* The phase probe: thread 0 of each CTA stamps the global timer (ns) at
+ * stamp i (0 start, 1 gate/up done, 2 barrier passed, 3 down done). The
+ * callers put a block barrier before stamps 1 and 3 so that they stand
+ * for the whole CTA. */
+__device__ __forceinline__ void mlp_stamp(const mlp_args &a, int i) {
+    if (a.probe && threadIdx.x == 0) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        a.probe[blockIdx.x * 4 + i] = t;
+    }
+}
 
 __device__ __forceinline__ void mlp_named_sync(int id, int n_threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n_threads) : "memory");
@@ -404,6 +418,7 @@ __global__ __launch_bounds__(MLP_THREADS, 4) void k_mlp(const __grid_constant__ 
     extern __shared__ float4 mlp_dyn[]; /* QKV: the normalized rows [N, h] */
     /* no trigger here: dependents launch only after the last grid barrier */
     PDL_WAIT();
+    mlp_stamp(a, 0);
     const int wib = threadIdx.x / 32, lane = threadIdx.x & 31;
     int parity = 0;
     const uint4 none[4] = {};
@@ -442,7 +457,12 @@ __global__ __launch_bounds__(MLP_THREADS, 4) void k_mlp(const __grid_constant__ 
         W1 = a.wd + (size_t)r1 * a.m;
         pre = mlp_preload(W0, W1, a.m, ksb, kpb, lane, pa, pb);
     }
+    if (a.probe) {
+        __syncthreads();
+        mlp_stamp(a, 1);
+    }
     mlp_grid_sync(a.bar);
+    mlp_stamp(a, 2);
     /* every CTA is resident and past the barrier: the next kernel may
      * start its pre-wait part */
     if constexpr (!QKV) PDL_TRIGGER();
@@ -460,6 +480,10 @@ __global__ __launch_bounds__(MLP_THREADS, 4) void k_mlp(const __grid_constant__ 
         mlp_pair<N, false, false>(a.wd + (size_t)r0 * a.m, a.wd + (size_t)r1 * a.m, a.s, a.m, ksb, kpb, lane, none,
                                   none, acc0, acc1);
         mlp_down_store<N>(a, part, parity, p, ksb, wib, lane, acc0, acc1);
+    }
+    if (a.probe) {
+        __syncthreads();
+        mlp_stamp(a, 3);
     }
     if constexpr (QKV) {
         /* the tail: q/k/v's first weights into L2 before the barrier, then
@@ -512,12 +536,85 @@ bool cu_mlp_init(cu_impl *c) {
         c->mlp_bar = NULL;
         return false;
     }
+    /* the phase probe, when asked for (mlp_probe_cap 1): room for the
+     * largest grid (8 CTAs per SM) in each slot */
+    memset(c->mlp_probe_grid, 0, sizeof c->mlp_probe_grid);
+    c->mlp_probe_next = 0;
+    if (c->mlp_probe_cap == 1) {
+        c->mlp_probe_cap = 8 * c->n_sm;
+        const size_t bytes = (size_t)CU_MLP_PROBE_SLOTS * (size_t)c->mlp_probe_cap * 4 * sizeof(unsigned long long);
+        if (cudaMalloc(&c->mlp_probe, bytes) != cudaSuccess || cudaMemset(c->mlp_probe, 0, bytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            if (c->mlp_probe) cudaFree(c->mlp_probe);
+            c->mlp_probe = NULL;
+            return false;
+        }
+    } else {
+        c->mlp_probe_cap = 0;
+    }
     return true;
 }
 
 void cu_mlp_free(cu_impl *c) {
     if (c->mlp_bar) cudaFree(c->mlp_bar);
     c->mlp_bar = NULL;
+    if (c->mlp_probe) cudaFree(c->mlp_probe);
+    c->mlp_probe = NULL;
+}
+
+static int cmp_u64(const void *x, const void *y) {
+    const unsigned long long a = *(const unsigned long long *)x, b = *(const unsigned long long *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* One slot's launch, if every CTA stamped all four times: each stamp's
+ * min / median / max over the CTAs (ns after the first start) added to
+ * sum, the launch's span added to *span; v: scratch of grid entries. */
+static bool probe_slot(const unsigned long long *r, int grid, unsigned long long *v, double sum[4][3], double *span) {
+    unsigned long long t0 = ~0ull, t_end = 0;
+    for (int b = 0; b < grid; b++) {
+        for (int i = 0; i < 4; i++)
+            if (!r[b * 4 + i]) return false;
+        if (r[b * 4] < t0) t0 = r[b * 4];
+        if (r[b * 4 + 3] > t_end) t_end = r[b * 4 + 3];
+    }
+    *span += (double)(t_end - t0);
+    for (int i = 0; i < 4; i++) {
+        for (int b = 0; b < grid; b++) v[b] = r[b * 4 + i] - t0;
+        qsort(v, (size_t)grid, sizeof *v, cmp_u64);
+        sum[i][0] += (double)v[0];
+        sum[i][1] += (double)v[grid / 2];
+        sum[i][2] += (double)v[grid - 1];
+    }
+    return true;
+}
+
+int64_t cu_mlp_probe_read(cu_impl *c, double ph_us[4][3], double *span_us) {
+    memset(ph_us, 0, 4 * 3 * sizeof(double));
+    *span_us = 0;
+    if (!c->mlp_probe) return 0;
+    const size_t per_slot = (size_t)c->mlp_probe_cap * 4, n = CU_MLP_PROBE_SLOTS * per_slot;
+    unsigned long long *h = (unsigned long long *)malloc(n * sizeof *h);
+    unsigned long long *v = (unsigned long long *)malloc((size_t)c->mlp_probe_cap * sizeof *v);
+    int64_t used = 0;
+    double sum[4][3] = {{0}}, span = 0;
+    if (!h || !v || cudaStreamSynchronize(c->stream) != cudaSuccess ||
+        cudaMemcpy(h, c->mlp_probe, n * sizeof *h, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemset(c->mlp_probe, 0, n * sizeof *h) != cudaSuccess) {
+        (void)cudaGetLastError();
+        goto out;
+    }
+    for (int sl = 0; sl < CU_MLP_PROBE_SLOTS; sl++) {
+        const int grid = c->mlp_probe_grid[sl];
+        if (grid > 0 && probe_slot(h + sl * per_slot, grid, v, sum, &span)) used++;
+    }
+    for (int i = 0; used && i < 4; i++)
+        for (int j = 0; j < 3; j++) ph_us[i][j] = sum[i][j] / 1e3 / (double)used;
+    if (used) *span_us = span / 1e3 / (double)used;
+out:
+    free(h);
+    free(v);
+    return used;
 }
 
 /* CTAs per SM for this shape (0: it cannot run) and its instance. */
@@ -590,11 +687,19 @@ void cu_mlp_decode(cu_impl *c, const cu_mlp_shape *s) {
         a.xn_bf = s->xn_bf;
         smem = (size_t)s->n * s->h * 4;
     }
+    const int grid = per_sm * c->n_sm;
+    if (c->mlp_probe && grid <= c->mlp_probe_cap) {
+        /* a launch recorded into a graph keeps its slot in every replay */
+        const int sl = c->mlp_probe_next;
+        c->mlp_probe_next = (sl + 1) % CU_MLP_PROBE_SLOTS;
+        c->mlp_probe_grid[sl] = grid;
+        a.probe = c->mlp_probe + (size_t)sl * (size_t)c->mlp_probe_cap * 4;
+    }
     c->gemv_next = true;
     /* Launched without PDL (NS_CUDA_MLP=1, the default): none of its CTAs
      * becomes resident before the kernel in front of it has finished.
      * With PDL (2) the whole decode step measured 0.4 ms slower at 1k
      * batch 1 (docs/cuda.md v27, runs 1-2), not understood yet. */
     if (c->mlp_persist != 2) c->pdl_anchor = true;
-    cu_launch(c, mlp_fns[fi / 2][fi % 2], dim3((unsigned)(per_sm * c->n_sm)), dim3(MLP_THREADS), smem, a);
+    cu_launch(c, mlp_fns[fi / 2][fi % 2], dim3((unsigned)grid), dim3(MLP_THREADS), smem, a);
 }

@@ -101,6 +101,10 @@ extern "C" int ns_cuda_get_memo(ns_backend *be) { return cu_impl_of(be)->memo_en
 extern "C" int64_t ns_cuda_memo_replays(ns_backend *be) { return cu_impl_of(be)->stat_memo; }
 extern "C" int64_t ns_cuda_memo_direct(ns_backend *be) { return cu_impl_of(be)->stat_memo_direct; }
 
+extern "C" int64_t ns_cuda_mlp_probe_stats(ns_backend *be, double ph_us[4][3], double *span_us) {
+    return cu_mlp_probe_read(cu_impl_of(be), ph_us, span_us);
+}
+
 extern "C" int64_t ns_cuda_gap_stats(ns_backend *be, double *idle_us, double *span_us, double *upload_us,
                                      double *graph_us) {
     cu_impl *c = cu_impl_of(be);
